@@ -1,0 +1,2 @@
+(** Imports every theory of the proof library; [coqchk] runs on this module. *)
+From Plow Require Export Loc.

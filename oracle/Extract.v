@@ -1,0 +1,12 @@
+(** Extraction of every checker the oracle runs, into one OCaml module
+    [Checkers].  Numbers stay binary ([N], [Z], [positive]) and are extracted
+    as Coq's own inductive types: no integer mapping enters the trusted base. *)
+From Coq Require Extraction.
+From Coq Require Import NArith ZArith.
+From Plow Require Import All.
+
+Extraction Language OCaml.
+(* [N.add]/[Z.add] make sure the number types that oracle/jnum.ml builds are
+   extracted even before a checker uses them. *)
+Extraction "checkers.ml" is_accept N.add Z.add
+  (* checkers: add each checkpoint's top-level checker here *).

@@ -1,0 +1,8 @@
+(* What one checkpoint answers: accepted or not, a located reason, and the
+   theorems whose hypotheses the checker established. *)
+type t = { accepted : bool; reason : string option; theorems : string list }
+
+exception Bad_payload of string
+(* Raised by a payload reader: the JSON does not have the expected shape. *)
+
+let bad fmt = Printf.ksprintf (fun s -> raise (Bad_payload s)) fmt

@@ -1,0 +1,33 @@
+"""Certificates: what the oracle says about one payload (crosses a process boundary)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Verdict(str, Enum):
+    accept = "accept"
+    reject = "reject"
+
+
+class Certificate(BaseModel):
+    """The oracle's answer for one checkpoint of one plan.
+
+    `theorems` names the Rocq theorems whose hypotheses the checker established (see
+    docs/theorems.md); `payload_sha256` binds the certificate to the exact payload bytes.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    checkpoint: str
+    verdict: Verdict
+    reason: str | None
+    theorems: list[str]
+    payload_sha256: str
+    oracle_version: str
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict is Verdict.accept
