@@ -6,7 +6,11 @@ From Coq Require Import NArith ZArith.
 From Plow Require Import All.
 
 Extraction Language OCaml.
+(* Coq's bool/option/list/prod/unit/sumbool become OCaml's own (ExtrOcamlBasic:
+   constructor-for-constructor mappings, listed in docs/oracle.md's trusted base);
+   otherwise Checkers.list shadows OCaml's list in the adapters. *)
+From Coq Require Import ExtrOcamlBasic.
 (* [N.add]/[Z.add] make sure the number types that oracle/jnum.ml builds are
    extracted even before a checker uses them. *)
-Extraction "checkers.ml" is_accept N.add Z.add
+Extraction "checkers.ml" is_accept N.add Z.add check_pages
   (* checkers: add each checkpoint's top-level checker here *).
