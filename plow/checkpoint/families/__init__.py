@@ -1,0 +1,24 @@
+"""Model families: each module maps one HuggingFace config layout to a `ModelSpec`.
+
+A family module exposes `MODEL_TYPES` (the `model_type` strings it reads) and
+`to_spec(config: dict) -> ModelSpec`. Adding a family is adding a module and one line here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from plow.checkpoint.families import gemma3, llama, qwen3
+from plow.checkpoint.spec import ModelSpec
+
+_MODULES: tuple[ModuleType, ...] = (llama, qwen3, gemma3)
+
+FAMILIES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
+    model_type: module.to_spec for module in _MODULES for model_type in module.MODEL_TYPES
+}
+
+
+def supported_model_types() -> list[str]:
+    return sorted(FAMILIES)

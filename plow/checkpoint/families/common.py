@@ -1,0 +1,98 @@
+"""Config fields and rope parsing shared by the families' pydantic models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+from plow.checkpoint.spec import RopeSpec
+
+
+class DecoderConfig(BaseModel):
+    """Fields every decoder-only family has; unknown fields are ignored, missing ones fail."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model_type: str
+    vocab_size: PositiveInt
+    hidden_size: PositiveInt
+    intermediate_size: PositiveInt
+    num_hidden_layers: PositiveInt
+    num_attention_heads: PositiveInt
+    num_key_value_heads: PositiveInt | None = None
+    head_dim: PositiveInt | None = None
+    rms_norm_eps: float = Field(default=1e-6, gt=0)
+    max_position_embeddings: PositiveInt = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    torch_dtype: str | None = None
+    dtype: str | None = None
+    # Old layout: rope_theta + rope_scaling; transformers >= 5 writes rope_parameters.
+    rope_theta: float | None = None
+    rope_scaling: dict[str, Any] | None = None
+    rope_parameters: dict[str, Any] | None = None
+
+    def kv_heads(self) -> int:
+        kv = self.num_key_value_heads or self.num_attention_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {kv}"
+            )
+        return kv
+
+    def head_size(self) -> int:
+        if self.head_dim:
+            return self.head_dim
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_attention_heads} and head_dim is not given"
+            )
+        return self.hidden_size // self.num_attention_heads
+
+    def eos_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        if isinstance(self.eos_token_id, int):
+            return (self.eos_token_id,)
+        return tuple(self.eos_token_id)
+
+    def dtype_name(self) -> str:
+        return self.dtype or self.torch_dtype or "float32"
+
+
+def rope_from_dict(params: dict[str, Any] | None, theta: float) -> RopeSpec:
+    """A `RopeSpec` from either layout's dict (`rope_type` or the older `type` key)."""
+    if not params:
+        return RopeSpec(theta=theta)
+    kind = str(params.get("rope_type", params.get("type", "default")))
+    theta = float(params.get("rope_theta", theta))
+    if kind == "default":
+        return RopeSpec(theta=theta)
+    if kind == "linear":
+        return RopeSpec(theta=theta, kind="linear", factor=float(params["factor"]))
+    if kind == "llama3":
+        return RopeSpec(
+            theta=theta,
+            kind="llama3",
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position=int(params["original_max_position_embeddings"]),
+        )
+    raise ValueError(f"rope type {kind!r} is not supported (default, linear, llama3)")
+
+
+def global_rope(cfg: DecoderConfig, default_theta: float) -> RopeSpec:
+    """The rope of full-attention layers, from whichever layout the config uses."""
+    theta = cfg.rope_theta if cfg.rope_theta is not None else default_theta
+    if cfg.rope_parameters is not None:
+        params = cfg.rope_parameters
+        if "full_attention" in params:  # per-layer-type layout (Gemma 3 in transformers >= 5)
+            params = params["full_attention"]
+        return rope_from_dict(params, theta)
+    return rope_from_dict(cfg.rope_scaling, theta)

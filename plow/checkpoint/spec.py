@@ -1,0 +1,125 @@
+"""The family-neutral description of a decoder-only transformer.
+
+A family module (plow/checkpoint/families/) maps its HuggingFace config to a `ModelSpec`;
+everything downstream (graph, tiling, reference) reads only the spec, so adding a family is
+adding one file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Activation(str, Enum):
+    silu = "silu"
+    gelu_tanh = "gelu_tanh"
+
+
+@dataclass(frozen=True, slots=True)
+class RopeSpec:
+    """Rotary embedding of one attention layer.
+
+    `kind` is "default", "linear" (positions divided by `factor`) or "llama3" (frequency
+    bands rescaled as in Llama-3.1).
+    """
+
+    theta: float
+    kind: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """Per-layer attention shape: `window` is None for global attention."""
+
+    rope: RopeSpec
+    window: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    norm_eps: float
+    layers: tuple[LayerSpec, ...]
+    activation: Activation = Activation.silu
+    # RMSNorm multiplies by (norm_offset + w): 0 for Llama/Qwen, 1 for Gemma.
+    norm_offset: float = 0.0
+    qk_norm: bool = False
+    # Gemma's sandwich norms: post-attention and pre/post-feedforward norms.
+    sandwich_norms: bool = False
+    embed_scale: float = 1.0
+    query_scale: float = 0.0  # 0 means head_dim ** -0.5
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    max_position: int = 2048
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    dtype: str = "float32"
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def attention_scale(self) -> float:
+        return self.query_scale if self.query_scale else self.head_dim**-0.5
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the forward reads, by its HuggingFace name, with its shape."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
+        for n in range(self.num_layers):
+            p = f"model.layers.{n}."
+            shapes[p + "input_layernorm.weight"] = (h,)
+            shapes[p + "post_attention_layernorm.weight"] = (h,)
+            shapes[p + "self_attn.q_proj.weight"] = (self.q_size, h)
+            shapes[p + "self_attn.k_proj.weight"] = (self.kv_size, h)
+            shapes[p + "self_attn.v_proj.weight"] = (self.kv_size, h)
+            shapes[p + "self_attn.o_proj.weight"] = (h, self.q_size)
+            if self.attention_bias:
+                shapes[p + "self_attn.q_proj.bias"] = (self.q_size,)
+                shapes[p + "self_attn.k_proj.bias"] = (self.kv_size,)
+                shapes[p + "self_attn.v_proj.bias"] = (self.kv_size,)
+            if self.qk_norm:
+                shapes[p + "self_attn.q_norm.weight"] = (self.head_dim,)
+                shapes[p + "self_attn.k_norm.weight"] = (self.head_dim,)
+            if self.sandwich_norms:
+                shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
+                shapes[p + "post_feedforward_layernorm.weight"] = (h,)
+            shapes[p + "mlp.gate_proj.weight"] = (i, h)
+            shapes[p + "mlp.up_proj.weight"] = (i, h)
+            shapes[p + "mlp.down_proj.weight"] = (h, i)
+        shapes["model.norm.weight"] = (h,)
+        if not self.tie_word_embeddings:
+            shapes["lm_head.weight"] = (v, h)
+        return shapes
+
+    @property
+    def lm_head_weight(self) -> str:
+        return "model.embed_tokens.weight" if self.tie_word_embeddings else "lm_head.weight"
+
+    def parameter_count(self) -> int:
+        total = 0
+        for shape in self.weight_shapes().values():
+            n = 1
+            for d in shape:
+                n *= d
+            total += n
+        return total

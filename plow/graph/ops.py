@@ -1,0 +1,159 @@
+"""Ops, tensors and shape inference.
+
+Each op kind has one shape rule (`infer_shapes`); the builder declares every tensor through
+it, and `OpGraph.validate` re-runs it, so a graph with an inconsistent dim cannot exist.
+Semantics of each kind (what the reference executor computes) are in docs/graph.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from plow.errors import GraphError
+
+Shape = tuple[int, ...]
+
+
+class OpKind(str, Enum):
+    embedding = "embedding"
+    rmsnorm = "rmsnorm"
+    linear = "linear"
+    rope = "rope"
+    attention = "attention"  # also writes the new keys/values into the cache
+    gated_mlp = "gated_mlp"  # act(gate) * up, between the gate/up and down linears
+    residual_add = "residual_add"
+    lm_head = "lm_head"
+    sample = "sample"
+
+
+class TensorRole(str, Enum):
+    input = "input"  # written by the host before a step (token ids, positions)
+    weight = "weight"
+    activation = "activation"
+    cache = "cache"  # key-value cache, persists across steps
+    output = "output"  # read by the host after a step
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    name: str
+    shape: Shape
+    role: TensorRole
+    dtype: str = "float32"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    name: str
+    kind: OpKind
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    layer: int | None = None
+
+
+def _need(op: str, cond: bool, msg: str) -> None:
+    if not cond:
+        raise GraphError(op, msg)
+
+
+def infer_shapes(kind: OpKind, name: str, ins: list[Shape], attrs: Mapping[str, Any]) -> list[Shape]:
+    """Output shapes of an op from its input shapes; raises `GraphError` on a mismatch."""
+    if kind is OpKind.embedding:
+        ids, table = ins
+        _need(name, len(ids) == 2 and len(table) == 2, f"embedding wants ids[B,T], table[V,H]; got {ids}, {table}")
+        return [(*ids, table[1])]
+    if kind is OpKind.rmsnorm:
+        x, w = ins
+        group = attrs.get("group", x[-1])
+        _need(name, x[-1] % group == 0 and w == (group,), f"rmsnorm weight {w} does not match group {group} of {x}")
+        return [x]
+    if kind is OpKind.linear:
+        x, w = ins[0], ins[1]
+        _need(name, len(w) == 2 and x[-1] == w[1], f"linear input {x} does not match weight {w}")
+        if len(ins) == 3:
+            _need(name, ins[2] == (w[0],), f"bias {ins[2]} does not match weight {w}")
+        return [(*x[:-1], w[0])]
+    if kind is OpKind.rope:
+        x, pos = ins
+        heads, hd = attrs["heads"], attrs["head_dim"]
+        _need(name, x[-1] == heads * hd and pos == x[:-1], f"rope input {x} / positions {pos} mismatch")
+        _need(name, hd % 2 == 0, f"head_dim {hd} must be even for rope")
+        return [x]
+    if kind is OpKind.attention:
+        q, k, v, kc, vc, pos = ins
+        h, kvh, hd = attrs["heads"], attrs["kv_heads"], attrs["head_dim"]
+        b, t = q[0], q[1]
+        _need(name, q == (b, t, h * hd), f"query {q} is not [B,T,{h}*{hd}]")
+        _need(name, k == v == (b, t, kvh * hd), f"keys {k} / values {v} are not [B,T,{kvh}*{hd}]")
+        _need(name, kc == vc and kc[0] == b and kc[1] == kvh and kc[3] == hd, f"cache {kc} mismatch")
+        _need(name, kc[2] >= t, f"cache length {kc[2]} is below the {t} tokens a step writes")
+        _need(name, pos == (b, t), f"positions {pos} are not [B,T]")
+        _need(name, h % kvh == 0, f"{h} heads are not a multiple of {kvh} key-value heads")
+        return [q]
+    if kind is OpKind.gated_mlp:
+        g, u = ins
+        _need(name, g == u, f"gate {g} and up {u} differ")
+        return [g]
+    if kind is OpKind.residual_add:
+        a, b_ = ins
+        _need(name, a == b_, f"residual operands {a} and {b_} differ")
+        return [a]
+    if kind is OpKind.lm_head:
+        x, w = ins
+        _need(name, len(w) == 2 and x[-1] == w[1], f"lm_head input {x} does not match weight {w}")
+        return [(*x[:-1], w[0])]
+    if kind is OpKind.sample:
+        logits, idx = ins
+        _need(name, len(logits) == 3 and idx == (logits[0],), f"sample wants logits[B,T,V], index[B]; got {logits}, {idx}")
+        return [(logits[0],)]
+    raise GraphError(name, f"unknown op kind {kind}")
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    """Ops in a topological order (the order the builder emitted them) and their tensors."""
+
+    ops: tuple[Op, ...]
+    tensors: Mapping[str, Tensor]
+    bucket_name: str = ""
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self.ops)
+
+    def tensor(self, name: str) -> Tensor:
+        return self.tensors[name]
+
+    def producers(self) -> dict[str, Op]:
+        return {t: op for op in self.ops for t in op.outputs}
+
+    def edges(self) -> list[tuple[str, str]]:
+        """(producer op, consumer op) for every activation an op reads from another op."""
+        prod = self.producers()
+        out = []
+        for op in self.ops:
+            for t in op.inputs:
+                if t in prod:
+                    out.append((prod[t].name, op.name))
+        return out
+
+    def validate(self) -> None:
+        """Re-run shape inference and check every input is defined before it is read."""
+        defined = {n for n, t in self.tensors.items() if t.role in (TensorRole.input, TensorRole.weight, TensorRole.cache)}
+        for op in self.ops:
+            for t in op.inputs:
+                _need(op.name, t in defined, f"reads {t!r} before any op writes it")
+            shapes = infer_shapes(op.kind, op.name, [self.tensors[t].shape for t in op.inputs], op.attrs)
+            for t, s in zip(op.outputs, shapes, strict=True):
+                _need(op.name, self.tensors[t].shape == s, f"output {t} declared {self.tensors[t].shape}, inferred {s}")
+                defined.add(t)

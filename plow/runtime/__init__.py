@@ -1,0 +1,1 @@
+"""plowrt: executors that run a model step (reference numpy forward; CPU emulation; CUDA)."""

@@ -1,0 +1,178 @@
+"""`make_tiny_checkpoint`: a real HuggingFace directory with seeded random weights.
+
+Weights come from transformers' own model classes (so the layout is exactly what HF writes),
+saved as safetensors (optionally sharded); the tokenizer is a byte-level BPE trained with
+`tokenizers` on text shipped in `plow/testing/data/corpus.txt`. Requires the `dev` extra
+(torch CPU + transformers).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+
+# Small, fast on 2 cores, but covering GQA, odd vocabularies and tied/untied embeddings.
+_BASE: dict[str, dict[str, Any]] = {
+    "llama": dict(
+        vocab_size=317,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+        tie_word_embeddings=False,
+    ),
+    "qwen3": dict(
+        vocab_size=301,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=24,
+        max_position_embeddings=256,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+    ),
+    "gemma3": dict(
+        vocab_size=293,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        query_pre_attn_scalar=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        tie_word_embeddings=True,
+    ),
+}
+TINY_FAMILIES = tuple(_BASE)
+
+
+def corpus_text() -> str:
+    return resources.files("plow.testing").joinpath("data/corpus.txt").read_text(encoding="utf-8")
+
+
+def train_tokenizer(vocab_size: int) -> Any:
+    """A byte-level BPE tokenizer with at most `vocab_size` tokens, trained on the corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_text().splitlines(), trainer=trainer)
+    return tok
+
+
+def _hf_config(family: str, seed: int, overrides: dict[str, Any]) -> Any:
+    import transformers
+
+    params = dict(_BASE[family])
+    params.update(overrides)
+    # Larger-than-default init spreads the logits, so greedy decisions are not near-ties
+    # that fp32 rounding could flip between two correct implementations.
+    params.setdefault("initializer_range", 0.25)
+    params.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen3": transformers.Qwen3Config,
+        "gemma3": transformers.Gemma3TextConfig,
+    }[family]
+    return cls(**params)
+
+
+def _model_class(family: str) -> Any:
+    import transformers
+
+    return {
+        "llama": transformers.LlamaForCausalLM,
+        "qwen3": transformers.Qwen3ForCausalLM,
+        "gemma3": transformers.Gemma3ForCausalLM,
+    }[family]
+
+
+def make_tiny_checkpoint(
+    family: str,
+    seed: int = 0,
+    out: Path | str | None = None,
+    *,
+    shards: int = 1,
+    dtype: str = "float32",
+    **overrides: Any,
+) -> Path:
+    """Write a tiny HF checkpoint for `family` ("llama", "qwen3", "gemma3") and return its dir.
+
+    `shards > 1` splits the weights into about that many safetensors files with an index;
+    `dtype` is the stored dtype ("float32", "bfloat16", "float16"); `overrides` replace
+    config fields (e.g. `tie_word_embeddings=False`, `num_key_value_heads=4`).
+    """
+    import torch
+
+    if family not in _BASE:
+        raise ValueError(f"unknown fixture family {family!r} (have {', '.join(_BASE)})")
+    directory = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix=f"plow-{family}-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    config = _hf_config(family, seed, overrides)
+    torch.manual_seed(seed)
+    model = _model_class(family)(config).eval()
+    with torch.no_grad():
+        # HF initialises norm weights to constants; perturb them so the norms are exercised.
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model = model.to(getattr(torch, dtype))
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    shard_size = max(1, total // shards + 1) if shards > 1 else None
+    kwargs: dict[str, Any] = {"safe_serialization": True}
+    if shard_size is not None:
+        kwargs["max_shard_size"] = shard_size
+    model.save_pretrained(directory, **kwargs)
+
+    tok = train_tokenizer(config.vocab_size)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "pad_token": "<pad>",
+                "add_bos_token": False,
+                "chat_template": CHAT_TEMPLATE,
+                "model_max_length": config.max_position_embeddings,
+            },
+            indent=2,
+        )
+    )
+    return directory
