@@ -1,3 +1,4 @@
 (** Imports every theory of the proof library; [coqchk] runs on this module. *)
 From Plow Require Export Loc.
 From Plow Require Export Pages Pagesproof.
+From Plow Require Export Tiles Bounds Tilesproof.
