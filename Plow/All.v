@@ -1,4 +1,5 @@
 (** Imports every theory of the proof library; [coqchk] runs on this module. *)
 From Plow Require Export Loc.
 From Plow Require Export Pages Pagesproof.
+From Plow Require Export Alloc Allocproof.
 From Plow Require Export Tiles Bounds Tilesproof.

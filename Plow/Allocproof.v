@@ -1,0 +1,323 @@
+(** Allocation safety (checkpoint F): theorems F1 and F2. *)
+From Coq Require Import Arith NArith List Bool Lia RelationClasses Sorted Permutation.
+From Plow Require Import Loc Alloc.
+Import ListNotations.
+Local Open Scope N_scope.
+
+(** * Intervals *)
+
+(** Two half-open intervals [\[a, c)] and [\[b, d)] meet iff the larger
+    start is below the smaller end. *)
+Lemma intervals_meet : forall a b c d,
+  N.max a b < N.min c d <-> exists s, a <= s < c /\ b <= s < d.
+Proof.
+  intros a b c d. split.
+  - intros H. apply N.min_glb_lt_iff in H as [Hc Hd].
+    exists (N.max a b). pose proof (N.le_max_l a b). pose proof (N.le_max_r a b).
+    lia.
+  - intros (s & [Ha Hc] & [Hb Hd]).
+    apply N.le_lt_trans with s; [now apply N.max_lub|].
+    now apply N.min_glb_lt.
+Qed.
+
+(** [conflict] decides exactly "a common live step and a common byte". *)
+Lemma conflict_spec : forall x y,
+  conflict x y = true <->
+  (exists s, live x s /\ live y s) /\ (exists a, holds x a /\ holds y a).
+Proof.
+  intros x y. unfold conflict, live, holds.
+  rewrite andb_true_iff, !N.ltb_lt, !intervals_meet. reflexivity.
+Qed.
+
+Lemma conflict_sym : forall x y, conflict x y = conflict y x.
+Proof.
+  intros x y. unfold conflict.
+  rewrite (N.max_comm (b_first x)), (N.min_comm (b_last x)),
+          (N.max_comm (b_offset x)), (N.min_comm (b_end x)).
+  reflexivity.
+Qed.
+
+Lemma no_conflict : forall x y,
+  conflict x y = false ->
+  forall s, live x s -> live y s -> forall a, ~ (holds x a /\ holds y a).
+Proof.
+  intros x y Hc s Hx Hy a [Ha Hb].
+  assert (conflict x y = true)
+    by (apply conflict_spec; split; [exists s|exists a]; split; assumption).
+  congruence.
+Qed.
+
+(** * Each buffer on its own *)
+
+Lemma check_one_accept : forall arena i b,
+  check_one arena i b = Accept -> in_bounds arena b /\ aligned b.
+Proof.
+  intros arena i b H. unfold check_one in H.
+  destruct (N.eqb_spec (b_align b) 0); [discriminate|].
+  destruct (N.eqb_spec (b_offset b mod b_align b) 0); [|discriminate].
+  destruct (N.ltb_spec arena (b_end b)); [discriminate|].
+  unfold in_bounds, aligned. split; [lia|]. split; [lia|assumption].
+Qed.
+
+Lemma check_each_accept : forall arena bufs i,
+  check_each arena i bufs = Accept ->
+  forall k b, nth_error bufs k = Some b -> in_bounds arena b /\ aligned b.
+Proof.
+  induction bufs as [|x rest IH]; intros i H k b Hk; [destruct k; discriminate|].
+  simpl in H. destruct (check_one arena i x) eqn:H1; [|discriminate].
+  destruct k as [|k]; simpl in Hk.
+  - injection Hk as <-. eapply check_one_accept; eassumption.
+  - eapply IH; eassumption.
+Qed.
+
+(** * Pairs *)
+
+
+Lemma leb_trans : Transitive (fun x y => is_true (OffsetOrder.leb x y)).
+Proof.
+  intros x y z. unfold is_true, OffsetOrder.leb. rewrite !N.leb_le. lia.
+Qed.
+
+Lemma sort_sorted : forall l, StronglySorted (fun x y => is_true (OffsetOrder.leb x y))
+  (OffsetSort.sort l).
+Proof. intros l. apply OffsetSort.StronglySorted_sort. exact leb_trans. Qed.
+
+(** A buffer that starts at or after [x]'s end shares no byte with [x]. *)
+Lemma conflict_past_end : forall x y,
+  b_end x <= b_offset y -> conflict x y = false.
+Proof.
+  intros x y H. destruct (conflict x y) eqn:Hc; [|reflexivity].
+  apply conflict_spec in Hc as [_ (a & [Hx1 Hx2] & [Hy1 Hy2])]. lia.
+Qed.
+
+Lemma scan_accept : forall i x rest,
+  StronglySorted (fun x y => is_true (OffsetOrder.leb x y)) rest ->
+  scan i x rest = Accept -> forall e, In e rest -> conflict x (snd e) = false.
+Proof.
+  induction rest as [|[j y] rest IH]; intros Hs H e Hin; [destruct Hin|].
+  inversion Hs as [|? ? Hs' Hall]; subst. simpl in H.
+  destruct (N.leb_spec (b_end x) (b_offset y)) as [Hend|Hend].
+  - apply conflict_past_end. destruct Hin as [<-|Hin]; [exact Hend|].
+    eapply Forall_forall in Hall; [|exact Hin].
+    unfold is_true, OffsetOrder.leb in Hall. apply N.leb_le in Hall. simpl in Hall.
+    lia.
+  - destruct (conflict x y) eqn:Hc; [discriminate|].
+    destruct Hin as [<-|Hin]; [exact Hc|]. eapply IH; eassumption.
+Qed.
+
+Lemma sweep_accept : forall l,
+  StronglySorted (fun x y => is_true (OffsetOrder.leb x y)) l ->
+  sweep l = Accept ->
+  forall e1 e2, In e1 l -> In e2 l -> fst e1 <> fst e2 ->
+  conflict (snd e1) (snd e2) = false.
+Proof.
+  induction l as [|[i x] rest IH]; intros Hs H e1 e2 H1 H2 Hne; [destruct H1|].
+  inversion Hs as [|? ? Hs' Hall]; subst. simpl in H.
+  destruct (scan i x rest) eqn:Hscan; [|discriminate].
+  destruct H1 as [<-|H1], H2 as [<-|H2].
+  - now destruct Hne.
+  - eapply scan_accept; eassumption.
+  - rewrite conflict_sym. eapply scan_accept; eassumption.
+  - eapply IH; eassumption.
+Qed.
+
+Lemma index_from_in : forall bufs i e,
+  In e (index_from i bufs) ->
+  i <= fst e /\ nth_error bufs (N.to_nat (fst e - i)) = Some (snd e).
+Proof.
+  induction bufs as [|b rest IH]; intros i e Hin; [destruct Hin|].
+  destruct Hin as [<-|Hin].
+  - simpl. rewrite N.sub_diag. split; [lia|reflexivity].
+  - destruct (IH _ _ Hin) as [Hle Hn]. split; [lia|].
+    replace (N.to_nat (fst e - i)) with (S (N.to_nat (fst e - N.succ i))) by lia.
+    exact Hn.
+Qed.
+
+Lemma index_from_nth : forall bufs i k b,
+  nth_error bufs k = Some b -> In (i + N.of_nat k, b) (index_from i bufs).
+Proof.
+  induction bufs as [|b0 rest IH]; intros i k b Hk; [destruct k; discriminate|].
+  destruct k as [|k]; simpl in Hk.
+  - injection Hk as <-. left. f_equal. lia.
+  - right. replace (i + N.of_nat (S k)) with (N.succ i + N.of_nat k) by lia.
+    now apply IH.
+Qed.
+
+Lemma index_from_nodup : forall bufs i, NoDup (map fst (index_from i bufs)).
+Proof.
+  induction bufs as [|b rest IH]; intros i; simpl; constructor; [|apply IH].
+  intros Hin. apply in_map_iff in Hin as (e & He & Hin).
+  apply index_from_in in Hin as [Hle _]. lia.
+Qed.
+
+Lemma check_pairs_accept : forall bufs,
+  check_pairs bufs = Accept ->
+  forall p q bp bq, p <> q ->
+  nth_error bufs p = Some bp -> nth_error bufs q = Some bq ->
+  conflict bp bq = false.
+Proof.
+  intros bufs H p q bp bq Hpq Hp Hq. unfold check_pairs in H.
+  pose proof (OffsetSort.Permuted_sort (index_from 0 bufs)) as Hperm.
+  apply (sweep_accept _ (sort_sorted _) H (N.of_nat p, bp) (N.of_nat q, bq)).
+  - eapply Permutation_in; [exact Hperm|]. apply (index_from_nth bufs 0 p bp Hp).
+  - eapply Permutation_in; [exact Hperm|]. apply (index_from_nth bufs 0 q bq Hq).
+  - simpl. lia.
+Qed.
+
+(** * F2: the executable check is sound *)
+
+Theorem check_alloc_sound : forall arena bufs,
+  check_alloc arena bufs = Accept -> alloc_safe arena bufs.
+Proof.
+  intros arena bufs H. unfold check_alloc in H.
+  destruct (check_each arena 0 bufs) eqn:He; [|discriminate].
+  split.
+  - eapply check_each_accept; eassumption.
+  - intros i j bi bj Hij Hi Hj. apply no_conflict.
+    eapply check_pairs_accept; eassumption.
+Qed.
+
+(** * F1: what a safe allocation guarantees *)
+
+(** No byte belongs to two buffers that are live at the same step. *)
+Theorem alloc_safe_exclusive : forall arena bufs,
+  alloc_safe arena bufs ->
+  forall i j bi bj s a,
+  nth_error bufs i = Some bi -> nth_error bufs j = Some bj ->
+  live bi s -> live bj s -> holds bi a -> holds bj a -> i = j.
+Proof.
+  intros arena bufs [_ Hdis] i j bi bj s a Hi Hj Hsi Hsj Hai Haj.
+  destruct (Nat.eq_dec i j) as [|Hne]; [assumption|].
+  exfalso. exact (Hdis i j bi bj Hne Hi Hj s Hsi Hsj a (conj Hai Haj)).
+Qed.
+
+(** Every byte of every buffer lies inside the arena, at an aligned offset. *)
+Theorem alloc_safe_in_arena : forall arena bufs,
+  alloc_safe arena bufs ->
+  forall i b, nth_error bufs i = Some b ->
+  (forall a, holds b a -> a < arena) /\
+  0 < b_align b /\ b_offset b mod b_align b = 0.
+Proof.
+  intros arena bufs [Hb _] i b Hi.
+  destruct (Hb i b Hi) as [Hin [Hpos Hmod]]. unfold in_bounds in Hin.
+  split; [|split; assumption].
+  intros a Ha. unfold holds in Ha. lia.
+Qed.
+
+(** A memory: a value per byte address; writing buffer [b] replaces the bytes
+    it holds. *)
+Definition holdsb (b : buffer) (a : N) : bool :=
+  (b_offset b <=? a) && (a <? b_end b).
+
+Definition write_buffer {V : Type} (b : buffer) (data : N -> V) (m : N -> V) : N -> V :=
+  fun a => if holdsb b a then data a else m a.
+
+(** Frame property: at a step where buffers [i] and [j] are both live, writing
+    buffer [i] leaves every byte of buffer [j] unchanged. *)
+Theorem alloc_safe_frame : forall arena bufs,
+  alloc_safe arena bufs ->
+  forall i j bi bj s, i <> j ->
+  nth_error bufs i = Some bi -> nth_error bufs j = Some bj ->
+  live bi s -> live bj s ->
+  forall V (data m : N -> V) a, holds bj a -> write_buffer bi data m a = m a.
+Proof.
+  intros arena bufs [_ Hdis] i j bi bj s Hne Hi Hj Hsi Hsj V data m a Ha.
+  unfold write_buffer. destruct (holdsb bi a) eqn:Hh; [|reflexivity].
+  exfalso. apply (Hdis i j bi bj Hne Hi Hj s Hsi Hsj a). split; [|exact Ha].
+  unfold holdsb in Hh. apply andb_true_iff in Hh as [H1 H2].
+  apply N.leb_le in H1. apply N.ltb_lt in H2. unfold holds. lia.
+Qed.
+
+(** F1 + F2 together: an accepted allocation is exclusive, in bounds and
+    aligned. *)
+Corollary check_alloc_exclusive : forall arena bufs,
+  check_alloc arena bufs = Accept ->
+  forall i j bi bj s a,
+  nth_error bufs i = Some bi -> nth_error bufs j = Some bj ->
+  live bi s -> live bj s -> holds bi a -> holds bj a -> i = j.
+Proof.
+  intros arena bufs H. apply alloc_safe_exclusive with arena.
+  now apply check_alloc_sound.
+Qed.
+
+(** Rejections are genuine: an [Overlap] names two distinct buffers, at the
+    reported address ranges, that are both live at every step of the
+    reported (nonempty) step range and share a byte. *)
+Lemma scan_reject : forall i x rest i' lo hi j lo' hi' sl sh,
+  scan i x rest = Reject (Overlap i' lo hi j lo' hi' sl sh) ->
+  exists y, In (j, y) rest /\ conflict x y = true /\ i' = i /\
+    lo = b_offset x /\ hi = b_end x /\ lo' = b_offset y /\ hi' = b_end y /\
+    sl = N.max (b_first x) (b_first y) /\ sh = N.min (b_last x) (b_last y).
+Proof.
+  induction rest as [|[j0 y] rest IH]; intros i' lo hi j lo' hi' sl sh H;
+    [discriminate|].
+  simpl in H. destruct (b_end x <=? b_offset y); [discriminate|].
+  destruct (conflict x y) eqn:Hc.
+  - injection H as <- <- <- <- <- <- <- <-. exists y. split; [now left|]. auto 10.
+  - destruct (IH _ _ _ _ _ _ _ _ H) as (y' & Hin & Hrest).
+    exists y'. split; [now right|exact Hrest].
+Qed.
+
+Lemma sweep_reject : forall l i lo hi j lo' hi' sl sh,
+  NoDup (map fst l) ->
+  sweep l = Reject (Overlap i lo hi j lo' hi' sl sh) ->
+  exists x y, In (i, x) l /\ In (j, y) l /\ i <> j /\ conflict x y = true /\
+    lo = b_offset x /\ hi = b_end x /\ lo' = b_offset y /\ hi' = b_end y /\
+    sl = N.max (b_first x) (b_first y) /\ sh = N.min (b_last x) (b_last y).
+Proof.
+  induction l as [|[i0 x] rest IH]; intros i lo hi j lo' hi' sl sh Hnd H;
+    [discriminate|].
+  simpl in Hnd. apply NoDup_cons_iff in Hnd as [Hni Hnd']. simpl in H.
+  destruct (scan i0 x rest) as [|e] eqn:Hscan.
+  - destruct (IH _ _ _ _ _ _ _ _ Hnd' H) as (x' & y & Hx & Hy & Hrest).
+    exists x', y. split; [now right|]. split; [now right|exact Hrest].
+  - injection H as ->.
+    destruct (scan_reject _ _ _ _ _ _ _ _ _ _ _ Hscan) as (y & Hin & Hc & Hii & Hr). subst i.
+    exists x, y. split; [now left|]. split; [now right|]. split; [|auto].
+    intros Heq. subst j. apply Hni. apply in_map_iff. exists (i0, y). auto.
+Qed.
+
+Lemma check_each_no_overlap : forall arena bufs i i' lo hi j' lo' hi' sl sh,
+  check_each arena i bufs <> Reject (Overlap i' lo hi j' lo' hi' sl sh).
+Proof.
+  induction bufs as [|x rest IH]; intros i i' lo hi j' lo' hi' sl sh H;
+    simpl in H; [discriminate|].
+  destruct (check_one arena i x) eqn:H1.
+  - eapply IH; eassumption.
+  - injection H as ->. unfold check_one in H1.
+    destruct (b_align x =? 0); [discriminate|].
+    destruct (negb _); [discriminate|].
+    destruct (arena <? b_end x); discriminate.
+Qed.
+
+Theorem check_alloc_overlap_genuine : forall arena bufs i lo hi j lo' hi' sl sh,
+  check_alloc arena bufs = Reject (Overlap i lo hi j lo' hi' sl sh) ->
+  exists x y, i <> j /\
+    nth_error bufs (N.to_nat i) = Some x /\ nth_error bufs (N.to_nat j) = Some y /\
+    lo = b_offset x /\ hi = b_end x /\ lo' = b_offset y /\ hi' = b_end y /\
+    sl < sh /\ (forall s, sl <= s < sh -> live x s /\ live y s) /\
+    exists a, holds x a /\ holds y a.
+Proof.
+  intros arena bufs i lo hi j lo' hi' sl sh H. unfold check_alloc in H.
+  destruct (check_each arena 0 bufs) eqn:He;
+    [|injection H as ->; exfalso; eapply check_each_no_overlap; eassumption].
+  unfold check_pairs in H.
+  assert (Hnd : NoDup (map fst (OffsetSort.sort (index_from 0 bufs)))).
+  { eapply Permutation_NoDup; [apply Permutation_map, OffsetSort.Permuted_sort|].
+    apply index_from_nodup. }
+  destruct (sweep_reject _ _ _ _ _ _ _ _ _ Hnd H)
+    as (x & y & Hx & Hy & Hij & Hc & Hlo & Hhi & Hlo' & Hhi' & -> & ->).
+  apply (Permutation_in _ (Permutation_sym (OffsetSort.Permuted_sort _))) in Hx, Hy.
+  apply index_from_in in Hx as [_ Hx]. apply index_from_in in Hy as [_ Hy].
+  simpl in Hx, Hy. rewrite N.sub_0_r in Hx, Hy.
+  exists x, y. split; [exact Hij|]. do 6 (split; [assumption|]).
+  apply conflict_spec in Hc as ((s & Hsx & Hsy) & Ha).
+  unfold live in *.
+  pose proof (N.le_max_l (b_first x) (b_first y)).
+  pose proof (N.le_max_r (b_first x) (b_first y)).
+  pose proof (N.le_min_l (b_last x) (b_last y)).
+  pose proof (N.le_min_r (b_last x) (b_last y)).
+  split; [|split; [|exact Ha]].
+  - apply N.le_lt_trans with s; [apply N.max_lub; lia|apply N.min_glb_lt; lia].
+  - intros s' Hs'. lia.
+Qed.
