@@ -180,3 +180,62 @@ Theorem plan_bytes_ge_weights : forall p s wb trace,
 Proof.
   intros p s wb trace Hr Ht He. pose proof (decode_step_reads_weights _ _ Hr). lia.
 Qed.
+
+(** Concrete floors for an 8B-parameter bf16 model (16.06e9 weight bytes):
+    the least per-token time, in whole ns, that T6 allows on a target of
+    bandwidth [bw] with a batch of [b] tokens per step.  [decode_floor] is
+    proved to be a lower bound ([decode_floor_sound]) and the least one
+    ([decode_floor_tight]); docs/theorems.md tabulates the values. *)
+Definition decode_floor (wb bw b : N) : N :=
+  let d := b * bw in (wb * ns_per_s + d - 1) / d.
+
+Lemma decode_floor_sound : forall wb bw b tau,
+  0 < b * bw -> wb * ns_per_s <= tau * (b * bw) -> decode_floor wb bw b <= tau.
+Proof.
+  intros wb bw b tau Hd H. unfold decode_floor. set (d := b * bw) in *.
+  assert (Hlt : (wb * ns_per_s + d - 1) / d < N.succ tau).
+  { apply N.div_lt_upper_bound; [lia|].
+    rewrite N.mul_succ_r, (N.mul_comm d tau). lia. }
+  lia.
+Qed.
+
+Lemma decode_floor_tight : forall wb bw b,
+  0 < b * bw -> wb * ns_per_s <= decode_floor wb bw b * (b * bw).
+Proof.
+  intros wb bw b Hd. unfold decode_floor. set (d := b * bw) in *.
+  assert (Hd0 : d <> 0) by lia.
+  pose proof (N.div_mod (wb * ns_per_s + d - 1) d Hd0).
+  pose proof (N.mod_lt (wb * ns_per_s + d - 1) d Hd0).
+  rewrite (N.mul_comm _ d). lia.
+Qed.
+
+(** T6 in whole ns: every schedule of a decode step on [bw] that reads all
+    weights has per-token time at least [decode_floor wb bw b]. *)
+Theorem decode_per_token_floor : forall bw peaks s wb trace b tau,
+  Forall (phase_ok bw peaks) s ->
+  reads_all_weights wb trace ->
+  N.of_nat (length trace) <= sched_bytes s ->
+  makespan s <= b * tau -> 0 < b * bw ->
+  decode_floor wb bw b <= tau.
+Proof.
+  intros. apply decode_floor_sound; auto.
+  eapply decode_per_token_ge_weights; eauto.
+Qed.
+
+Definition weights_8b_bf16 : N := 16060000000.
+
+Example decode_floor_8b_h100 :
+  decode_floor weights_8b_bf16 3350000000000 1 = 4794030 /\
+  decode_floor weights_8b_bf16 3350000000000 8 = 599254.
+Proof. split; vm_compute; reflexivity. Qed.
+
+Example decode_floor_8b_h200 :
+  decode_floor weights_8b_bf16 4800000000000 1 = 3345834 /\
+  decode_floor weights_8b_bf16 4800000000000 8 = 418230.
+Proof. split; vm_compute; reflexivity. Qed.
+
+(** b200 and mi350x: both 8 TB/s. *)
+Example decode_floor_8b_8tbs :
+  decode_floor weights_8b_bf16 8000000000000 1 = 2007500 /\
+  decode_floor weights_8b_bf16 8000000000000 8 = 250938.
+Proof. split; vm_compute; reflexivity. Qed.

@@ -19,6 +19,7 @@ TOP_THEOREMS = [
     "Plow.Tilesproof.checkpoint_b_sound",
     "Plow.Tilesproof.check_tiling_plan_reject_sound",
     "Plow.Bounds.decode_per_token_ge_weights",
+    "Plow.Bounds.decode_per_token_floor",
 ]
 
 
