@@ -3,3 +3,4 @@ From Plow Require Export Loc.
 From Plow Require Export Pages Pagesproof.
 From Plow Require Export Alloc Allocproof.
 From Plow Require Export Tiles Bounds Tilesproof.
+From Plow Require Export Wire Wireproof.

@@ -10,6 +10,7 @@ let checkers : (string * (Yojson.Safe.t -> Verdict.t)) list = [
   ("B", Ckpt_tiles.check);
   ("C", Ckpt_pages.check);
   ("F", Ckpt_alloc.check);
+  ("E", Ckpt_wire.check);
 ]
 
 let emit ~checkpoint (fields : (string * Yojson.Safe.t) list) =
