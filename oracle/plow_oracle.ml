@@ -11,6 +11,7 @@ let checkers : (string * (Yojson.Safe.t -> Verdict.t)) list = [
   ("C", Ckpt_pages.check);
   ("F", Ckpt_alloc.check);
   ("E", Ckpt_wire.check);
+  ("D", Ckpt_counters.check);
 ]
 
 let emit ~checkpoint (fields : (string * Yojson.Safe.t) list) =

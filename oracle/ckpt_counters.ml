@@ -1,0 +1,93 @@
+(* Checkpoint D: the counter protocol is safe and deadlock-free.
+   Payload (plow/oracle/payloads/counters.py):
+     { "tasks":    [ {"name": str, "worker": int, "waits": [int], "signals": [int]} ],
+       "queues":   [ [int] ],                       (* per worker, task indices in order *)
+       "counters": [ {"name": str, "threshold": int, "scope": "cta"|"device"|"system"} ],
+       "edges":    [ {"producer": int, "consumer": int} ],
+       "ranks":    [int] }                          (* topological rank per task (witness) *)
+   Checker: Plow.Counters.check_counters;
+   soundness: Plow.Countersproof.checkpoint_d_sound. *)
+open Checkers
+
+type task = { name : string; worker : int; waits : int list; signals : int list }
+type counter = { cname : string; threshold : int; scope : string }
+
+let ints what j = List.map (Jnum.to_int what) (Jnum.to_list what j)
+
+let read_task j =
+  { name = Jnum.str_field "name" j; worker = Jnum.int_field "worker" j;
+    waits = ints "waits" (Jnum.field "waits" j); signals = ints "signals" (Jnum.field "signals" j) }
+
+let read_counter j =
+  let scope = Jnum.str_field "scope" j in
+  if not (List.mem scope [ "cta"; "device"; "system" ]) then
+    Verdict.bad "field \"scope\": %S is not one of cta, device, system" scope;
+  { cname = Jnum.str_field "name" j; threshold = Jnum.int_field "threshold" j; scope }
+
+let read_edge j = (Jnum.int_field "producer" j, Jnum.int_field "consumer" j)
+
+let theorems =
+  [ "Plow.Countersproof.checkpoint_d_sound"; "Plow.Countersproof.check_counters_sound";
+    "Plow.Countersproof.counters_safety"; "Plow.Countersproof.counters_progress";
+    "Plow.Countersproof.counters_maximal_runs_all" ]
+
+let nl = List.map Jnum.n_of_int
+
+let check (payload : Yojson.Safe.t) : Verdict.t =
+  let tasks = Array.of_list (List.map read_task (Jnum.list_field "tasks" payload)) in
+  let queues = List.map (ints "queues") (Jnum.list_field "queues" payload) in
+  let counters = Array.of_list (List.map read_counter (Jnum.list_field "counters" payload)) in
+  let edges = Array.of_list (List.map read_edge (Jnum.list_field "edges" payload)) in
+  let ranks =
+    match Jnum.field "ranks" payload with
+    | `Null -> Verdict.bad "field \"ranks\" is null: fill it with plow.oracle.payloads.counters.with_ranks"
+    | j -> ints "ranks" j
+  in
+  let tl = Array.to_list tasks in
+  let plan =
+    { cp_workers = nl (List.map (fun t -> t.worker) tl);
+      cp_queues = List.map nl queues;
+      cp_thresholds = nl (List.map (fun c -> c.threshold) (Array.to_list counters));
+      cp_waits = List.map (fun t -> nl t.waits) tl;
+      cp_signals = List.map (fun t -> nl t.signals) tl;
+      cp_edges = List.map (fun (u, t) -> (Jnum.n_of_int u, Jnum.n_of_int t)) (Array.to_list edges);
+      cp_ranks = nl ranks }
+  in
+  let i = Jnum.int_of_n in
+  let tname k = if k >= 0 && k < Array.length tasks then tasks.(k).name else "?" in
+  let task k = Printf.sprintf "task %d (%s)" k (tname k) in
+  let task_on k =
+    if k >= 0 && k < Array.length tasks then Printf.sprintf "%s on worker %d" (task k) tasks.(k).worker
+    else task k
+  in
+  let cname c = if c >= 0 && c < Array.length counters then counters.(c).cname else "?" in
+  match check_counters plan with
+  | Accept -> { accepted = true; reason = None; theorems }
+  | Reject e ->
+      let reason =
+        match e with
+        | CErr_lengths (n, nw, nwt, nr) ->
+            Printf.sprintf "lengths: %d tasks but %d worker fields, %d wait lists, %d ranks"
+              (i n) (i nw) (i nwt) (i nr)
+        | CErr_queue_task (w, k, t) ->
+            Printf.sprintf "worker %d queue entry %d: task %d does not exist (%d tasks)"
+              (i w) (i k) (i t) (Array.length tasks)
+        | CErr_task_worker (t, w) ->
+            Printf.sprintf "%s is in worker %d's queue but its worker field says %d"
+              (task (i t)) (i w) tasks.(i t).worker
+        | CErr_task_occurs (t, k) ->
+            Printf.sprintf "%s occurs %d times in the queues (must be exactly once)" (task (i t)) (i k)
+        | CErr_counter_ref (t, c) ->
+            Printf.sprintf "%s references counter %d, which does not exist (%d counters)"
+              (task (i t)) (i c) (Array.length counters)
+        | CErr_threshold (c, expected, actual) ->
+            Printf.sprintf "counter %d (%s): threshold %d but %d tasks signal it"
+              (i c) (cname (i c)) (i actual) (i expected)
+        | CErr_uncovered (e, u, t) ->
+            Printf.sprintf "edge %d (%s -> %s): not covered by any counter or same-queue order"
+              (i e) (tname (i u)) (tname (i t))
+        | CErr_cycle (a, b, ra, rb) ->
+            Printf.sprintf "cycle: %s must precede %s (ranks %d >= %d)"
+              (task_on (i a)) (task_on (i b)) (i ra) (i rb)
+      in
+      { accepted = false; reason = Some reason; theorems = [] }
