@@ -1,0 +1,1 @@
+"""Emit: schedules to packet streams (wire format: plow.emit.wire, docs/wire.md)."""
