@@ -1,0 +1,120 @@
+"""The ``serq`` command: ``serq run FILE.sq`` and ``serq check FILE.sq``."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from serq.checker import check as check_program
+from serq.errors import SerqError
+from serq.parser import parse_file
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="serQ: simulate serving-system models and check per-iteration claims.",
+)
+
+EXIT_BAD_INPUT = 2
+EXIT_CLAIM_FAILED = 1
+
+
+def _fail(err: SerqError, debug: bool) -> None:
+    if debug:
+        raise err
+    sys.stderr.write(err.render() + "\n")
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _parse_sets(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name.isidentifier():
+            raise SerqError(f"--set expects NAME=VALUE, got {item!r}")
+        try:
+            v = float(value)
+        except ValueError:
+            raise SerqError(f"--set {name}: {value!r} is not a number") from None
+        if not math.isfinite(v):
+            raise SerqError(f"--set {name}: {value!r} is not a finite number")
+        out[name] = (
+            int(v) if v.is_integer() and "." not in value and "e" not in value.lower() else v
+        )
+    return out
+
+
+@app.command()
+def run(
+    file: Annotated[Path, typer.Argument(help="the .sq program")],
+    horizon: Annotated[float, typer.Option(help="simulated time, µs")] = 10_000_000.0,
+    warmup: Annotated[
+        float, typer.Option(help="requests arriving earlier are not measured, µs")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="override args.number(NAME, ...): NAME=VALUE (repeatable)"),
+    ] = None,
+    json_: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+) -> None:
+    """Simulate FILE and check its claims on every iteration (exit 1 if a claim fails)."""
+    from serq import report
+    from serq.sim import load, simulate
+
+    try:
+        overrides = _parse_sets(set_ or [])
+        model = load(file, overrides=overrides)
+        try:
+            result = simulate(model, horizon, warmup, seed)
+        except SerqError as err:
+            raise err.attach(str(file), "") from None
+    except SerqError as err:
+        _fail(err, debug)
+        return
+    if json_:
+        sys.stdout.write(json.dumps(result.as_dict(), indent=None) + "\n")
+    else:
+        report.render(result, Console(highlight=False))
+    if not result.ok:
+        raise typer.Exit(EXIT_CLAIM_FAILED)
+
+
+@app.command()
+def check(
+    file: Annotated[Path, typer.Argument(help="the .sq program")],
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+) -> None:
+    """Parse and type-check FILE without running it."""
+    try:
+        program, text = parse_file(file)
+        info = check_program(program, str(file), text)
+        from serq.compile import build
+
+        try:
+            build(program, info, None, str(file))
+        except SerqError as err:
+            raise err.attach(str(file), text) from None
+    except SerqError as err:
+        _fail(err, debug)
+        return
+    claims = ", ".join(c.name for c in info.claims) or "none"
+    engines = ", ".join(info.engines) or "none"
+    typer.echo(f"{file}: ok (engines: {engines}; claims: {claims})")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,618 @@
+"""Compile a checked serQ program into one specialised Python simulation function.
+
+Expressions are translated to Python source with constants folded in and engine state held in
+plain local variables; the whole iteration loop is then generated as a single function and
+compiled once with :func:`compile`. The hot loop therefore runs on local ints and floats,
+without walking the AST or looking names up in dictionaries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from serq import ast as A
+from serq.checker import Info
+from serq.errors import SerqError
+
+Value = int | float | bool
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    """How names translate to Python source in one expression context."""
+
+    consts: Mapping[str, str]
+    names: Mapping[str, str] = field(default_factory=dict)
+    attrs: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    defs: Mapping[str, A.Def] = field(default_factory=dict)
+    draws: bool = False
+
+    def with_names(self, extra: Mapping[str, str]) -> Env:
+        names = dict(self.names)
+        names.update(extra)
+        return Env(self.consts, names, self.attrs, self.defs, self.draws)
+
+
+_PY_OPS = {"||": "or", "&&": "and"}
+
+
+def literal(v: Value, where: A.Node | None = None) -> str:
+    """Python source for a constant value."""
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, float) and not math.isfinite(v):
+        raise SerqError(f"value {v} is not finite", where.loc if where is not None else None)
+    text = repr(v)
+    return f"({text})" if v < 0 else text
+
+
+def gen(e: A.Expr, env: Env) -> str:
+    """Translate a checked expression to Python source."""
+    if isinstance(e, A.Num):
+        return literal(e.value, e)
+    if isinstance(e, A.Name):
+        n = e.name
+        if n == "decoding":
+            return "True"
+        if n in env.names:
+            return env.names[n]
+        if n in env.consts:
+            return env.consts[n]
+        raise SerqError(f"'{n}' is not available here", e.loc)  # pragma: no cover
+    if isinstance(e, A.Attr):
+        code = env.attrs.get((e.obj, e.attr))
+        if code is None:  # pragma: no cover - the checker rejects these
+            raise SerqError(f"'{e.obj}.{e.attr}' is not available here", e.loc)
+        return code
+    if isinstance(e, A.Unary):
+        inner = gen(e.operand, env)
+        return f"(not {inner})" if e.op == "!" else f"(-{inner})"
+    if isinstance(e, A.Binary):
+        op = _PY_OPS.get(e.op, e.op)
+        return f"({gen(e.left, env)} {op} {gen(e.right, env)})"
+    if isinstance(e, A.Cond):
+        return f"({gen(e.then, env)} if {gen(e.cond, env)} else {gen(e.orelse, env)})"
+    if isinstance(e, A.Call):
+        args = [gen(a, env) for a in e.args]
+        if e.func in ("ceil", "floor", "min", "max"):
+            return f"_{e.func}({', '.join(args)})"
+        d = env.defs[e.func]
+        body_env = env.with_names({p: f"({a})" for p, a in zip(d.params, args, strict=True)})
+        return gen(d.body, body_env)
+    if isinstance(e, A.MethodCall):
+        pname = e.args[0]
+        key = f"args.number:{pname.value}" if isinstance(pname, A.Str) else ""
+        if key not in env.names:  # pragma: no cover - the checker rejects these
+            raise SerqError("args.number is only allowed in a 'let'", e.loc)
+        return env.names[key]
+    if isinstance(e, A.Draw):
+        if not env.draws:  # pragma: no cover - the checker rejects these
+            raise SerqError("a random draw is not allowed here", e.loc)
+        args = [gen(a, env) for a in e.args]
+        if e.dist == "uniform":
+            lo, hi = args
+            return f"({lo} + ({hi} - {lo}) * _U())"
+        return f"({args[0]} * _X())"
+    raise SerqError("this expression cannot be evaluated here", e.loc)  # pragma: no cover
+
+
+# ----------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    name: str
+    given: str | None
+    body: str
+    claim: A.Claim
+
+
+@dataclass(slots=True)
+class Model:
+    """A compiled program: parameter values, constants and the generated simulator."""
+
+    filename: str
+    params: dict[str, Value]
+    consts: dict[str, Value]
+    engine: str
+    rate: float
+    claims: list[ClaimSpec]
+    request_vars: list[str]
+    observe_names: list[str]
+    source: str
+    simulate: Callable[..., dict[str, Any]]
+
+
+def _eval_const(e: A.Expr, consts: dict[str, str], names: dict[str, str] | None = None) -> Value:
+    code = gen(e, Env(consts, names or {}))
+    try:
+        value = eval(code, {"_ceil": math.ceil, "_floor": math.floor, "_min": min, "_max": max})
+    except ZeroDivisionError:
+        raise SerqError("division by zero", e.loc) from None
+    except (OverflowError, ValueError) as err:
+        raise SerqError(f"arithmetic error: {err}", e.loc) from None
+    if not isinstance(value, int | float | bool):  # pragma: no cover
+        raise SerqError("not a constant", e.loc)
+    return value
+
+
+_ENGINE_ATTRS: dict[tuple[str, str], str] = {
+    ("running", "decoding"): "n_dec",
+    ("running", "count"): "n_res",
+    ("running", "prefilling"): "(n_res - n_dec)",
+    ("running", "preempted"): "n_pre",
+    ("waiting", "count"): "len(waiting)",
+    ("batch", "tokens"): "b_tok",
+    ("batch", "requests"): "b_req",
+}
+
+
+def _ind(lines: list[str], n: int) -> list[str]:
+    pad = "    " * n
+    return [pad + ln if ln else ln for ln in lines]
+
+
+def build(
+    program: A.Program,
+    info: Info,
+    overrides: Mapping[str, float] | None = None,
+    filename: str = "<input>",
+) -> Model:
+    """Evaluate constants (with ``--set`` overrides) and generate the simulator."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(info.params))
+    if unknown:
+        known = ", ".join(sorted(info.params)) or "none"
+        raise SerqError(f"unknown parameter '{unknown[0]}' for --set (parameters: {known})")
+
+    # constants, in definition order; args.number reads the override or the default
+    consts: dict[str, Value] = {}
+    const_code: dict[str, str] = {}
+    params: dict[str, Value] = {}
+    for let in info.const_defs:
+        pnames: dict[str, str] = {}
+        for call in _method_calls(let.value):
+            name_node = call.args[0]
+            assert isinstance(name_node, A.Str)
+            pname = name_node.value
+            if pname in overrides:
+                pvalue: Value = overrides[pname]
+            else:
+                pvalue = _eval_const(call.args[1], const_code)
+            params[pname] = pvalue
+            pnames[f"args.number:{pname}"] = literal(pvalue, call)
+        value = _eval_const(let.value, const_code, pnames)
+        consts[let.name] = value
+        const_code[let.name] = literal(value, let)
+
+    if len(info.engines) != 1:
+        raise SerqError(
+            f"the simulator runs exactly one engine; this program has {len(info.engines)}"
+        )
+    (engine,) = info.engines.values()
+    if not info.workloads:
+        raise SerqError("the program has no 'workload' to simulate")
+    if not info.servers:
+        raise SerqError("the program has no 'server' saying what a request runs")
+    for c in info.claims:
+        if c.engine != engine.name:  # pragma: no cover - one engine only
+            raise SerqError(f"unknown engine '{c.engine}'", c.engine_loc)
+
+    defs = {n: d.node for n, d in info.defs.items()}
+    eng_env = Env(const_code, {"now": "now", "served": "served"}, _ENGINE_ATTRS, defs)
+    claim_env = eng_env.with_names({"tokens": "b_tok", "decoders": "n_dec", "residents": "n_res"})
+
+    cap: str | None = None
+    exec_code = "0"
+    advance: A.Clause | None = None
+    admit: A.Clause | None = None
+    for item in engine.items:
+        if isinstance(item, A.TokensCap):
+            cap = gen(item.value, eng_env)
+        elif isinstance(item, A.Execute):
+            exec_code = gen(item.value, eng_env)
+        else:
+            for cl in item.clauses:
+                if cl.kind == "advance":
+                    advance = cl
+                else:
+                    admit = cl
+
+    (workload,) = info.workloads
+    rate_value: float = 0.0
+    init_sets: list[A.SetVar] = []
+    for w in workload.items:
+        if isinstance(w, A.Arrive):
+            rv = _eval_const(w.rate, const_code)
+            if isinstance(rv, bool) or rv < 0:
+                raise SerqError(f"the arrival rate must be a number >= 0, got {rv}", w.loc)
+            rate_value = float(rv)
+        else:
+            init_sets.extend(w.sets)
+    req_vars = [s.name for s in init_sets]
+
+    obs_used: set[str] = set()
+    for srv in info.servers:
+        for step in srv.steps:
+            if isinstance(step, A.Observe):
+                obs_used |= _names(step.value)
+    # ---------------------------------------------------------------- arrival code
+    arrive: list[str] = []
+    seen: dict[str, str] = {}
+    for s in init_sets:
+        env = Env(const_code, {"now": "_ta", **seen}, {}, defs, draws=True)
+        arrive.append(f"v_{s.name} = {gen(s.value, env)}")
+        seen[s.name] = f"v_{s.name}"
+    for n in req_vars:
+        if n in obs_used:
+            arrive.append(f"RV_{n}.append(v_{n})")
+    given_env = Env(const_code, dict(seen), {}, defs)
+    claims: list[ClaimSpec] = []
+    for i, c in enumerate(info.claims):
+        gcode = gen(c.given, given_env) if c.given is not None else None
+        claims.append(ClaimSpec(c.name, gcode, gen(c.body, claim_env), c))
+        if gcode is not None:
+            arrive += [
+                f"if g{i} and not {gcode}:",
+                f"    g{i} = False; c{i} = False; gf{i} = (rid, _ta)",
+            ]
+    (server,) = info.servers
+    amounts = {"prefill": "0", "decode": "0"}
+    stage_obs: dict[str, list[tuple[str, A.Expr]]] = {"arrive": [], "first": [], "done": []}
+    runs = [st for st in server.steps if isinstance(st, A.Run)]
+    last_run = runs[-1] if runs else None
+    stage = "arrive"
+    srv_env = Env(const_code, {"now": "_ta", **seen}, {}, defs)
+    for st in server.steps:
+        if isinstance(st, A.Run):
+            amt = st.amount
+            if isinstance(amt, A.Call) and amt.func == "cost":
+                amt = amt.args[1]
+            amounts[st.phase] = gen(amt, srv_env)
+            stage = "done" if st is last_run else "first"
+        else:
+            stage_obs["done" if last_run is None else stage].append((st.name, st.value))
+    observe_names = [st.name for st in server.steps if isinstance(st, A.Observe)]
+    obs_env = Env(const_code, {"now": "_t", **{n: f"RV_{n}[rid]" for n in req_vars}}, {}, defs)
+
+    def observe(stage_name: str) -> list[str]:
+        return [f"OBS[{name!r}].append({gen(v, obs_env)})" for name, v in stage_obs[stage_name]]
+
+    def finish(t: str) -> list[str]:
+        body = [
+            "n_res -= 1",
+            f"if {t} <= H:",
+            "    n_done += 1",
+            f"    if {t} >= W:",
+            "        n_done_w += 1",
+            "    if arr_t[rid] >= W:",
+            f"        resp.append({t} - arr_t[rid])",
+            "        _g = dtot[rid] if hasp[rid] else dtot[rid] - 1",
+            "        if _g > 0:",
+            f"            tbt.append(({t} - first_t[rid]) / _g)",
+        ]
+        obs = observe("done")
+        if obs:
+            body += [f"        _t = {t}"] + ["        " + o for o in obs]
+        return body
+
+    def first_token(t: str, remaining: str) -> list[str]:
+        body = [
+            f"first_t[rid] = {t}",
+            f"if arr_t[rid] >= W and {t} <= H:",
+            f"    ttft.append({t} - arr_t[rid])",
+        ]
+        obs = observe("first")
+        if obs:
+            body += [f"    _t = {t}"] + ["    " + o for o in obs]
+        body += [
+            f"_d = {remaining}",
+            "if _d > 0:",
+            "    _f = K + _d",
+            "    dec[rid] = _f",
+            "    _bl = buckets.get(_f)",
+            "    if _bl is None:",
+            "        buckets[_f] = [rid]",
+            "    else:",
+            "        _bl.append(rid)",
+            "    n_dec += 1",
+            "else:",
+        ]
+        body += _ind(finish(t), 1)
+        return body
+
+    arrive += [
+        f"_p = _ceil({amounts['prefill']})",
+        "if _p < 0:",
+        "    _p = 0",
+        f"_d = _ceil({amounts['decode']})",
+        "if _d < 0:",
+        "    _d = 0",
+        "arr_t.append(_ta); prem.append(_p); dtot.append(_d); first_t.append(-1.0)",
+        "hasp.append(_p > 0)",
+    ]
+    arr_obs = observe("arrive")
+    if arr_obs:
+        arrive += ["_t = _ta"] + arr_obs
+    arrive += ["if _p == 0 and _d == 0:", "    n_res += 1", "    first_t[rid] = _ta"]
+    arrive += _ind(finish("_ta"), 1)
+    arrive += ["else:", "    waiting.append(rid)", "    n_res += 1"]
+
+    # ---------------------------------------------------------------- batch formation
+    form: list[str] = []
+    cap_code = _fold(f"_floor({cap})") if cap is not None else "_INF"
+    form.append(f"cap = {cap_code}")
+    mode_codes: dict[str, str] = {}
+
+    def mode_var(only: A.Expr | None) -> str | None:
+        if only is None:
+            return None
+        code = gen(only, eng_env)
+        if code not in mode_codes:
+            var = f"m{len(mode_codes)}"
+            mode_codes[code] = var
+            form.append(f"{var} = {code}")
+        return mode_codes[code]
+
+    adv_mode = mode_var(advance.only) if advance is not None else None
+    adm_mode = mode_var(admit.only) if admit is not None else None
+    trace_mode = adv_mode if adv_mode is not None else (adm_mode or "None")
+    form += ["b_tok = 0", "b_req = 0", "adv = 0", "pdone = None", "adone = None"]
+    if advance is not None:
+        each = (
+            _fold(f"_floor({gen(advance.each, eng_env)})") if advance.each is not None else "_INF"
+        )
+        sel_dec = adv_mode or "True"
+        sel_pre = f"not {adv_mode}" if adv_mode is not None else "True"
+        form += [
+            f"if n_dec and {sel_dec}:",
+            f"    e = {each}",
+            "    if e >= 1:",
+            "        room = cap - b_tok",
+            "        if n_dec <= room:",
+            "            b_tok += n_dec; b_req += n_dec; adv = 1",
+            "        elif room >= 1:",
+            "            adv_m = int(room); b_tok += adv_m; b_req += adv_m; adv = 2",
+            f"if pre and {sel_pre}:",
+            f"    e = {each}",
+            "    for rid in pre:",
+            "        c = prem[rid]",
+            "        if c > e:",
+            "            c = e",
+            "        room = cap - b_tok",
+            "        if c > room:",
+            "            c = room",
+            "        if c <= 0:",
+            "            break",
+            "        c = int(c); prem[rid] -= c; b_tok += c; b_req += 1",
+            "        if prem[rid] == 0:",
+            "            if pdone is None:",
+            "                pdone = [rid]",
+            "            else:",
+            "                pdone.append(rid)",
+        ]
+    if admit is not None:
+        each2 = _fold(f"_floor({gen(admit.each, eng_env)})") if admit.each is not None else "_INF"
+        cond = gen(admit.while_, eng_env) if admit.while_ is not None else "True"
+        match = f"(prem[h] == 0) == {adm_mode}" if adm_mode is not None else "True"
+        form += [
+            "if waiting and b_tok < cap:",
+            f"    e = {each2}",
+            "    while waiting:",
+            f"        if not {cond}:",
+            "            break",
+            "        h = waiting[0]",
+            f"        if not ({match}):",
+            "            break",
+            "        room = cap - b_tok",
+            "        c = prem[h]",
+            "        if c:",
+            "            if c > e:",
+            "                c = e",
+            "            if c > room:",
+            "                c = room",
+            "            if c <= 0:",
+            "                break",
+            "            c = int(c); waiting.popleft(); prem[h] -= c; b_tok += c; b_req += 1",
+            "            if prem[h] == 0:",
+            "                if pdone is None:",
+            "                    pdone = [h]",
+            "                else:",
+            "                    pdone.append(h)",
+            "            else:",
+            "                pre.append(h)",
+            "        else:",
+            "            if e < 1 or room < 1:",
+            "                break",
+            "            waiting.popleft(); b_tok += 1; b_req += 1",
+            "            if adone is None:",
+            "                adone = [h]",
+            "            else:",
+            "                adone.append(h)",
+        ]
+
+    # ---------------------------------------------------------------- claims
+    chk: list[str] = []
+    for i, spec in enumerate(claims):
+        chk += [f"if c{i} and not {spec.body}:", f"    c{i} = False; v{i} = (it, now, list(trace))"]
+
+    end: list[str] = [
+        "if adv == 1:",
+        "    K += 1",
+        "    fl = buckets.pop(K, None)",
+        "    if fl is not None:",
+        "        for rid in fl:",
+        "            del dec[rid]",
+        "            n_dec -= 1",
+    ]
+    end += _ind(finish("end"), 3)
+    end += [
+        "elif adv == 2:",
+        "    K += 1",
+        "    nd = {}",
+        "    i = 0",
+        "    for rid, f in dec.items():",
+        "        if i >= adv_m:",
+        "            f += 1",
+        "        nd[rid] = f",
+        "        i += 1",
+        "    dec = nd",
+        "    buckets = {}",
+        "    for rid, f in dec.items():",
+        "        buckets.setdefault(f, []).append(rid)",
+        "    fl = buckets.pop(K, None)",
+        "    if fl is not None:",
+        "        for rid in fl:",
+        "            del dec[rid]",
+        "            n_dec -= 1",
+    ]
+    end += _ind(finish("end"), 3)
+    end += ["if pdone is not None:", "    for rid in pdone:"]
+    end += _ind(first_token("end", "dtot[rid]"), 2)
+    end += ["    if pre:", "        pre = deque([r for r in pre if prem[r]])"]
+    end += ["if adone is not None:", "    for rid in adone:"]
+    end += _ind(first_token("end", "dtot[rid] - 1"), 2)
+
+    claim_init = []
+    for i in range(len(claims)):
+        claim_init.append(f"c{i} = True; v{i} = None; g{i} = True; gf{i} = None")
+    claim_out = ", ".join(f"(v{i}, gf{i})" for i in range(len(claims)))
+    rv_init = [f"RV_{n} = []" for n in req_vars]
+
+    src: list[str] = [
+        "def _simulate(H, W, IA, U, X, SAMPLES, TRACE_LEN, OBS, TR):",
+        "    _U = U; _X = X; _IA = IA",
+        "    now = 0.0; served = 0; it = 0",
+        "    waiting = deque(); pre = deque()",
+        "    prem = []; dtot = []; arr_t = []; first_t = []; hasp = []",
+        "    dec = {}; buckets = {}; K = 0",
+        "    n_dec = 0; n_res = 0; n_pre = 0",
+        "    nreq = 0; n_done = 0; n_done_w = 0",
+        "    ttft = []; tbt = []; resp = []; bs = []; bt = []",
+        "    samples = []; si = 0; s_next = SAMPLES[0]",
+        "    trace = deque(maxlen=TRACE_LEN)",
+        *_ind(claim_init, 1),
+        *_ind(rv_init, 1),
+        "    t_next = _IA() if INV_RATE > 0 else _INF",
+        "    if t_next >= H:",
+        "        t_next = _INF",
+        "    while True:",
+        "        while t_next <= now:",
+        "            _ta = t_next",
+        "            rid = nreq; nreq += 1",
+        *_ind(arrive, 3),
+        "            t_next = _ta + _IA()",
+        "            if t_next >= H:",
+        "                t_next = _INF",
+        "        if now >= H:",
+        "            break",
+        "        while now >= s_next:",
+        "            samples.append((s_next, n_res, len(waiting), n_dec)); si += 1",
+        "            s_next = SAMPLES[si]",
+        *_ind(form, 2),
+        "        if b_tok == 0:",
+        "            if t_next == _INF:",
+        "                now = H",
+        "                break",
+        "            now = t_next",
+        "            continue",
+        "        if TR:",
+        f"            trace.append((it, now, served, b_tok, b_req, n_dec, n_res, len(waiting), "
+        f"{trace_mode}))",
+        *_ind(chk, 2),
+        f"        dur = {exec_code}",
+        "        if dur < 0:",
+        "            raise _NegativeDuration(it, now, dur)",
+        "        end = now + dur",
+        *_ind(end, 2),
+        "        if now >= W:",
+        "            bs.append(b_req); bt.append(b_tok)",
+        "        served += b_tok; now = end; it += 1",
+        "    while s_next <= H:",
+        "        samples.append((s_next, n_res, len(waiting), n_dec)); si += 1",
+        "        s_next = SAMPLES[si]",
+        "    return dict(now=now, served=served, iterations=it, iterations_w=len(bs),",
+        "                tokens_w=sum(bt),",
+        "                arrivals=nreq, completions=n_done, completions_w=n_done_w,",
+        "                residents=n_res, waiting=len(waiting), decoders=n_dec,",
+        "                ttft=ttft, tbt=tbt, resp=resp, bs=bs, bt=bt, samples=samples,",
+        f"                claims=[{claim_out}])",
+    ]
+    source = "\n".join(src) + "\n"
+    inv_rate = 1.0 / rate_value if rate_value > 0 else 0.0
+    namespace: dict[str, Any] = {
+        "_ceil": math.ceil,
+        "_floor": math.floor,
+        "_min": min,
+        "_max": max,
+        "_INF": math.inf,
+        "INV_RATE": inv_rate,
+        "_NegativeDuration": NegativeDuration,
+    }
+    from collections import deque
+
+    namespace["deque"] = deque
+    code = compile(source, f"<serq:{filename}>", "exec")
+    exec(code, namespace)
+    return Model(
+        filename=filename,
+        params=params,
+        consts=consts,
+        engine=engine.name,
+        rate=rate_value,
+        claims=claims,
+        request_vars=req_vars,
+        observe_names=observe_names,
+        source=source,
+        simulate=namespace["_simulate"],
+    )
+
+
+class NegativeDuration(Exception):
+    def __init__(self, it: int, now: float, dur: float) -> None:
+        super().__init__(f"execute gave a negative duration {dur} at iteration {it} (t = {now} µs)")
+
+
+def _fold(code: str) -> str:
+    """Evaluate ``code`` now if it reads no state (a constant), else return it unchanged."""
+    try:
+        value = eval(code, {"_ceil": math.ceil, "_floor": math.floor, "_min": min, "_max": max})
+    except Exception:  # reads state, or fails: leave it to run time
+        return code
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return literal(value)
+    return code
+
+
+def _names(e: A.Expr) -> set[str]:
+    if isinstance(e, A.Name):
+        return {e.name}
+    if isinstance(e, A.Unary):
+        return _names(e.operand)
+    if isinstance(e, A.Binary):
+        return _names(e.left) | _names(e.right)
+    if isinstance(e, A.Cond):
+        return _names(e.cond) | _names(e.then) | _names(e.orelse)
+    if isinstance(e, A.Call | A.Draw | A.MethodCall):
+        out: set[str] = set()
+        for a in e.args:
+            out |= _names(a)
+        return out
+    return set()
+
+
+def _method_calls(e: A.Expr) -> list[A.MethodCall]:
+    if isinstance(e, A.MethodCall):
+        return [e]
+    if isinstance(e, A.Unary):
+        return _method_calls(e.operand)
+    if isinstance(e, A.Binary):
+        return _method_calls(e.left) + _method_calls(e.right)
+    if isinstance(e, A.Cond):
+        return _method_calls(e.cond) + _method_calls(e.then) + _method_calls(e.orelse)
+    if isinstance(e, A.Call | A.Draw):
+        return [m for a in e.args for m in _method_calls(a)]
+    return []

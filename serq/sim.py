@@ -1,0 +1,332 @@
+"""Run a compiled serQ model: seeded random streams, the simulation, and its statistics."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serq import pretty
+from serq.checker import check
+from serq.compile import Model, NegativeDuration, build
+from serq.errors import SerqError
+from serq.parser import parse, parse_file
+
+BLOCK = 4096
+TRACE_LEN = 4
+#: At most this many arrivals are simulated in one run (memory guard).
+MAX_ARRIVALS = 20_000_000
+
+
+def _stream(draw: Callable[[], list[float]]) -> Callable[[], float]:
+    """A fast ``next()`` over an endless sequence of blocks of numbers."""
+    it = chain.from_iterable(iter(draw, None))
+    return partial(next, it)
+
+
+def _pct(values: list[float] | list[int]) -> dict[str, float | int]:
+    if not values:
+        return {"count": 0}
+    a = np.asarray(values, dtype=float)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {
+        "count": int(a.size),
+        "mean": float(a.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(a.max()),
+    }
+
+
+_BINS = [(1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 127), (128, 255)]
+
+
+def _histogram(values: list[int]) -> list[dict[str, Any]]:
+    if not values:
+        return []
+    a = np.asarray(values)
+    out: list[dict[str, Any]] = []
+    top = int(a.max())
+    bins = list(_BINS)
+    lo = 256
+    while lo <= top:
+        bins.append((lo, 2 * lo - 1))
+        lo *= 2
+    for lo_, hi in bins:
+        n = int(((a >= lo_) & (a <= hi)).sum())
+        if n:
+            label = str(lo_) if lo_ == hi else f"{lo_}-{hi}"
+            out.append({"requests": label, "iterations": n, "fraction": n / a.size})
+    return out
+
+
+@dataclass(slots=True)
+class ClaimResult:
+    name: str
+    kind: str
+    given: str | None
+    status: str  # "holds" | "fails" | "not applicable"
+    iterations: int
+    counterexample: dict[str, Any] | None = None
+    given_failure: dict[str, Any] | None = None
+
+    def result_text(self) -> str:
+        if self.status == "holds":
+            return f"holds ({self.iterations} iterations)"
+        if self.status == "fails":
+            assert self.counterexample is not None
+            ce = self.counterexample
+            return f"fails at iteration {ce['iteration']} (t = {ce['time_us']:g} µs)"
+        assert self.given_failure is not None
+        gf = self.given_failure
+        return f"not applicable (request {gf['request']} breaks 'given')"
+
+
+@dataclass(slots=True)
+class RunResult:
+    file: str
+    seed: int
+    horizon_us: float
+    warmup_us: float
+    params: dict[str, float]
+    claims: list[ClaimResult]
+    stats: dict[str, Any]
+    wall_s: float
+    end_time_us: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fails" for c in self.claims)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "seed": self.seed,
+            "horizon_us": self.horizon_us,
+            "warmup_us": self.warmup_us,
+            "params": self.params,
+            "claims": [
+                {
+                    "claim": c.name,
+                    "kind": c.kind,
+                    "given": c.given,
+                    "status": c.status,
+                    "result": c.result_text(),
+                    "iterations": c.iterations,
+                    "counterexample": c.counterexample,
+                    "given_failure": c.given_failure,
+                }
+                for c in self.claims
+            ],
+            "stats": self.stats,
+            "wall_s": self.wall_s,
+            "ok": self.ok,
+        }
+
+
+_TRACE_KEYS = (
+    "iteration",
+    "now",
+    "served",
+    "tokens",
+    "batch_requests",
+    "decoders",
+    "residents",
+    "waiting",
+    "mode",
+)
+
+
+def _state(row: tuple[Any, ...]) -> dict[str, Any]:
+    d = dict(zip(_TRACE_KEYS, row, strict=True))
+    m = d["mode"]
+    d["mode"] = "decoding" if m is True else "!decoding" if m is False else "any"
+    return d
+
+
+def _call(
+    model: Model,
+    horizon: float,
+    warmup: float,
+    seed: int,
+    sample_times: list[float],
+    obs: dict[str, list[float]],
+    trace: bool,
+) -> dict[str, Any]:
+    ss = np.random.SeedSequence(seed)
+    g_arr, g_u, g_x = (np.random.Generator(np.random.PCG64(s)) for s in ss.spawn(3))
+    inv = 1.0 / model.rate if model.rate > 0 else 0.0
+
+    def arr_block() -> list[float]:
+        out: list[float] = (g_arr.standard_exponential(BLOCK) * inv).tolist()
+        return out
+
+    def u_block() -> list[float]:
+        out: list[float] = g_u.random(BLOCK).tolist()
+        return out
+
+    def x_block() -> list[float]:
+        out: list[float] = g_x.standard_exponential(BLOCK).tolist()
+        return out
+
+    try:
+        return model.simulate(
+            float(horizon),
+            float(warmup),
+            _stream(arr_block),
+            _stream(u_block),
+            _stream(x_block),
+            sample_times,
+            TRACE_LEN + 1,
+            obs,
+            trace,
+        )
+    except NegativeDuration as err:
+        raise SerqError(str(err)) from None
+    except ZeroDivisionError:
+        raise SerqError("division by zero while simulating") from None
+    except (OverflowError, ValueError) as err:
+        raise SerqError(f"arithmetic error while simulating: {err}") from None
+
+
+def simulate(
+    model: Model,
+    horizon: float = 10_000_000.0,
+    warmup: float = 0.0,
+    seed: int = 0,
+    samples: int = 20,
+) -> RunResult:
+    """Simulate ``model`` for ``horizon`` µs; statistics skip requests before ``warmup``."""
+    if not (horizon > 0 and math.isfinite(horizon)):
+        raise SerqError(f"--horizon must be a positive number of µs, got {horizon}")
+    if not (0 <= warmup < horizon):
+        raise SerqError(f"--warmup must be in [0, horizon), got {warmup}")
+    if model.rate * horizon > MAX_ARRIVALS:
+        raise SerqError(
+            f"about {model.rate * horizon:.3g} arrivals expected; the simulator takes at most "
+            f"{MAX_ARRIVALS} per run (lower the rate or the horizon)"
+        )
+    sample_times = [horizon * (i + 1) / samples for i in range(samples)] + [math.inf]
+    obs: dict[str, list[float]] = {n: [] for n in model.observe_names}
+    t0 = time.perf_counter()
+    raw = _call(model, horizon, warmup, seed, sample_times, obs, trace=False)
+    wall = time.perf_counter() - t0
+    if any(v is not None for v, _ in raw["claims"]):
+        # replay the same seed, recording the trace prefix of each violation
+        traced = _call(
+            model,
+            horizon,
+            warmup,
+            seed,
+            sample_times,
+            {n: [] for n in model.observe_names},
+            trace=True,
+        )
+        raw["claims"] = traced["claims"]
+
+    claims: list[ClaimResult] = []
+    for spec, (viol, gfail) in zip(model.claims, raw["claims"], strict=True):
+        given = pretty.expr(spec.claim.given) if spec.claim.given is not None else None
+        cr = ClaimResult(spec.name, "every iteration", given, "holds", raw["iterations"])
+        if gfail is not None:
+            cr.status = "not applicable"
+            cr.given_failure = {"request": gfail[0], "time_us": gfail[1]}
+        elif viol is not None:
+            it, now, trace = viol
+            cr.status = "fails"
+            cr.counterexample = {
+                "iteration": it,
+                "time_us": now,
+                "claim": pretty.expr(spec.claim.body),
+                "trace": [_state(row) for row in trace],
+            }
+        claims.append(cr)
+
+    window_s = (horizon - warmup) / 1e6
+    arrivals = raw["arrivals"]
+    stats: dict[str, Any] = {
+        "iterations": raw["iterations"],
+        "iterations_after_warmup": raw["iterations_w"],
+        "arrivals": arrivals,
+        "completions": raw["completions"],
+        "completion_fraction": raw["completions"] / arrivals if arrivals else None,
+        "in_system_at_end": raw["residents"],
+        "waiting_at_end": raw["waiting"],
+        "decoding_at_end": raw["decoders"],
+        "tokens_served": raw["served"],
+        "throughput": {
+            "requests_per_s": raw["completions_w"] / window_s,
+            "tokens_per_s": raw["tokens_w"] / window_s,
+        },
+        "ttft_us": _pct(raw["ttft"]),
+        "tbt_us": _pct(raw["tbt"]),
+        "response_us": _pct(raw["resp"]),
+        "observe": {n: _pct(v) for n, v in obs.items()},
+        "batch": {
+            "requests": _pct(raw["bs"]),
+            "tokens": _pct(raw["bt"]),
+            "histogram": _histogram(raw["bs"]),
+        },
+        "backlog": [
+            {"t_us": t, "residents": r, "waiting": w, "decoding": d}
+            for (t, r, w, d) in raw["samples"]
+        ],
+        "sim_iterations_per_s": raw["iterations"] / wall if wall > 0 else None,
+    }
+    return RunResult(
+        file=model.filename,
+        seed=seed,
+        horizon_us=float(horizon),
+        warmup_us=float(warmup),
+        params={k: float(v) for k, v in model.params.items()},
+        claims=claims,
+        stats=stats,
+        wall_s=wall,
+        end_time_us=raw["now"],
+    )
+
+
+def load(
+    path: str | Path | None = None,
+    text: str | None = None,
+    overrides: Mapping[str, float] | None = None,
+    filename: str | None = None,
+) -> Model:
+    """Parse, check and compile a program from a file or from source text."""
+    if text is None:
+        if path is None:
+            raise ValueError("load() needs a path or a text")
+        program, text = parse_file(path)
+        name = str(path)
+    else:
+        name = filename or (str(path) if path is not None else "<input>")
+        program = parse(text, name)
+    info = check(program, name, text)
+    try:
+        return build(program, info, overrides, name)
+    except SerqError as err:
+        raise err.attach(name, text) from None
+
+
+def run_file(
+    path: str | Path,
+    horizon: float = 10_000_000.0,
+    warmup: float = 0.0,
+    seed: int = 0,
+    overrides: Mapping[str, float] | None = None,
+) -> RunResult:
+    """Load and simulate a program file."""
+    model = load(path, overrides=overrides)
+    try:
+        return simulate(model, horizon, warmup, seed)
+    except SerqError as err:
+        raise err.attach(str(path), "") from None
