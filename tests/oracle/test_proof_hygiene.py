@@ -21,6 +21,9 @@ TOP_THEOREMS = [
     "Plow.Tilesproof.check_tiling_plan_reject_sound",
     "Plow.Bounds.decode_per_token_ge_weights",
     "Plow.Bounds.decode_per_token_floor",
+    "Plow.Wireproof.checkpoint_e_sound",
+    "Plow.Wireproof.decode_encode_packets",
+    "Plow.Wireproof.encode_decode_packets",
 ]
 
 
