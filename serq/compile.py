@@ -74,7 +74,13 @@ def gen(e: A.Expr, env: Env) -> str:
         op = _PY_OPS.get(e.op, e.op)
         return f"({gen(e.left, env)} {op} {gen(e.right, env)})"
     if isinstance(e, A.Cond):
-        return f"({gen(e.then, env)} if {gen(e.cond, env)} else {gen(e.orelse, env)})"
+        then, cond, orelse = gen(e.then, env), gen(e.cond, env), gen(e.orelse, env)
+        false = ("False", "(not True)")
+        if then == "True" and orelse in false:  # a bool condition selecting a mode
+            return cond
+        if then in false and orelse == "True":
+            return f"(not {cond})"
+        return f"({then} if {cond} else {orelse})"
     if isinstance(e, A.Call):
         args = [gen(a, env) for a in e.args]
         if e.func in ("ceil", "floor", "min", "max"):
