@@ -6,3 +6,4 @@ From Plow Require Export Tiles Bounds Tilesproof.
 From Plow Require Export Wire Wireproof.
 From Plow Require Export Counters Countersproof.
 From Plow Require Export Collapse.
+From Plow Require Export Passes Passesproof.
