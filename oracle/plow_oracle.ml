@@ -9,9 +9,9 @@ let version = "plow-oracle 0.1.0"
 let checkers : (string * (Yojson.Safe.t -> Verdict.t)) list = [
   ("B", Ckpt_tiles.check);
   ("C", Ckpt_pages.check);
-  ("F", Ckpt_alloc.check);
-  ("E", Ckpt_wire.check);
   ("D", Ckpt_counters.check);
+  ("E", Ckpt_wire.check);
+  ("F", Ckpt_alloc.check);
 ]
 
 let emit ~checkpoint (fields : (string * Yojson.Safe.t) list) =

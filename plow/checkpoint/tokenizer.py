@@ -42,11 +42,16 @@ class Tokenizer:
             v = cfg.get(key)
             return v.get("content") if isinstance(v, dict) else v
 
+        # transformers >= 5 writes the chat template to its own file.
+        template = cfg.get("chat_template")
+        jinja = directory / "chat_template.jinja"
+        if template is None and jinja.is_file():
+            template = jinja.read_text()
         return cls(
             inner=inner,
             bos_token=token("bos_token"),
             eos_token=token("eos_token"),
-            chat_template=cfg.get("chat_template"),
+            chat_template=template,
             add_bos=bool(cfg.get("add_bos_token", False)),
             config=cfg,
         )

@@ -27,7 +27,7 @@ def oracle_binary() -> Path:
     """Locate the oracle: $PLOW_ORACLE, then the dune build in the source tree, then PATH."""
     env = os.environ.get("PLOW_ORACLE")
     candidates = [Path(env)] if env else []
-    candidates.append(_REPO_ROOT / "_build" / "default" / "oracle" / "plow_oracle.exe")
+    candidates.append(_REPO_ROOT / "_build" / "default" / "oracle" / "plow-oracle")
     found = shutil.which("plow-oracle")
     if found:
         candidates.append(Path(found))

@@ -69,6 +69,8 @@ _BASE: dict[str, dict[str, Any]] = {
         rope_theta=1000000.0,
         rope_local_base_freq=10000.0,
         tie_word_embeddings=True,
+        # sqrt(hidden)-scaled tied embeddings make larger inits repeat the input token.
+        initializer_range=0.05,
     ),
 }
 TINY_FAMILIES = tuple(_BASE)
@@ -138,7 +140,10 @@ def make_tiny_checkpoint(
     config fields (e.g. `tie_word_embeddings=False`, `num_key_value_heads=4`).
     """
     import torch
+    import transformers
 
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     if family not in _BASE:
         raise ValueError(f"unknown fixture family {family!r} (have {', '.join(_BASE)})")
     directory = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix=f"plow-{family}-"))

