@@ -1,5 +1,6 @@
 # plow — `make eval` runs the main job, `make test` the whole suite; both set up first.
 SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 PY ?= python3
 VENV := .venv
 PIP := $(VENV)/bin/pip
@@ -44,7 +45,7 @@ proofs oracle: apt
 
 # Re-check every compiled proof object from the top module with the independent checker.
 coqchk: oracle
-	coqchk -silent -o -Q _build/default/Plow Plow Plow.All | tee _build/coqchk.log | tail -4
+	coqchk -silent -o -Q _build/default/Plow Plow Plow.All 2>&1 | tee _build/coqchk.log | tail -4
 	@grep -q 'Axioms: <none>' _build/coqchk.log || { echo "coqchk: axioms found"; exit 1; }
 
 test: setup coqchk
