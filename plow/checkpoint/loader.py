@@ -51,7 +51,8 @@ def spec_from_config(config: dict[str, Any], where: Path | str) -> ModelSpec:
     if family is None:
         raise ConfigError(
             where,
-            f"unsupported model_type {model_type!r} (supported: {', '.join(supported_model_types())})",
+            f"unsupported model_type {model_type!r} "
+            f"(supported: {', '.join(supported_model_types())})",
         )
     try:
         return family(config)

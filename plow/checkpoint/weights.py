@@ -67,12 +67,16 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             continue
         dtype = _DTYPES.get(info.get("dtype", "?"))
         if dtype is None:
-            raise CheckpointError(path, f"tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
+            raise CheckpointError(
+                path, f"tensor {name!r} has unsupported dtype {info.get('dtype')!r}"
+            )
         shape = tuple(int(d) for d in info["shape"])
         start, end = (int(x) for x in info["data_offsets"])
         n = int(np.prod(shape, dtype=np.int64)) if shape else 1
         if end - start != n * dtype.itemsize or base + end > size:
-            raise CheckpointError(path, f"tensor {name!r}: data offsets {start}..{end} do not match shape {shape}")
+            raise CheckpointError(
+                path, f"tensor {name!r}: data offsets {start}..{end} do not match shape {shape}"
+            )
         entries[name] = TensorEntry(path, dtype, shape, base + start, end - start)
     return entries
 
@@ -89,7 +93,9 @@ class WeightStore(Mapping[str, np.ndarray]):
         for f in files:
             for name, e in read_header(f).items():
                 if name in entries:
-                    raise CheckpointError(f, f"tensor {name!r} also appears in {entries[name].file.name}")
+                    raise CheckpointError(
+                        f, f"tensor {name!r} also appears in {entries[name].file.name}"
+                    )
                 entries[name] = e
         return cls(entries)
 
@@ -115,7 +121,9 @@ class WeightStore(Mapping[str, np.ndarray]):
         for name, shape in expected.items():
             e = self._entries.get(name)
             if e is None:
-                raise CheckpointError(name, "tensor missing from the checkpoint's safetensors files")
+                raise CheckpointError(
+                    name, "tensor missing from the checkpoint's safetensors files"
+                )
             if e.shape != shape:
                 raise CheckpointError(
                     e.file, f"tensor {name!r} has shape {list(e.shape)}, expected {list(shape)}"

@@ -16,7 +16,9 @@ class _Builder:
         self.ops: list[Op] = []
         self.tensors: dict[str, Tensor] = {}
 
-    def declare(self, name: str, shape: tuple[int, ...], role: TensorRole, dtype: str = "float32") -> str:
+    def declare(
+        self, name: str, shape: tuple[int, ...], role: TensorRole, dtype: str = "float32"
+    ) -> str:
         self.tensors[name] = Tensor(name, shape, role, dtype)
         return name
 
@@ -50,7 +52,8 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
     """
     if bucket.context > spec.max_position:
         raise GraphError(
-            bucket.name, f"context {bucket.context} exceeds max_position_embeddings {spec.max_position}"
+            bucket.name,
+            f"context {bucket.context} exceeds max_position_embeddings {spec.max_position}",
         )
     b, t, c = bucket.batch, bucket.tokens_per_row, bucket.context
     g = _Builder(spec)
@@ -78,9 +81,27 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
         p, w = f"L{n}.", f"model.layers.{n}."
         h = norm(p + "attn_norm", x, w + "input_layernorm.weight", n)
         bias = spec.attention_bias
-        q = linear(p + "q_proj", h, w + "self_attn.q_proj.weight", n, w + "self_attn.q_proj.bias" if bias else None)
-        k = linear(p + "k_proj", h, w + "self_attn.k_proj.weight", n, w + "self_attn.k_proj.bias" if bias else None)
-        v = linear(p + "v_proj", h, w + "self_attn.v_proj.weight", n, w + "self_attn.v_proj.bias" if bias else None)
+        q = linear(
+            p + "q_proj",
+            h,
+            w + "self_attn.q_proj.weight",
+            n,
+            w + "self_attn.q_proj.bias" if bias else None,
+        )
+        k = linear(
+            p + "k_proj",
+            h,
+            w + "self_attn.k_proj.weight",
+            n,
+            w + "self_attn.k_proj.bias" if bias else None,
+        )
+        v = linear(
+            p + "v_proj",
+            h,
+            w + "self_attn.v_proj.weight",
+            n,
+            w + "self_attn.v_proj.bias" if bias else None,
+        )
         if spec.qk_norm:
             q = norm(p + "q_norm", q, w + "self_attn.q_norm.weight", n, spec.head_dim)
             k = norm(p + "k_norm", k, w + "self_attn.k_norm.weight", n, spec.head_dim)
@@ -94,7 +115,9 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
             "head_dim": spec.head_dim,
         }
         q = g.op(p + "q_rope", OpKind.rope, [q, "positions"], {**rope, "heads": spec.num_heads}, n)
-        k = g.op(p + "k_rope", OpKind.rope, [k, "positions"], {**rope, "heads": spec.num_kv_heads}, n)
+        k = g.op(
+            p + "k_rope", OpKind.rope, [k, "positions"], {**rope, "heads": spec.num_kv_heads}, n
+        )
         kc = g.declare(p + "k_cache", (b, spec.num_kv_heads, c, spec.head_dim), TensorRole.cache)
         vc = g.declare(p + "v_cache", (b, spec.num_kv_heads, c, spec.head_dim), TensorRole.cache)
         a = g.op(
@@ -115,11 +138,15 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
         if spec.sandwich_norms:
             o = norm(p + "post_attn_norm", o, w + "post_attention_layernorm.weight", n)
         x = g.op(p + "attn_residual", OpKind.residual_add, [x, o], {}, n)
-        mlp_norm = "pre_feedforward_layernorm" if spec.sandwich_norms else "post_attention_layernorm"
+        mlp_norm = (
+            "pre_feedforward_layernorm" if spec.sandwich_norms else "post_attention_layernorm"
+        )
         h = norm(p + "mlp_norm", x, w + mlp_norm + ".weight", n)
         gate = linear(p + "gate_proj", h, w + "mlp.gate_proj.weight", n)
         up = linear(p + "up_proj", h, w + "mlp.up_proj.weight", n)
-        act = g.op(p + "gated_mlp", OpKind.gated_mlp, [gate, up], {"activation": spec.activation.value}, n)
+        act = g.op(
+            p + "gated_mlp", OpKind.gated_mlp, [gate, up], {"activation": spec.activation.value}, n
+        )
         d = linear(p + "down_proj", act, w + "mlp.down_proj.weight", n)
         if spec.sandwich_norms:
             d = norm(p + "post_mlp_norm", d, w + "post_feedforward_layernorm.weight", n)
@@ -132,7 +159,13 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
         {"softcap": spec.final_logit_softcap},
         role=TensorRole.output,
     )
-    g.op("sample", OpKind.sample, [logits, "sample_index"], {"mode": "greedy"}, role=TensorRole.output)
+    g.op(
+        "sample",
+        OpKind.sample,
+        [logits, "sample_index"],
+        {"mode": "greedy"},
+        role=TensorRole.output,
+    )
     graph = OpGraph(tuple(g.ops), dict(g.tensors), bucket.name)
     graph.validate()
     return graph

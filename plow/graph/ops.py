@@ -67,16 +67,26 @@ def _need(op: str, cond: bool, msg: str) -> None:
         raise GraphError(op, msg)
 
 
-def infer_shapes(kind: OpKind, name: str, ins: list[Shape], attrs: Mapping[str, Any]) -> list[Shape]:
+def infer_shapes(
+    kind: OpKind, name: str, ins: list[Shape], attrs: Mapping[str, Any]
+) -> list[Shape]:
     """Output shapes of an op from its input shapes; raises `GraphError` on a mismatch."""
     if kind is OpKind.embedding:
         ids, table = ins
-        _need(name, len(ids) == 2 and len(table) == 2, f"embedding wants ids[B,T], table[V,H]; got {ids}, {table}")
+        _need(
+            name,
+            len(ids) == 2 and len(table) == 2,
+            f"embedding wants ids[B,T], table[V,H]; got {ids}, {table}",
+        )
         return [(*ids, table[1])]
     if kind is OpKind.rmsnorm:
         x, w = ins
         group = attrs.get("group", x[-1])
-        _need(name, x[-1] % group == 0 and w == (group,), f"rmsnorm weight {w} does not match group {group} of {x}")
+        _need(
+            name,
+            x[-1] % group == 0 and w == (group,),
+            f"rmsnorm weight {w} does not match group {group} of {x}",
+        )
         return [x]
     if kind is OpKind.linear:
         x, w = ins[0], ins[1]
@@ -87,7 +97,11 @@ def infer_shapes(kind: OpKind, name: str, ins: list[Shape], attrs: Mapping[str, 
     if kind is OpKind.rope:
         x, pos = ins
         heads, hd = attrs["heads"], attrs["head_dim"]
-        _need(name, x[-1] == heads * hd and pos == x[:-1], f"rope input {x} / positions {pos} mismatch")
+        _need(
+            name,
+            x[-1] == heads * hd and pos == x[:-1],
+            f"rope input {x} / positions {pos} mismatch",
+        )
         _need(name, hd % 2 == 0, f"head_dim {hd} must be even for rope")
         return [x]
     if kind is OpKind.attention:
@@ -96,7 +110,9 @@ def infer_shapes(kind: OpKind, name: str, ins: list[Shape], attrs: Mapping[str, 
         b, t = q[0], q[1]
         _need(name, q == (b, t, h * hd), f"query {q} is not [B,T,{h}*{hd}]")
         _need(name, k == v == (b, t, kvh * hd), f"keys {k} / values {v} are not [B,T,{kvh}*{hd}]")
-        _need(name, kc == vc and kc[0] == b and kc[1] == kvh and kc[3] == hd, f"cache {kc} mismatch")
+        _need(
+            name, kc == vc and kc[0] == b and kc[1] == kvh and kc[3] == hd, f"cache {kc} mismatch"
+        )
         _need(name, kc[2] >= t, f"cache length {kc[2]} is below the {t} tokens a step writes")
         _need(name, pos == (b, t), f"positions {pos} are not [B,T]")
         _need(name, h % kvh == 0, f"{h} heads are not a multiple of {kvh} key-value heads")
@@ -115,7 +131,11 @@ def infer_shapes(kind: OpKind, name: str, ins: list[Shape], attrs: Mapping[str, 
         return [(*x[:-1], w[0])]
     if kind is OpKind.sample:
         logits, idx = ins
-        _need(name, len(logits) == 3 and idx == (logits[0],), f"sample wants logits[B,T,V], index[B]; got {logits}, {idx}")
+        _need(
+            name,
+            len(logits) == 3 and idx == (logits[0],),
+            f"sample wants logits[B,T,V], index[B]; got {logits}, {idx}",
+        )
         return [(logits[0],)]
     raise GraphError(name, f"unknown op kind {kind}")
 
@@ -149,11 +169,21 @@ class OpGraph:
 
     def validate(self) -> None:
         """Re-run shape inference and check every input is defined before it is read."""
-        defined = {n for n, t in self.tensors.items() if t.role in (TensorRole.input, TensorRole.weight, TensorRole.cache)}
+        defined = {
+            n
+            for n, t in self.tensors.items()
+            if t.role in (TensorRole.input, TensorRole.weight, TensorRole.cache)
+        }
         for op in self.ops:
             for t in op.inputs:
                 _need(op.name, t in defined, f"reads {t!r} before any op writes it")
-            shapes = infer_shapes(op.kind, op.name, [self.tensors[t].shape for t in op.inputs], op.attrs)
+            shapes = infer_shapes(
+                op.kind, op.name, [self.tensors[t].shape for t in op.inputs], op.attrs
+            )
             for t, s in zip(op.outputs, shapes, strict=True):
-                _need(op.name, self.tensors[t].shape == s, f"output {t} declared {self.tensors[t].shape}, inferred {s}")
+                _need(
+                    op.name,
+                    self.tensors[t].shape == s,
+                    f"output {t} declared {self.tensors[t].shape}, inferred {s}",
+                )
                 defined.add(t)

@@ -66,7 +66,9 @@ def run_checkpoint(
             [str(binary)], input=data, capture_output=True, timeout=timeout_s, check=False
         )
     except subprocess.TimeoutExpired as e:
-        raise OracleError(f"checkpoint {checkpoint}", f"oracle timed out after {timeout_s:g} s") from e
+        raise OracleError(
+            f"checkpoint {checkpoint}", f"oracle timed out after {timeout_s:g} s"
+        ) from e
     try:
         answer = json.loads(proc.stdout)
     except json.JSONDecodeError as e:

@@ -103,7 +103,11 @@ def attention(
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return (F32(0.5) * x * (F32(1.0) + np.tanh(F32(math.sqrt(2 / math.pi)) * (x + F32(0.044715) * x**3)))).astype(F32)
+    return (
+        F32(0.5)
+        * x
+        * (F32(1.0) + np.tanh(F32(math.sqrt(2 / math.pi)) * (x + F32(0.044715) * x**3)))
+    ).astype(F32)
 
 
 def silu(x: np.ndarray) -> np.ndarray:

@@ -42,7 +42,7 @@ def run_graph(
         elif op.kind is OpKind.rope:
             out = K.rope(a[0], a[1], op.attrs)
         elif op.kind is OpKind.attention:
-            out = K.attention(*a, op.attrs)
+            out = K.attention(a[0], a[1], a[2], a[3], a[4], a[5], op.attrs)
         elif op.kind is OpKind.gated_mlp:
             out = K.gated_mlp(a[0], a[1], op.attrs)
         elif op.kind is OpKind.residual_add:

@@ -19,10 +19,17 @@ from plow.testing import make_tiny_checkpoint
 
 def test_each_family_maps_to_its_spec(tiny_checkpoints: dict[str, Path]) -> None:
     llama = load_checkpoint(tiny_checkpoints["llama"]).spec
-    assert (llama.family, llama.num_heads, llama.num_kv_heads, llama.tie_word_embeddings) == ("llama", 4, 2, False)
+    assert (llama.family, llama.num_heads, llama.num_kv_heads, llama.tie_word_embeddings) == (
+        "llama",
+        4,
+        2,
+        False,
+    )
     assert llama.layers[0].rope.kind == "llama3" and llama.layers[0].rope.factor == 8.0
     qwen = load_checkpoint(tiny_checkpoints["qwen3"]).spec
-    assert qwen.qk_norm and qwen.head_dim == 24 and qwen.head_dim * qwen.num_heads != qwen.hidden_size
+    assert (
+        qwen.qk_norm and qwen.head_dim == 24 and qwen.head_dim * qwen.num_heads != qwen.hidden_size
+    )
     gemma = load_checkpoint(tiny_checkpoints["gemma3"]).spec
     assert [layer.window for layer in gemma.layers] == [8, 8, None]
     assert [layer.rope.theta for layer in gemma.layers] == [10000.0, 10000.0, 1000000.0]
@@ -36,10 +43,19 @@ def test_old_style_rope_and_pattern_fields_are_read() -> None:
 
     gemma = spec_from_config(
         {
-            "model_type": "gemma3_text", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-            "num_hidden_layers": 6, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
-            "sliding_window_pattern": 3, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
-            "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 512,
+            "model_type": "gemma3_text",
+            "vocab_size": 10,
+            "hidden_size": 8,
+            "intermediate_size": 16,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 4,
+            "sliding_window_pattern": 3,
+            "rope_theta": 1e6,
+            "rope_local_base_freq": 1e4,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "sliding_window": 512,
         },
         "config.json",
     )
@@ -108,7 +124,9 @@ def _assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str
 def test_cli_missing_config(tiny_llama: Path, tmp_path: Path) -> None:
     d = _broken(tiny_llama, tmp_path / "c")
     (d / "config.json").unlink()
-    _assert_one_line_error(_cli("generate", str(d), "--prompt", "hi"), "config.json", "file not found")
+    _assert_one_line_error(
+        _cli("generate", str(d), "--prompt", "hi"), "config.json", "file not found"
+    )
 
 
 def test_cli_missing_shard(tiny_checkpoints: dict[str, Path], tmp_path: Path) -> None:
@@ -116,7 +134,9 @@ def test_cli_missing_shard(tiny_checkpoints: dict[str, Path], tmp_path: Path) ->
     shard = sorted(d.glob("model-*.safetensors"))[1]
     shard.unlink()
     _assert_one_line_error(
-        _cli("generate", str(d), "--prompt", "hi"), shard.name, "shard named in model.safetensors.index.json is missing"
+        _cli("generate", str(d), "--prompt", "hi"),
+        shard.name,
+        "shard named in model.safetensors.index.json is missing",
     )
 
 
@@ -125,7 +145,11 @@ def test_cli_unknown_model_type(tiny_llama: Path, tmp_path: Path) -> None:
     cfg = json.loads((d / "config.json").read_text())
     cfg["model_type"] = "mystery"
     (d / "config.json").write_text(json.dumps(cfg))
-    _assert_one_line_error(_cli("generate", str(d), "--prompt", "hi"), "config.json", "unsupported model_type 'mystery'")
+    _assert_one_line_error(
+        _cli("generate", str(d), "--prompt", "hi"),
+        "config.json",
+        "unsupported model_type 'mystery'",
+    )
 
 
 def test_cli_wrong_tensor_shape(tiny_llama: Path, tmp_path: Path) -> None:
@@ -145,7 +169,9 @@ def test_cli_wrong_tensor_shape(tiny_llama: Path, tmp_path: Path) -> None:
 def test_cli_malformed_config_json(tiny_llama: Path, tmp_path: Path) -> None:
     d = _broken(tiny_llama, tmp_path / "c")
     (d / "config.json").write_text("{not json")
-    _assert_one_line_error(_cli("generate", str(d), "--prompt", "hi"), "config.json", "malformed JSON")
+    _assert_one_line_error(
+        _cli("generate", str(d), "--prompt", "hi"), "config.json", "malformed JSON"
+    )
 
 
 def test_cli_missing_required_field_names_it(tiny_llama: Path, tmp_path: Path) -> None:
@@ -153,4 +179,6 @@ def test_cli_missing_required_field_names_it(tiny_llama: Path, tmp_path: Path) -
     cfg = json.loads((d / "config.json").read_text())
     del cfg["hidden_size"]
     (d / "config.json").write_text(json.dumps(cfg))
-    _assert_one_line_error(_cli("generate", str(d), "--prompt", "hi"), "config.json", "'hidden_size'")
+    _assert_one_line_error(
+        _cli("generate", str(d), "--prompt", "hi"), "config.json", "'hidden_size'"
+    )

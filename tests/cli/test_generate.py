@@ -13,9 +13,23 @@ from plow.runtime.reference import generate_greedy
 
 def test_generate_json_matches_the_library(tiny_llama: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "plow.cli", "generate", str(tiny_llama), "--prompt", "The quick brown fox",
-         "--max-new-tokens", "12", "--ignore-eos", "--json"],
-        capture_output=True, text=True, timeout=120, check=True,
+        [
+            sys.executable,
+            "-m",
+            "plow.cli",
+            "generate",
+            str(tiny_llama),
+            "--prompt",
+            "The quick brown fox",
+            "--max-new-tokens",
+            "12",
+            "--ignore-eos",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     out = json.loads(proc.stdout)
     ckpt = load_checkpoint(tiny_llama)
@@ -27,8 +41,18 @@ def test_generate_json_matches_the_library(tiny_llama: Path) -> None:
 
 def test_prompt_ids_outside_the_vocabulary_are_refused(tiny_llama: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "plow.cli", "generate", str(tiny_llama), "--prompt-ids", "1,2,99999"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "plow.cli",
+            "generate",
+            str(tiny_llama),
+            "--prompt-ids",
+            "1,2,99999",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert "token id 99999 outside the vocabulary" in proc.stderr

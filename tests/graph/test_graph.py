@@ -12,8 +12,13 @@ from plow.graph import Bucket, OpKind, build_graph
 from plow.graph.ops import OpGraph
 
 CFG = {
-    "model_type": "llama", "vocab_size": 101, "hidden_size": 32, "intermediate_size": 48,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "model_type": "llama",
+    "vocab_size": 101,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
     "max_position_embeddings": 128,
 }
 

@@ -33,7 +33,9 @@ def _hf_model(path: Path) -> transformers.PreTrainedModel:
 
 @pytest.fixture(scope="module")
 def loaded(tiny_checkpoints: dict[str, Path]) -> dict[str, tuple[object, object]]:
-    return {v: (load_checkpoint(tiny_checkpoints[v]), _hf_model(tiny_checkpoints[v])) for v in VARIANTS}
+    return {
+        v: (load_checkpoint(tiny_checkpoints[v]), _hf_model(tiny_checkpoints[v])) for v in VARIANTS
+    }
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -58,9 +60,12 @@ def test_greedy_tokens_match_transformers(variant: str, loaded: dict) -> None:
         ours = generate_greedy(ckpt, ids, 32)
         with torch.no_grad():
             ref = model.generate(
-                torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None,
+                torch.tensor([ids]),
+                max_new_tokens=32,
+                do_sample=False,
+                eos_token_id=None,
                 pad_token_id=0,
-            )[0, len(ids):].tolist()
+            )[0, len(ids) :].tolist()
         assert ours == ref, f"{variant} {prompt!r}"
 
 
@@ -77,7 +82,9 @@ def test_decode_steps_match_a_single_prefill(loaded: dict) -> None:
     np.testing.assert_allclose(np.stack(stepped), full[5:], rtol=0, atol=1e-4)
 
 
-def test_a_wrong_weight_changes_the_tokens(tiny_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+def test_a_wrong_weight_changes_the_tokens(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
     """The differential test can fail: perturbing one weight breaks agreement."""
     import shutil
 
@@ -87,7 +94,9 @@ def test_a_wrong_weight_changes_the_tokens(tiny_checkpoints: dict[str, Path], tm
     dst = tmp_path / "perturbed"
     shutil.copytree(src, dst)
     tensors = load_file(dst / "model.safetensors")
-    tensors["model.layers.0.mlp.down_proj.weight"] = tensors["model.layers.0.mlp.down_proj.weight"] * 3
+    tensors["model.layers.0.mlp.down_proj.weight"] = (
+        tensors["model.layers.0.mlp.down_proj.weight"] * 3
+    )
     save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
     ckpt = load_checkpoint(dst)
     ids = ckpt.tokenizer.encode(PROMPTS[0])

@@ -29,8 +29,7 @@ def _layer_types(cfg: Gemma3Config) -> list[str]:
     if cfg.layer_types is not None:
         if len(cfg.layer_types) != cfg.num_hidden_layers:
             raise ValueError(
-                f"layer_types has {len(cfg.layer_types)} entries for "
-                f"{cfg.num_hidden_layers} layers"
+                f"layer_types has {len(cfg.layer_types)} entries for {cfg.num_hidden_layers} layers"
             )
         return cfg.layer_types
     # Older configs: every `pattern`-th layer is global, the rest slide.
