@@ -1,0 +1,167 @@
+"""`plow compile`: the pipeline as a sequence of stages, each a function from typed input to
+typed output (DESIGN.md §2). Today: import (config alone is enough) → per bucket: graph →
+tile → bounds → checkpoint B (with `verify`). Later stages (schedule, emit, bundle) append to
+`BucketPlan`/`CompileResult` and to `STAGES`.
+
+`compile_plan` is pure apart from the oracle process; `write_plan` puts the result on disk:
+`OUT/tiles.json`, and with verification `OUT/certificates/B.json` plus the exact payloads
+`OUT/payloads/B/<bucket>.json` (re-checkable with `run_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from plow.checkpoint import ModelSpec, load_spec
+from plow.errors import PlanRejected, PlowError
+from plow.graph import Bucket, OpGraph, build_graph
+from plow.oracle import Certificate
+from plow.oracle.payloads.tiles import TilePayload
+from plow.profile import CompileProfile
+from plow.target import Target
+from plow.tiles import (
+    PlanBounds,
+    TileGraph,
+    TilingOptions,
+    certify_tiles,
+    check_bounds,
+    plan_bounds,
+    tile_graph,
+)
+from plow.tiles.summary import TilesFile, bucket_summary
+
+_T = TypeVar("_T")
+
+# Stage names, in order, per bucket (the import stage runs once, before them).
+STAGES = ("graph", "tile", "bounds", "checkpoint B")
+
+# on_stage(stage, bucket name or "", "start" | "done") drives a progress display.
+StageCallback = Callable[[str, str, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketPlan:
+    bucket: Bucket
+    budget_ns: int
+    graph: OpGraph
+    tiles: TileGraph
+    bounds: PlanBounds
+    payload: TilePayload | None = None
+    certificate: Certificate | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompileResult:
+    source: Path
+    spec: ModelSpec
+    target: Target
+    profile: CompileProfile
+    buckets: tuple[BucketPlan, ...]
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def certified(self) -> bool:
+        return all(b.certificate is not None and b.certificate.accepted for b in self.buckets)
+
+
+class CheckpointCertificates(BaseModel):
+    """`OUT/certificates/<checkpoint>.json`: one certificate per bucket."""
+
+    model_config = ConfigDict(frozen=True)
+    checkpoint: str
+    accepted: bool
+    buckets: dict[str, Certificate]
+
+
+def compile_plan(
+    source: Path,
+    target: Target,
+    profile: CompileProfile,
+    *,
+    verify: bool = False,
+    on_stage: StageCallback | None = None,
+) -> CompileResult:
+    """Plan `source` (a checkpoint directory or a config.json) for `target` under `profile`.
+
+    Raises `PlanRejected` (exit 1) when a bucket's lower bound exceeds its budget or the
+    oracle rejects its payload; other bad input raises the matching `PlowError` (exit 2).
+    """
+    seconds: dict[str, float] = {}
+
+    def stage(name: str, bucket: str, fn: Callable[..., _T], *args: Any) -> _T:
+        if on_stage:
+            on_stage(name, bucket, "start")
+        t0 = time.perf_counter()
+        out = fn(*args)
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+        if on_stage:
+            on_stage(name, bucket, "done")
+        return out
+
+    def bounds_stage(tg: TileGraph, budget: int) -> PlanBounds:
+        b = plan_bounds(tg, budget, target.launch_overhead_ns)
+        check_bounds(b)
+        return b
+
+    spec = stage("import", "", load_spec, Path(source))
+    options = TilingOptions(activation_dtype=profile.activation_dtype, cache_dtype=profile.kv_dtype)
+    plans = []
+    for bucket in profile.buckets(spec.max_position):
+        name = bucket.name
+        budget = profile.budget_ns(bucket)
+        graph = stage("graph", name, build_graph, spec, bucket)
+        tg = stage("tile", name, tile_graph, graph, target, options)
+        bounds = stage("bounds", name, bounds_stage, tg, budget)
+        payload: TilePayload | None = None
+        cert: Certificate | None = None
+        if verify:
+            payload, cert = stage("checkpoint B", name, certify_tiles, tg, target, budget)
+            if not cert.accepted:
+                raise PlanRejected(f"checkpoint B, bucket {name}", cert.reason or "rejected")
+        plans.append(BucketPlan(bucket, budget, graph, tg, bounds, payload, cert))
+    return CompileResult(Path(source), spec, target, profile, tuple(plans), seconds)
+
+
+def write_plan(result: CompileResult, out: Path) -> list[Path]:
+    """Write the plan directory; returns the files written."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PlowError(out, f"cannot create output directory: {e.strerror or e}") from e
+    written = []
+    tiles = TilesFile(
+        model=str(result.source),
+        family=result.spec.family,
+        target=result.target.name,
+        profile=result.profile.name,
+        buckets=[bucket_summary(b.tiles, b.bounds) for b in result.buckets],
+    )
+    p = out / "tiles.json"
+    p.write_text(tiles.model_dump_json())
+    written.append(p)
+    (out / "target.json").write_text(result.target.model_dump_json(indent=2))
+    (out / "profile.json").write_text(result.profile.model_dump_json(indent=2))
+    written += [out / "target.json", out / "profile.json"]
+    certs = {b.bucket.name: b.certificate for b in result.buckets if b.certificate is not None}
+    if certs:
+        (out / "certificates").mkdir(exist_ok=True)
+        (out / "payloads" / "B").mkdir(parents=True, exist_ok=True)
+        c = CheckpointCertificates(
+            checkpoint="B", accepted=all(x.accepted for x in certs.values()), buckets=certs
+        )
+        p = out / "certificates" / "B.json"
+        p.write_text(c.model_dump_json(indent=2))
+        written.append(p)
+        for b in result.buckets:
+            if b.payload is not None:
+                p = out / "payloads" / "B" / f"{b.bucket.name}.json"
+                p.write_text(json.dumps(b.payload.model_dump(mode="json")))
+                written.append(p)
+    return written

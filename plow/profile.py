@@ -1,0 +1,62 @@
+"""The compile profile: which buckets to plan and the time budget each step must fit.
+
+A profile is data (pydantic; `--profile FILE` reads one). Budgets are per step of a bucket:
+a decode step produces one token per batch row; a prefill step of `seq` tokens per row gets
+`prefill_budget_ns_per_token * batch * seq`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from plow.errors import ConfigError
+from plow.graph import Bucket, Phase
+
+
+class CompileProfile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "default"
+    decode_batches: tuple[int, ...] = (1,)
+    prefill_seqs: tuple[int, ...] = ()  # prefill buckets, batch 1
+    context: int | None = Field(default=None, ge=1)  # None: min(model positions, 4096)
+    decode_budget_ns: int = Field(default=200_000_000, ge=1)  # 200 ms per decode step
+    prefill_budget_ns_per_token: int = Field(default=2_000_000, ge=1)
+    activation_dtype: str | None = None  # None: the weights' dtype
+    kv_dtype: str | None = None  # None: the activation dtype
+
+    @field_validator("decode_batches", "prefill_seqs")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(x < 1 for x in v):
+            raise ValueError("entries must be at least 1")
+        return v
+
+    def buckets(self, max_position: int) -> list[Bucket]:
+        """The ladder this profile asks for, for a model with `max_position` positions."""
+        ctx = self.context or min(max_position, 4096)
+        out = [Bucket.decode(b, ctx) for b in self.decode_batches]
+        out += [Bucket.prefill(1, s, max(ctx, s)) for s in self.prefill_seqs]
+        return out
+
+    def budget_ns(self, bucket: Bucket) -> int:
+        if bucket.phase is Phase.decode:
+            return self.decode_budget_ns
+        return self.prefill_budget_ns_per_token * bucket.batch * bucket.seq
+
+
+def load_profile(path: Path) -> CompileProfile:
+    """A profile from a JSON file; `ConfigError` names the file and the first bad field."""
+    if not path.is_file():
+        raise ConfigError(path, "profile file not found")
+    try:
+        return CompileProfile.model_validate(json.loads(path.read_text()))
+    except json.JSONDecodeError as e:
+        raise ConfigError(path, f"malformed JSON: {e}") from e
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "profile"
+        raise ConfigError(path, f"field {loc!r}: {err['msg']}") from e

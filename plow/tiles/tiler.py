@@ -1,0 +1,419 @@
+"""`tile_graph(graph, target)`: cut every op of a bucket into tiles chosen by the cost model.
+
+Each op kind maps to an index space (axes with extents), arithmetic per point, the bytes a
+tile of a given shape moves, and (for matmul-like ops) the on-chip memory a tile needs:
+
+| kind | axes | flops/point |
+| --- | --- | --- |
+| linear, lm_head | m (tokens), n (out features), k (in features) | 2 |
+| attention | rows (batch x tokens x query heads, by key-value head), s (keys), d | 4 (QK, PV) |
+| rmsnorm, rope, gated_mlp, residual_add, embedding, sample | rows, cols | per kind |
+
+Row-wise ops are tiled by rows and may also split their columns so that a one-token step
+still occupies the workers; for the row reductions (rmsnorm's sum of squares, sample's
+argmax) a split writes per-step partials that a merge pass reads (charged).
+
+Candidates per axis: the target's minimum tile times powers of two below the extent (up to a
+cap), a width that fills the workers in one wave (n), splits of the reduction (k; s for
+attention: split-KV with a merge), and one covering tile (`extent` rounded up to the minimum —
+a masked tile when the extent is below the minimum). Every combination is costed
+(`plow.tiles.cost`); the feasible one with the lowest estimated time wins, ties broken by the
+charge and then the candidate order, so the choice is deterministic. docs/tiling.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from plow.errors import GraphError
+from plow.graph.ops import Op, OpGraph, OpKind, TensorRole
+from plow.target.model import Target, dtype_bytes, rate_class
+from plow.tiles.cost import CostModel, cdiv, round_up
+from plow.tiles.ir import Axis, Candidate, Tile, TiledOp, TileGraph
+
+
+@dataclass(frozen=True, slots=True)
+class TilingOptions:
+    """Knobs of the tiler. `activation_dtype` None: activations are stored in the weights'
+    dtype (the graph's float32 is the reference executor's); `cache_dtype` None: the
+    activation dtype."""
+
+    activation_dtype: str | None = None
+    cache_dtype: str | None = None
+    max_tile_rows: int = 128
+    max_tile_cols: int = 1024
+    max_tile_kv: int = 4096
+    max_tile_elementwise: int = 16384
+    k_splits: tuple[int, ...] = (1, 2, 4)
+
+
+@dataclass(frozen=True, slots=True)
+class _AxisSpec:
+    name: str
+    extent: int
+    sizes: tuple[int, ...]
+
+
+TileFn = Callable[[tuple[int, ...], tuple[int, ...]], int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Space:
+    """An op's index space and how its tiles are costed. The callables take (tile, steps)."""
+
+    axes: tuple[_AxisSpec, ...]
+    flops_per_point: int
+    rate: str
+    bytes: int  # compulsory traffic of the whole op
+    weight_bytes: int
+    tile_bytes: TileFn
+    merge_bytes: TileFn  # traffic of the merge pass of a split reduction (0: none)
+    onchip: TileFn  # on-chip bytes one tile needs (0: streams)
+
+
+def axis_sizes(
+    extent: int, minimum: int, limit: int, extra: tuple[int, ...] = ()
+) -> tuple[int, ...]:
+    """Candidate tile sizes for an axis: `minimum * 2**i` below the extent (up to `limit`),
+    `extra` sizes in range, and the covering size (`extent` rounded up to `minimum`), which
+    is one masked tile when `extent < minimum`. Sorted, distinct, all `>= minimum`."""
+    limit = max(limit, minimum)
+    full = round_up(max(extent, 1), minimum)
+    sizes = set()
+    t = minimum
+    while t < extent and t <= limit:
+        sizes.add(t)
+        t *= 2
+    sizes.update(e for e in extra if minimum <= e < extent and e <= limit)
+    if full <= limit or not sizes:
+        sizes.add(full)
+    return tuple(sorted(sizes))
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+class _Tiler:
+    def __init__(self, graph: OpGraph, target: Target, options: TilingOptions) -> None:
+        self.graph = graph
+        self.target = target
+        self.opt = options
+        weights = [t for t in graph.tensors.values() if t.role is TensorRole.weight]
+        self.weight_dtype = weights[0].dtype if weights else "float32"
+        self.act_dtype = options.activation_dtype or self.weight_dtype
+        self.cache_dtype = options.cache_dtype or self.act_dtype
+        try:
+            self.w = dtype_bytes(self.weight_dtype)
+            self.a = dtype_bytes(self.act_dtype)
+            self.c = dtype_bytes(self.cache_dtype)
+            self.mm_rate = rate_class(self.weight_dtype)
+            self.attn_rate = rate_class(self.act_dtype)
+        except ValueError as e:
+            raise GraphError(graph.bucket_name or "graph", str(e)) from e
+        self.rmin = target.min_tile.rows
+        self.cmin = target.min_tile.cols
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.graph.tensor(name).shape
+
+    # -- index spaces -------------------------------------------------------------------
+    def space(self, op: Op) -> _Space:
+        k = op.kind
+        if k in (OpKind.linear, OpKind.lm_head):
+            return self.matmul(op)
+        if k is OpKind.attention:
+            return self.attention(op)
+        if k in (
+            OpKind.rmsnorm,
+            OpKind.rope,
+            OpKind.gated_mlp,
+            OpKind.residual_add,
+            OpKind.embedding,
+            OpKind.sample,
+        ):
+            return self.rowwise(op)
+        raise GraphError(op.name, f"no tiling rule for op kind {k.value!r}")
+
+    def matmul(self, op: Op) -> _Space:
+        x, wname = op.inputs[0], op.inputs[1]
+        n_out, k_in = self.shape(wname)
+        m = _numel(self.shape(x)) // k_in
+        a, w, W = self.a, self.w, self.target.workers
+        bias = n_out * w if len(op.inputs) == 3 else 0
+        weight = n_out * k_in * w + bias
+        one_wave = round_up(cdiv(n_out, W), self.cmin)
+        k_sizes = {round_up(k_in, self.cmin)}
+        for s in self.opt.k_splits:
+            if s > 1 and cdiv(k_in, s) >= self.cmin:
+                t = round_up(cdiv(k_in, s), self.cmin)
+                if cdiv(k_in, t) > 1:
+                    k_sizes.add(t)
+        axes = (
+            _AxisSpec("m", m, axis_sizes(m, self.rmin, self.opt.max_tile_rows)),
+            _AxisSpec(
+                "n", n_out, axis_sizes(n_out, self.cmin, self.opt.max_tile_cols, (one_wave,))
+            ),
+            _AxisSpec("k", k_in, tuple(sorted(k_sizes, reverse=True))),
+        )
+
+        def tile_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
+            mt, nt, kt = t
+            out = a if s[2] == 1 else 4  # a split reduction writes fp32 partials
+            return mt * kt * a + nt * kt * w + mt * nt * out + (nt * w if bias else 0)
+
+        def merge_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
+            if s[2] == 1:
+                return 0
+            mp, np_ = t[0] * s[0], t[1] * s[1]
+            return s[2] * mp * np_ * 4 + mp * np_ * a
+
+        def onchip(t: tuple[int, ...], s: tuple[int, ...]) -> int:
+            mt, nt, kt = t
+            return mt * nt * 4 + 2 * (mt + nt) * min(kt, 64) * max(a, w)
+
+        return _Space(
+            axes=axes,
+            flops_per_point=2,
+            rate=self.mm_rate,
+            bytes=m * k_in * a + weight + m * n_out * a,
+            weight_bytes=weight,
+            tile_bytes=tile_bytes,
+            merge_bytes=merge_bytes,
+            onchip=onchip,
+        )
+
+    def attention(self, op: Op) -> _Space:
+        q, kc = op.inputs[0], op.inputs[3]
+        b, t = self.shape(q)[0], self.shape(q)[1]
+        heads, kvh, d = op.attrs["heads"], op.attrs["kv_heads"], op.attrs["head_dim"]
+        ctx = self.shape(kc)[2]
+        window = op.attrs.get("window")
+        s_ext = ctx if window is None else min(ctx, window + t - 1)
+        rows = b * t * heads
+        block = t * (heads // kvh)  # rows sharing one key-value head (rows grouped by it)
+        a, c = self.a, self.c
+        axes = (
+            _AxisSpec("rows", rows, axis_sizes(rows, self.rmin, self.opt.max_tile_rows)),
+            _AxisSpec("s", s_ext, axis_sizes(s_ext, self.cmin, self.opt.max_tile_kv)),
+            _AxisSpec("d", d, (round_up(d, self.cmin),)),
+        )
+
+        def kv_heads_touched(rt: int) -> int:
+            return min(cdiv(rt, block), b * kvh)
+
+        def tile_bytes(tl: tuple[int, ...], s: tuple[int, ...]) -> int:
+            rt, st, dt = tl
+            out = rt * dt * a if s[1] == 1 else rt * (dt * 4 + 8)  # partials + (max, sum)
+            return kv_heads_touched(rt) * st * dt * 2 * c + rt * dt * a + out
+
+        def merge_bytes(tl: tuple[int, ...], s: tuple[int, ...]) -> int:
+            if s[1] == 1:
+                return 0
+            rp = tl[0] * s[0]
+            return s[1] * rp * (tl[2] * 4 + 8) + rp * tl[2] * a
+
+        def onchip(tl: tuple[int, ...], s: tuple[int, ...]) -> int:
+            rt, st, dt = tl
+            return (
+                rt * dt * a
+                + rt * min(st, 256) * 4
+                + 2 * min(st, 64) * dt * c * kv_heads_touched(rt)
+            )
+
+        compulsory = (
+            rows * d * a  # queries
+            + 2 * b * t * kvh * d * (a + c)  # new keys/values read, written into the cache
+            + 2 * b * kvh * s_ext * d * c  # cache read
+            + rows * d * a  # output
+        )
+        return _Space(
+            axes=axes,
+            flops_per_point=4,
+            rate=self.attn_rate,
+            bytes=compulsory,
+            weight_bytes=0,
+            tile_bytes=tile_bytes,
+            merge_bytes=merge_bytes,
+            onchip=onchip,
+        )
+
+    def rowwise(self, op: Op) -> _Space:
+        a, w, k = self.a, self.w, op.kind
+        per_row = 0  # extra bytes per row (ids, positions, sampled index)
+        weight = 0
+        if k is OpKind.embedding:
+            rows, cols = _numel(self.shape(op.inputs[0])), self.shape(op.inputs[1])[1]
+            fpp, per_point, per_row = 1, w + a, 4
+        elif k is OpKind.rmsnorm:
+            x = self.shape(op.inputs[0])
+            cols = int(op.attrs.get("group", x[-1]))
+            rows = _numel(x) // cols
+            fpp, per_point, weight = 4, 2 * a, cols * w
+        elif k is OpKind.rope:
+            x = self.shape(op.inputs[0])
+            rows, cols = _numel(x) // x[-1], x[-1]
+            fpp, per_point, per_row = 3, 2 * a, 4
+        elif k is OpKind.gated_mlp:
+            x = self.shape(op.inputs[0])
+            rows, cols = _numel(x) // x[-1], x[-1]
+            fpp = 5 if op.attrs.get("activation", "silu") == "silu" else 9
+            per_point = 3 * a
+        elif k is OpKind.residual_add:
+            x = self.shape(op.inputs[0])
+            rows, cols = _numel(x) // x[-1], x[-1]
+            fpp, per_point = 1, 3 * a
+        else:  # sample: one logits row per batch row (the sampled position)
+            logits = self.shape(op.inputs[0])
+            rows, cols = logits[0], logits[-1]
+            fpp, per_point, per_row = 1, a, 8
+        one_wave = round_up(cdiv(cols, self.target.workers), self.cmin)
+        axes = (
+            _AxisSpec("rows", rows, axis_sizes(rows, self.rmin, self.opt.max_tile_rows)),
+            _AxisSpec(
+                "cols",
+                cols,
+                axis_sizes(cols, self.cmin, self.opt.max_tile_elementwise, (one_wave,)),
+            ),
+        )
+        # rmsnorm (sum of squares) and sample (argmax) reduce over the row: a split row
+        # writes per-step partials that a merge pass reads; a split norm reads x twice.
+        reduces = k in (OpKind.rmsnorm, OpKind.sample)
+        reread = a if k is OpKind.rmsnorm else 0
+
+        def tile_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
+            pp = per_point + (reread if s[1] > 1 else 0)
+            return t[0] * t[1] * pp + t[0] * per_row + (t[1] * w if weight else 0)
+
+        def merge_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
+            return 2 * s[1] * t[0] * s[0] * 8 if reduces and s[1] > 1 else 0
+
+        def zero(t: tuple[int, ...], s: tuple[int, ...]) -> int:
+            return 0
+
+        return _Space(
+            axes=axes,
+            flops_per_point=fpp,
+            rate="fp32",
+            bytes=rows * cols * per_point + rows * per_row + weight,
+            weight_bytes=weight,
+            tile_bytes=tile_bytes,
+            merge_bytes=merge_bytes,
+            onchip=zero,
+        )
+
+    # -- candidates ----------------------------------------------------------------------
+    def candidates(self, sp: _Space, cm: CostModel) -> list[Candidate]:
+        out = []
+        W = self.target.workers
+        onchip_cap = self.target.onchip_bytes_per_worker
+        for tile in itertools.product(*(ax.sizes for ax in sp.axes)):
+            steps = tuple(cdiv(ax.extent, t) for ax, t in zip(sp.axes, tile, strict=True))
+            ntiles = math.prod(steps)
+            tile_flops = sp.flops_per_point * math.prod(tile)
+            tile_bytes = sp.tile_bytes(tile, steps)
+            fe = cm.tile_fe(tile_bytes, tile_flops)
+            merge = sp.merge_bytes(tile, steps)
+            tile_ns = cm.fe_to_worker_ns(fe)
+            waves = cdiv(ntiles, W)
+            time_ns = waves * tile_ns
+            charged = ntiles * fe
+            if merge:
+                time_ns += cm.device_ns(merge) + self.target.tile_overhead_ns
+                charged += cm.bytes_fe(merge) + cm.overhead_fe
+            need = sp.onchip(tile, steps)
+            feasible = need <= onchip_cap
+            note = (
+                "" if feasible else f"needs {need} on-chip bytes per tile, worker has {onchip_cap}"
+            )
+            out.append(
+                Candidate(
+                    tile=tile,
+                    steps=steps,
+                    tiles=ntiles,
+                    tile_bytes=tile_bytes,
+                    tile_flops=tile_flops,
+                    tile_ns=tile_ns,
+                    waves=waves,
+                    time_ns=time_ns,
+                    charged_cost=charged,
+                    padded_work=ntiles * tile_flops,
+                    feasible=feasible,
+                    note=note,
+                )
+            )
+        return out
+
+    def tile_op(self, op: Op) -> TiledOp:
+        sp = self.space(op)
+        cm = CostModel(
+            workers=self.target.workers,
+            bandwidth=self.target.bandwidth_bytes_per_s,
+            peak=self.target.peak_flops_per_s[sp.rate],  # type: ignore[index]
+            tile_overhead_ns=self.target.tile_overhead_ns,
+        )
+        cands = self.candidates(sp, cm)
+        feasible = [i for i, c in enumerate(cands) if c.feasible]
+        if not feasible:
+            from plow.errors import PlanRejected
+
+            smallest = min(cands, key=lambda c: c.tile)
+            raise PlanRejected(
+                f"op {op.name!r}",
+                f"no tiling fits on-chip memory of target {self.target.name}: {smallest.note}",
+            )
+        best = min(feasible, key=lambda i: (cands[i].time_ns, cands[i].charged_cost, i))
+        choice = cands[best]
+        axes = tuple(
+            Axis(ax.name, ax.extent, t, s)
+            for ax, t, s in zip(sp.axes, choice.tile, choice.steps, strict=True)
+        )
+        return TiledOp(
+            name=op.name,
+            kind=op.kind.value,
+            layer=op.layer,
+            rate=sp.rate,
+            axes=axes,
+            flops_per_point=sp.flops_per_point,
+            flops=sp.flops_per_point * math.prod(ax.extent for ax in sp.axes),
+            bytes=sp.bytes,
+            weight_bytes=sp.weight_bytes,
+            candidates=tuple(cands),
+            chosen=best,
+            tiles=enumerate_tiles(op.name, axes),
+            inputs=op.inputs,
+            outputs=op.outputs,
+        )
+
+
+def enumerate_tiles(op: str, axes: tuple[Axis, ...]) -> tuple[Tile, ...]:
+    """Every tile of a tiling, row-major over the axes (last axis fastest)."""
+    per_axis = [
+        [(r, j * ax.tile + ax.tile > ax.extent) for j, r in enumerate(ax.ranges())] for ax in axes
+    ]
+    tiles = []
+    for i, combo in enumerate(itertools.product(*per_axis)):
+        tiles.append(Tile(op, i, tuple(r for r, _ in combo), any(m for _, m in combo)))
+    return tuple(tiles)
+
+
+def tile_graph(graph: OpGraph, target: Target, options: TilingOptions | None = None) -> TileGraph:
+    """The tiled plan of one bucket's graph on `target` (pure and deterministic)."""
+    t = _Tiler(graph, target, options or TilingOptions())
+    ops = tuple(t.tile_op(op) for op in graph.ops)
+    rates = {o.rate for o in ops} or {t.mm_rate}
+    return TileGraph(
+        bucket=graph.bucket_name,
+        target=target.name,
+        workers=target.workers,
+        ops=ops,
+        edges=tuple(graph.edges()),
+        weight_dtype=t.weight_dtype,
+        activation_dtype=t.act_dtype,
+        cache_dtype=t.cache_dtype,
+        peak_flops_per_s=max(target.peak_flops_per_s[r] for r in rates),  # type: ignore[index]
+        bandwidth_bytes_per_s=target.bandwidth_bytes_per_s,
+    )
