@@ -142,6 +142,11 @@ def eval_(
         _fail(e)
 
 
+from plow.cli_plan import register as _register_plan  # noqa: E402  (compile, calibrate)
+
+_register_plan(app, _fail)
+
+
 def main() -> None:
     try:
         app()

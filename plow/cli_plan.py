@@ -200,13 +200,23 @@ def _calibrate_target_cmd(fail: Fail) -> Callable[..., None]:
 
 
 def register(app: typer.Typer, fail: Fail) -> None:
-    """Add `compile` and the `calibrate` group (with `calibrate target`) to `app`."""
+    """Add `compile`, and `target` to the `calibrate` group (created if absent)."""
     app.command(name="compile")(_compile_cmd(fail))
-    calibrate = typer.Typer(
-        help="Measure this machine (or a bundle) and write calibration data.", no_args_is_help=True
+    group = next(
+        (
+            g.typer_instance
+            for g in app.registered_groups
+            if g.name == "calibrate" and g.typer_instance is not None
+        ),
+        None,
     )
-    calibrate.command(name="target")(_calibrate_target_cmd(fail))
-    app.add_typer(calibrate, name="calibrate")
+    if group is None:
+        group = typer.Typer(
+            help="Measure this machine (or a bundle) and write calibration data.",
+            no_args_is_help=True,
+        )
+        app.add_typer(group, name="calibrate")
+    group.command(name="target")(_calibrate_target_cmd(fail))
 
 
 __all__ = ["register"]
