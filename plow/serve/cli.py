@@ -1,0 +1,197 @@
+"""`plow serve` and `plow calibrate prefill`, registered on the main typer app by
+`register(app, fail)` (plow/cli.py calls it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from plow.errors import PlowError
+
+Fail = Callable[[PlowError], NoReturn]
+
+
+def _model_dir(path: Path) -> Path:
+    if not path.is_dir():
+        raise PlowError(path, "not a checkpoint directory")
+    if (path / "manifest.json").is_file() and not (path / "config.json").is_file():
+        raise PlowError(path, "bundles cannot be served yet: pass the checkpoint directory")
+    return path
+
+
+def _serve_cmd(fail: Fail) -> Callable[..., None]:
+    def serve(
+        models: Annotated[
+            list[Path], typer.Argument(help="Checkpoint directories (one model each).")
+        ],
+        host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
+        max_num_seqs: Annotated[
+            int, typer.Option("--max-num-seqs", min=1, help="Slots per model (max batch).")
+        ] = 8,
+        max_num_batched_tokens: Annotated[
+            int,
+            typer.Option("--max-num-batched-tokens", min=1, help="Token budget of one tick."),
+        ] = 512,
+        max_model_len: Annotated[
+            int | None,
+            typer.Option("--max-model-len", min=1, help="Context per slot (default: the model's)."),
+        ] = None,
+        served_model_name: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--served-model-name", help="Name per MODEL, in order (default: directory name)."
+            ),
+        ] = None,
+        api_key: Annotated[
+            str | None,
+            typer.Option("--api-key", envvar="PLOW_API_KEY", help="Require `Bearer KEY` on /v1."),
+        ] = None,
+        seed: Annotated[
+            int | None, typer.Option("--seed", help="Seed for requests that carry no seed.")
+        ] = None,
+        max_queue_wait: Annotated[
+            float,
+            typer.Option(
+                "--max-queue-wait", min=0.0, help="Refuse (429) above this predicted wait, seconds."
+            ),
+        ] = 60.0,
+        log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    ) -> None:
+        """Serve models over an OpenAI-compatible HTTP API (docs/serving.md)."""
+        from rich.console import Console
+
+        from plow.serve.http import Server, load_served_model, run_server
+
+        console = Console(stderr=True)
+        try:
+            names = list(served_model_name or [])
+            if len(names) > len(models):
+                raise PlowError(
+                    "--served-model-name", f"{len(names)} names for {len(models)} models"
+                )
+            loaded = []
+            for i, path in enumerate(models):
+                name = names[i] if i < len(names) else _model_dir(path).name
+                console.print(f"loading {path} as {name!r} ...", highlight=False)
+                m = load_served_model(
+                    _model_dir(path),
+                    name=name,
+                    max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens,
+                    max_model_len=max_model_len,
+                    max_queue_wait_s=max_queue_wait,
+                )
+                adm = m.dispatcher.admission
+                step = adm.model.step.tick_s(max_num_seqs) if adm is not None else 0.0
+                console.print(
+                    f"  {m.engine.kind} engine, {m.engine.max_batch} slots, context "
+                    f"{m.max_context}, decode tick {step * 1e3:.2f} ms at full batch, prefill "
+                    f"launch {m.dispatcher.fit.launch_rows:.1f} row-equivalents",
+                    highlight=False,
+                )
+                loaded.append(m)
+            server = Server(loaded, api_key=api_key, seed=seed)
+            console.print(f"serving on http://{host}:{port}/v1", highlight=False)
+        except PlowError as e:
+            fail(e)
+        run_server(server.app(), host, port, log_level=log_level)
+
+    return serve
+
+
+def _calibrate_prefill_cmd(fail: Fail) -> Callable[..., None]:
+    def prefill(
+        model: Annotated[
+            Path, typer.Argument(help="A checkpoint directory (or, later, a bundle).")
+        ],
+        out: Annotated[
+            Path | None,
+            typer.Option("-o", "--out", help="Fit JSON (default: <MODEL>/prefill_fit.json)."),
+        ] = None,
+        lengths: Annotated[
+            str, typer.Option(help="Comma-separated prompt lengths of the sweep.")
+        ] = "1,2,4,8,16,32,64,128",
+        reps: Annotated[int, typer.Option(min=1, help="Timed repetitions per length.")] = 3,
+    ) -> None:
+        """Sweep prefill prompt lengths, fit `launch + per_row * rows`, store the fit."""
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.table import Table
+
+        from plow.checkpoint import load_checkpoint
+        from plow.serve.engine import ReferenceEngine
+        from plow.serve.prefill_cost import fit_path, fit_prefill, sweep_prefill
+
+        console = Console(stderr=True)
+        try:
+            try:
+                sweep = sorted({int(x) for x in lengths.split(",") if x.strip()})
+            except ValueError as e:
+                raise PlowError("--lengths", f"expected comma-separated integers: {lengths}") from e
+            if len(sweep) < 2 or sweep[0] < 1:
+                raise PlowError("--lengths", "need at least two distinct lengths >= 1")
+            ckpt = load_checkpoint(_model_dir(model))
+            engine = ReferenceEngine.from_checkpoint(ckpt, max_batch=1)
+            sweep = [n for n in sweep if n <= engine.max_context]
+            if len(sweep) < 2:
+                raise PlowError(
+                    "--lengths", f"fewer than two lengths fit the context {engine.max_context}"
+                )
+            with Progress(
+                TextColumn("prefill sweep"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.description}"), console=console,
+            ) as progress:  # fmt: skip
+                task = progress.add_task("", total=len(sweep))
+
+                def on_point(n: int, s: float) -> None:
+                    progress.update(task, advance=1, description=f"{n} rows: {s * 1e3:.2f} ms")
+
+                points = sweep_prefill(engine, sweep, reps=reps, on_point=on_point)
+            fit = fit_prefill(points, engine=engine.kind, model=str(model))
+            dest = out or fit_path(model)
+            try:
+                fit.save(dest)
+            except OSError as e:
+                raise PlowError(dest, f"cannot write: {e.strerror or e}") from e
+            table = Table(title="prefill sweep")
+            for col in ("rows", "measured ms", "fit ms", "residual ms"):
+                table.add_column(col, justify="right")
+            for p in fit.points:
+                table.add_row(
+                    str(p.rows), f"{p.seconds * 1e3:.3f}",
+                    f"{fit.seconds(p.rows) * 1e3:.3f}", f"{p.residual_s * 1e3:+.3f}",
+                )  # fmt: skip
+            console.print(table)
+            console.print(
+                f"wrote {dest}: launch {fit.launch_s * 1e3:.3f} ms + "
+                f"{fit.per_row_s * 1e6:.2f} us/row "
+                f"= {fit.launch_rows:.1f} row-equivalents per launch; R^2 {fit.r2:.4f}, "
+                f"max |residual| {fit.max_abs_residual_s * 1e3:.3f} ms, "
+                f"relative RMS residual {fit.rel_rms_residual:.1%}",
+                highlight=False,
+            )
+        except PlowError as e:
+            fail(e)
+
+    return prefill
+
+
+def register(app: typer.Typer, fail: Fail) -> None:
+    """Add `serve`, and `prefill` to the `calibrate` group (created if absent)."""
+    app.command(name="serve")(_serve_cmd(fail))
+    group = next(
+        (
+            g.typer_instance
+            for g in app.registered_groups
+            if g.name == "calibrate" and g.typer_instance is not None
+        ),
+        None,
+    )
+    if group is None:
+        group = typer.Typer(help="Measure and write calibration data.", no_args_is_help=True)
+        app.add_typer(group, name="calibrate")
+    group.command(name="prefill")(_calibrate_prefill_cmd(fail))
