@@ -128,16 +128,25 @@ def generate(
 @app.command(name="eval")
 def eval_(
     workload: Annotated[
-        Path | None, typer.Argument(help="A workload YAML; none runs the embedded default study.")
+        Path | None,
+        typer.Argument(
+            help="A workload YAML, or the name of a shipped one (harness/workloads/); "
+            "none runs the embedded default study."
+        ),
+    ] = None,
+    executor: Annotated[
+        Executor | None, typer.Option(help="Run on this executor instead of the workload's.")
     ] = None,
 ) -> None:
-    """Run a gated evaluation (no argument: the embedded default study)."""
-    from plow.default_model import run_placeholder_eval
+    """Run a gated evaluation (no argument: the embedded default study); exit 1 on a
+    rejected plan or a failed correctness gate."""
+    from harness.run import run_study
 
     try:
-        if workload is not None:
-            raise PlowError(workload, "workload files are not supported yet: run `plow eval` alone")
-        run_placeholder_eval()
+        outcome = run_study(workload, executor=executor.value if executor else None)
+        if outcome.exit_code:
+            err_console.print(f"plow: eval: {outcome.message}", markup=False, highlight=False)
+            raise typer.Exit(outcome.exit_code)
     except PlowError as e:
         _fail(e)
 

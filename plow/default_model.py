@@ -78,26 +78,3 @@ def ensure_default_model() -> Path:
     tmp.rename(target)  # atomic: a failed conversion leaves no half directory
     console.print(f"converted the default model to {target} in {time.perf_counter() - t0:.1f} s")
     return target
-
-
-def run_placeholder_eval() -> None:
-    """Until the harness lands (issue 8): the reference forward on the default model."""
-    from plow.checkpoint import load_checkpoint
-    from plow.runtime.reference import generate_greedy
-
-    console.print(
-        "[bold yellow]plow eval (placeholder):[/] the gated harness is not built yet; this runs "
-        "the numpy reference forward on the embedded default model and reports no gate or metrics."
-    )
-    path = ensure_default_model()
-    ckpt = load_checkpoint(path)
-    prompt = "The capital of France is"
-    ids = ckpt.tokenizer.encode(prompt)
-    t0 = time.perf_counter()
-    out = generate_greedy(ckpt, ids, 24, stop_ids=ckpt.spec.eos_token_ids)
-    dt = time.perf_counter() - t0
-    console.print(f"[bold]{prompt}[/]{ckpt.tokenizer.decode(out)}", markup=True, highlight=False)
-    console.print(
-        f"{len(out)} tokens in {dt:.2f} s ({dt / max(1, len(out)) * 1e3:.1f} ms/token, reference "
-        f"executor, {ckpt.spec.parameter_count() / 1e6:.0f}M parameters, fp32)"
-    )

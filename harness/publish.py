@@ -1,0 +1,171 @@
+"""Step (d): publish `results/<study>/<run>/` and regenerate `results/README.md`.
+
+A run directory holds `workload.json` (the workload as validated, the resolved model, the
+machine, software versions, git commit, calibration), `compile.json` (certificates),
+`gate.json`, and — only when the gate passed — `metrics.csv` and the plots; `report.md`
+always, with its Limits section.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from harness.measure import METRIC_COLUMNS, Metric
+
+RESULTS_ENV = "PLOW_RESULTS"
+
+
+def results_root() -> Path:
+    """$PLOW_RESULTS, else `results/` under the working directory."""
+    env = os.environ.get(RESULTS_ENV)
+    return Path(env) if env else Path.cwd() / "results"
+
+
+def run_id(short_commit: str, now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    return f"{stamp}-{short_commit}"
+
+
+def new_run_dir(root: Path, study: str, short_commit: str) -> Path:
+    base = root / study
+    rid = run_id(short_commit)
+    d = base / rid
+    n = 1
+    while d.exists():  # two runs in one second
+        n += 1
+        d = base / f"{rid}.{n}"
+    d.mkdir(parents=True)
+    return d
+
+
+def write_json(path: Path, obj: BaseModel | dict[str, Any]) -> None:
+    data = obj.model_dump(mode="json") if isinstance(obj, BaseModel) else obj
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def write_metrics(path: Path, metrics: list[Metric]) -> None:
+    import pandas as pd
+
+    df = pd.DataFrame([m.row() for m in metrics], columns=METRIC_COLUMNS)
+    df["context"] = df["context"].astype("Int64")
+    df["batch"] = df["batch"].astype("Int64")
+    df.to_csv(path, index=False, float_format="%.6g")
+
+
+def plot_decode(path: Path, metrics: list[Metric], title: str) -> bool:
+    """Per-token decode latency against context length, one line per batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [m for m in metrics if m.surface == "raw" and m.metric == "decode_step_ms"]
+    if not pts:
+        return False
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for b in sorted({m.batch for m in pts if m.batch is not None}):
+        row = sorted((m for m in pts if m.batch == b), key=lambda m: m.context or 0)
+        x = [m.context or 0 for m in row]
+        y = [m.value for m in row]
+        lo = [m.value - (m.p10 if m.p10 is not None else m.value) for m in row]
+        hi = [(m.p90 if m.p90 is not None else m.value) - m.value for m in row]
+        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=f"batch {b}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (tokens in the key-value cache)")
+    ax.set_ylabel("per-token decode latency (ms, median; bars p10-p90)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def plot_throughput(path: Path, metrics: list[Metric], title: str) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [m for m in metrics if m.surface == "raw" and m.metric == "tokens_per_s"]
+    if not pts:
+        return False
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for b in sorted({m.batch for m in pts if m.batch is not None}):
+        row = sorted((m for m in pts if m.batch == b), key=lambda m: m.context or 0)
+        ax.plot(
+            [m.context or 0 for m in row], [m.value for m in row], marker="o", label=f"batch {b}"
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length")
+    ax.set_ylabel("decode tokens/s (all rows)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def regenerate_index(root: Path) -> Path:
+    """`results/README.md`: every harness run (newest first per study), then other folders."""
+    studies: dict[str, list[tuple[str, dict[str, Any], dict[str, Any] | None]]] = {}
+    others: list[str] = []
+    for sd in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        runs = []
+        for rd in sorted((p for p in sd.iterdir() if p.is_dir()), reverse=True):
+            wl = _read(rd / "workload.json")
+            if wl is not None and "workload" in wl:
+                runs.append((rd.name, wl, _read(rd / "gate.json")))
+        if runs:
+            studies[sd.name] = runs
+        else:
+            others.append(sd.name)
+    lines = [
+        "# Results",
+        "",
+        "Generated by the harness (`plow eval`, `harness/publish.py`) on every publish; do not "
+        "edit by hand. Each run directory holds `workload.json`, `compile.json`, `gate.json`, "
+        "`report.md` (with its Limits section) and, when the gate passed, `metrics.csv` and "
+        "plots. See `docs/harness.md`.",
+        "",
+        "## Studies",
+        "",
+        "| study | run | model | executor | gate | headline | report |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for study, runs in studies.items():
+        for rid, wl, gate in runs:
+            w = wl.get("workload", {})
+            verdict = (
+                "not reached" if gate is None else ("passed" if gate.get("passed") else "FAILED")
+            )
+            lines.append(
+                f"| {study} | {rid} | {wl.get('model_label', '?')} | {w.get('executor', '?')} | "
+                f"{verdict} | {wl.get('headline', '')} | [report]({study}/{rid}/report.md) |"
+            )
+    if not studies:
+        lines.append("| (none yet) | | | | | | |")
+    if others:
+        lines += ["", "## Other results", ""]
+        lines += [f"- [`{o}/`]({o}/) (not a harness study)" for o in others]
+    index = root / "README.md"
+    root.mkdir(parents=True, exist_ok=True)
+    index.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return index

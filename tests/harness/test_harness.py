@@ -1,0 +1,264 @@
+"""The harness end to end on a tiny fixture checkpoint: publish on a passed gate, no
+performance data on a failed one, a stop on a rejected plan, one-line workload errors, and the
+GPU workloads' no-GPU stop."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from harness.executors import EXECUTORS, ExecutorUnavailable, get_executor
+from harness.measure import METRIC_COLUMNS
+from harness.publish import regenerate_index
+from harness.run import run_study
+from harness.workload import load_workload, parse_workload, shipped_workloads
+from plow.checkpoint import load_checkpoint
+from plow.checkpoint.weights import read_header
+from plow.errors import ConfigError, PlowError
+from plow.testing import make_tiny_checkpoint
+
+CONTEXTS = [8, 32]
+BATCHES = [1, 2]
+
+
+def _workload(path: Path, model: Path, **extra: object) -> Path:
+    body = {
+        "study": "tiny",
+        "model": {"path": str(model)},
+        "executor": "reference",
+        "context_lengths": CONTEXTS,
+        "batch_sizes": BATCHES,
+        "prompts": ["the quick brown fox", "a b c"],
+        "gate": {"new_tokens": 6, "max_abs_logprob_delta": 1e-4},
+        "measure": {"warmup_steps": 1, "decode_steps": 2, "serving_tokens": 3, "calibrate": False},
+    }
+    body.update(extra)
+    path.write_text(json.dumps(body))  # JSON is YAML
+    return path
+
+
+def _quiet() -> Console:
+    return Console(file=io.StringIO(), width=120)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint("llama", 0, tmp_path_factory.mktemp("harness") / "llama")
+
+
+@pytest.fixture(scope="module")
+def passed_run(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, Path]:
+    root = tmp_path_factory.mktemp("results")
+    (root / "benchmarks").mkdir()  # someone else's results: the index must keep listing them
+    wl = _workload(tmp_path_factory.mktemp("wl") / "tiny.yaml", ckpt)
+    out = run_study(wl, console=_quiet(), root=root)
+    assert out.run_dir is not None
+    return out.exit_code, out.run_dir, root
+
+
+def test_passed_gate_publishes_everything(passed_run: tuple[int, Path, Path]) -> None:
+    code, run_dir, root = passed_run
+    assert code == 0
+    assert run_dir.parent == root / "tiny"
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"workload.json", "compile.json", "gate.json", "metrics.csv", "report.md"} <= names
+    gate = json.loads((run_dir / "gate.json").read_text())
+    assert gate["passed"] is True
+    assert all(p["tokens_match"] for p in gate["prompts"])
+    compiled = json.loads((run_dir / "compile.json").read_text())
+    assert compiled["accepted"] and len(compiled["buckets"]) == len(CONTEXTS) * len(BATCHES)
+    assert all(b["certificate"]["verdict"] == "accept" for b in compiled["buckets"])
+    wl = json.loads((run_dir / "workload.json").read_text())
+    assert wl["environment"]["packages"]["numpy"] == np.__version__
+    assert wl["executor"]["name"] == "reference"
+
+
+def test_metrics_csv_has_every_surface(passed_run: tuple[int, Path, Path]) -> None:
+    _, run_dir, _ = passed_run
+    df = pd.read_csv(run_dir / "metrics.csv")
+    assert list(df.columns) == METRIC_COLUMNS
+    assert {"raw", "host", "serving", "cold_start", "e2e"} <= set(df["surface"])
+    steps = df[df["metric"] == "decode_step_ms"]
+    assert sorted(zip(steps["context"], steps["batch"], strict=True)) == sorted(
+        (c, b) for c in CONTEXTS for b in BATCHES
+    )
+    assert (steps["value"] > 0).all()
+    assert (df[df["metric"].str.startswith("growth_ratio")]["value"] > 0).all()
+
+
+def test_report_has_limits_and_plot(passed_run: tuple[int, Path, Path]) -> None:
+    _, run_dir, root = passed_run
+    report = (run_dir / "report.md").read_text()
+    assert "## Limits" in report
+    limits = report.split("## Limits", 1)[1]
+    assert "reference" in limits and "issue 6" in limits and "Noise" in limits
+    png = run_dir / "decode_latency.png"
+    assert png.stat().st_size > 1000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![decode_latency.png](decode_latency.png)" in report
+    index = (root / "README.md").read_text()
+    assert f"tiny/{run_dir.name}/report.md" in index and "passed" in index
+    assert "benchmarks/" in index
+
+
+def _perturb(src: Path, dst: Path, name: str, scale: float) -> None:
+    shutil.copytree(src, dst)
+    f = dst / "model.safetensors"
+    e = read_header(f)[name]
+    with f.open("r+b") as fh:
+        fh.seek(e.offset)
+        data = np.frombuffer(fh.read(e.nbytes), dtype=e.dtype).copy()
+        fh.seek(e.offset)
+        fh.write((data * scale).astype(e.dtype).tobytes())
+
+
+def test_weights_altered_after_compile_fail_the_gate(ckpt: Path, tmp_path: Path) -> None:
+    altered = tmp_path / "altered"
+    _perturb(ckpt, altered, "model.layers.0.mlp.down_proj.weight", 1.5)
+    root = tmp_path / "results"
+    wl = _workload(tmp_path / "w.yaml", altered, reference_model={"path": str(ckpt)})
+    out = run_study(wl, console=_quiet(), root=root)
+    assert out.exit_code == 1 and out.run_dir is not None
+    gate = json.loads((out.run_dir / "gate.json").read_text())
+    assert gate["passed"] is False
+    assert gate["checks"][1]["value"] > 1e-4  # the log-probabilities moved
+    names = {p.name for p in out.run_dir.iterdir()}
+    assert "metrics.csv" not in names and not any(n.endswith(".png") for n in names)
+    report = (out.run_dir / "report.md").read_text()
+    assert "no performance numbers" in report and "## Limits" in report
+    assert "FAILED" in (root / "README.md").read_text()
+
+
+def test_rejected_plan_stops_before_the_gate(ckpt: Path, tmp_path: Path) -> None:
+    wl = _workload(tmp_path / "w.yaml", ckpt, compile={"step_budget_ms": 1e-6})
+    out = run_study(wl, console=_quiet(), root=tmp_path / "results")
+    assert out.exit_code == 1 and out.run_dir is not None
+    assert "bandwidth" in out.message or "compute" in out.message
+    compiled = json.loads((out.run_dir / "compile.json").read_text())
+    assert compiled["accepted"] is False and compiled["reason"]
+    names = {p.name for p in out.run_dir.iterdir()}
+    assert "gate.json" not in names and "metrics.csv" not in names
+
+
+MALFORMED = [
+    ("batch_sizes: [0]", "field 'batch_sizes.0': Input should be greater than 0"),
+    ("batch_sizes: [1, 1]", "field 'batch_sizes': values must be distinct"),
+    ("executor: tpu", "field 'executor'"),
+    ("colour: blue", "field 'colour': Extra inputs are not permitted"),
+    ("gate: {max_abs_logprob_delta: -1}", "field 'gate.max_abs_logprob_delta'"),
+    ("prompt_lengths: {min: 9, max: 3}", "field 'prompt_lengths'"),
+    ("model: {default: true, path: x}", "field 'model'"),
+]
+
+
+@pytest.mark.parametrize(("line", "expected"), MALFORMED)
+def test_malformed_workload_one_line_naming_the_field(
+    line: str, expected: str, tmp_path: Path
+) -> None:
+    base = {"study: s", "model: default", "context_lengths: [8]", "prompts: [hi]"}
+    key = line.split(":", 1)[0]
+    lines = [x for x in base if not x.startswith(key + ":")] + [line]
+    path = tmp_path / "workload.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_workload(path)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{path}: ")
+    assert expected in msg
+
+
+def test_missing_field_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="field 'context_lengths': Field required"):
+        parse_workload("study: s\nmodel: default\nprompts: [hi]\n", "w.yaml")
+    with pytest.raises(ConfigError, match=r"w.yaml: malformed YAML at line 3"):
+        parse_workload("study: s\nbatch_sizes: [1, 2\n", "w.yaml")
+    with pytest.raises(ConfigError, match="exactly one of 'prompts' or 'prompt_lengths'"):
+        parse_workload("study: s\nmodel: default\ncontext_lengths: [8]\n", "w.yaml")
+
+
+def test_cli_malformed_workload_exit_2_no_traceback(tmp_path: Path) -> None:
+    from plow.cli import app
+
+    path = tmp_path / "workload.yaml"
+    path.write_text(
+        "study: s\nmodel: default\ncontext_lengths: [8]\nprompts: [hi]\nbatch_sizes: [0]\n"
+    )
+    result = CliRunner().invoke(app, ["eval", str(path)])
+    assert result.exit_code == 2
+    lines = [x for x in result.output.splitlines() if x.strip()]
+    assert lines == [f"plow: {path}: field 'batch_sizes.0': Input should be greater than 0"]
+
+
+@pytest.mark.parametrize("name", ["gemma3_12b_h200_decode", "context_growth_1k_128k"])
+def test_gpu_workloads_stop_without_a_gpu(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plow.cli import app
+
+    monkeypatch.setenv("PLOW_ASSUME_NO_GPU", "1")
+    wl, _ = load_workload(name)
+    assert wl.executor == "cuda" and wl.tp_degree == 1 and wl.context_lengths[0] == 1024
+    result = CliRunner().invoke(app, ["eval", name])
+    assert result.exit_code == 2
+    lines = [x for x in result.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and "no GPU on this machine" in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_gpu_growth_study_spans_1k_to_128k() -> None:
+    wl, _ = load_workload("context_growth_1k_128k")
+    assert (wl.context_lengths[0], wl.context_lengths[-1]) == (1024, 131072)
+    assert load_workload("gemma3_12b_h200_decode")[0].target == "h200"
+
+
+def test_shipped_workloads_parse() -> None:
+    names = shipped_workloads()
+    assert {"default", "gemma3_12b_h200_decode", "context_growth_1k_128k"} <= set(names)
+    default, _ = load_workload(None)
+    assert default.model.default and default.batch_sizes == [1, 4]
+    assert default.prompts and default.prompts[0] == "The capital of France is"
+    for n in names:
+        load_workload(n)
+
+
+def test_executor_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert set(EXECUTORS) == {"reference", "cpu", "cuda"}
+    assert get_executor("reference").name == "reference"
+    with pytest.raises(ExecutorUnavailable, match="issue 6") as info:
+        get_executor("cpu")
+    assert info.value.exit_code == 2
+    monkeypatch.setenv("PLOW_ASSUME_NO_GPU", "1")
+    with pytest.raises(ExecutorUnavailable, match="no GPU on this machine"):
+        get_executor("cuda")
+    with pytest.raises(PlowError, match="unknown executor"):
+        get_executor("tpu")
+
+
+def test_reference_runner_shared_prefill_equals_separate(ckpt: Path) -> None:
+    """Rows repeating a prompt share its prefill; every row still decodes as if alone."""
+    c = load_checkpoint(ckpt)
+    ex = get_executor("reference")
+    prompt = [5, 9, 17, 3]
+    batched = ex.open(c, max_batch=3, max_context=16)
+    single = ex.open(c, max_batch=1, max_context=16)
+    lb = batched.prefill([prompt, [7, 8], prompt])
+    ls = single.prefill([prompt])
+    np.testing.assert_array_equal(lb[0], ls[0])
+    np.testing.assert_array_equal(lb[2], ls[0])
+    db = batched.decode([11, 4, 12])
+    ds = single.decode([11])
+    np.testing.assert_array_equal(db[0], ds[0])
+    assert not np.array_equal(db[0], db[2])  # rows diverged: their caches are separate
+
+
+def test_index_lists_other_results(tmp_path: Path) -> None:
+    (tmp_path / "benchmarks").mkdir()
+    text = regenerate_index(tmp_path).read_text()
+    assert "(none yet)" in text and "[`benchmarks/`](benchmarks/)" in text
