@@ -1,0 +1,476 @@
+"""`build_schedule(tile_graph, graph, target)`: placement, dependency edges, counters,
+the collapse decision and the three passes (docs/schedule.md).
+
+Pipeline (each step a pure function of the previous result):
+
+1. Units: every tile of every op (split reductions: partial tiles plus one merge unit per
+   output block) with the boxes it reads and writes (`plow.schedule.regions`).
+2. Tasks: an op's units (per stage: compute / merge) are cut into `g` contiguous runs,
+   `g = min(units, workers of the plan, total work / min_task_ns)`; equal-sized runs when a
+   divisor of the unit count is close to `g` (so equal tiles give equal task costs), else
+   runs differing by one unit.
+3. Placement: list scheduling in the graph's topological order; a task becomes ready when
+   the ops it reads have finished (plus the device atomic latency) and goes to the worker
+   that frees up first among the allowed ones. L2-partition aware: every task goes to the
+   partition (and GPU) of its output column stripe, so a weight slab (rows of W for an output
+   column block), the merge of its partials and the element-wise consumers of those columns
+   share a partition. Tensor parallel (`tp > 1`): stripes are split across GPUs the same
+   way; linears that read an attention or gated-MLP output are row-parallel (partials go to
+   the GPU of their reduction slice) and their merges become `allreduce` tasks.
+4. Edges: consumer task -> every producer task whose written box overlaps a box it reads.
+5. Counters: one coarse counter per producer stage (`<op>.done`, `<op>.partial.done`);
+   per op edge, the collapse decision (C8) may give each consumer task its own fine counter.
+   A load and its compute task sit back to back on one worker: that edge is covered by queue
+   order and has no counter.
+6. Passes: drop (C4), merge (C5), hoist loads (C6); scopes = cheapest legal.
+7. Simulation: makespan estimate; cross-partition / cross-GPU traffic of the edges.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from plow.errors import GraphError
+from plow.graph.ops import OpGraph
+from plow.schedule.ir import Counter, EdgeDecision, Schedule, Task, TaskKind
+from plow.schedule.passes import (
+    compact,
+    drop_implied_counters,
+    fresh_counter,
+    hoist_loads,
+    merge_same_dependency,
+    rescope,
+)
+from plow.schedule.protocol import simulate
+from plow.schedule.regions import REDUCTION_AXIS, Box, Regions, Unit, is_split
+from plow.target.model import Target, dtype_bytes
+from plow.tiles.ir import TiledOp, TileGraph
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleOptions:
+    """Knobs of the scheduler.
+
+    `tp`: GPUs of a tensor-parallel plan (None: `target.gpus`). `l2_aware`: stripe tasks
+    over L2 partitions (False: any worker of the GPU). `fine`: "auto" applies the collapse
+    decision, "never"/"always" force coarse/fine counters (for tests and measurements).
+    `min_task_ns`: shortest task worth its own counter traffic (None: 4x the device atomic
+    latency). `loads`: explicit weight-slab load tasks (L2 prefetch) before each weight-reading
+    task. `passes`: run C4, C5, C6.
+    """
+
+    tp: int | None = None
+    l2_aware: bool = True
+    fine: Literal["auto", "never", "always"] = "auto"
+    min_task_ns: float | None = None
+    max_tasks_per_op: int | None = None
+    loads: bool = False
+    passes: bool = True
+
+
+def _groups(n: int, total_ns: float, cap: int, min_task_ns: float) -> list[tuple[int, int]]:
+    """Cut `n` units into contiguous runs [(start, stop)].
+
+    The target count is `want = min(n, cap, total / min_task_ns)`; the op's time is set by
+    the longest run, `ceil(n / want)` units. When some `c` within a quarter above that
+    divides `n` the runs
+    are equal (`n / c` runs of `c`: equal tiles give equal task costs, so the collapse
+    decision keeps coarse counters); otherwise `want` runs whose sizes differ by one.
+    """
+    if n == 0:
+        return []
+    want = max(1, min(n, cap, int(total_ns // max(min_task_ns, 1e-9)) or 1))
+    c0 = -(-n // want)
+    c = next((c for c in range(c0, c0 + c0 // 4 + 2) if n % c == 0), 0)
+    g = n // c if c else want
+    base, extra = divmod(n, g)
+    out, a = [], 0
+    for i in range(g):
+        b = a + base + (1 if i < extra else 0)
+        out.append((a, b))
+        a = b
+    return out
+
+
+def _bbox(boxes: list[Box]) -> Box:
+    return (
+        min(b[0] for b in boxes),
+        max(b[1] for b in boxes),
+        min(b[2] for b in boxes),
+        max(b[3] for b in boxes),
+    )
+
+
+@dataclass(slots=True)
+class _Draft:
+    """A task while it is being placed (mutable only inside `build_schedule`)."""
+
+    name: str
+    op: str
+    kind: TaskKind
+    units: tuple[int, ...]
+    stage: str  # producer-group key: op name, "<op>.partial", "<op>.load"
+    reads: dict[str, Box]
+    write: tuple[str, Box] | None
+    est_ns: float
+    partial: bool
+    weight_bytes: int
+    key: float  # stripe used for placement
+    worker: int = -1
+
+
+class _Placer:
+    """Earliest-free worker per (gpu, partition) pool, via heaps."""
+
+    def __init__(self, tp: int, workers: int, parts: int) -> None:
+        self.W, self.P, self.tp = workers, parts, tp
+        self.pools: dict[tuple[int, int], list[tuple[float, int]]] = defaultdict(list)
+        for g in range(tp):
+            for w in range(workers):
+                p = w * parts // workers
+                self.pools[(g, p)].append((0.0, g * workers + w))
+        for h in self.pools.values():
+            heapq.heapify(h)
+
+    def place(self, gpu: int, part: int | None, ready: float, est: float) -> tuple[int, float]:
+        keys = [(gpu, part)] if part is not None else [(gpu, p) for p in range(self.P)]
+        best = min(keys, key=lambda k: self.pools[k][0])
+        free, w = heapq.heappop(self.pools[best])
+        start = max(free, ready)
+        heapq.heappush(self.pools[best], (start + est, w))
+        return w, start + est
+
+
+def _row_parallel(graph: OpGraph) -> set[str]:
+    """Linears whose input comes from attention or the gated MLP (Megatron row-parallel)."""
+    kinds = {op.outputs[0]: op.kind.value for op in graph.ops}
+    return {
+        op.name
+        for op in graph.ops
+        if op.kind.value == "linear" and kinds.get(op.inputs[0]) in ("attention", "gated_mlp")
+    }
+
+
+def build_schedule(
+    tg: TileGraph, graph: OpGraph, target: Target, options: ScheduleOptions | None = None
+) -> Schedule:
+    """The schedule of one bucket's tile graph on `target` (pure and deterministic)."""
+    opt = options or ScheduleOptions()
+    tp = opt.tp or target.gpus
+    if tp < 1:
+        raise GraphError(tg.bucket or "schedule", f"tp must be at least 1, got {tp}")
+    W, P = target.workers, target.l2_partitions
+    lat = {k: float(v) for k, v in target.atomic_latency_ns.items()}
+    min_task = opt.min_task_ns if opt.min_task_ns is not None else 4 * lat["device"]
+    cap = min(tp * W, opt.max_tasks_per_op or tp * W)
+    regions = Regions(graph)
+    rowpar = _row_parallel(graph) if tp > 1 else set()
+    overhead = float(target.tile_overhead_ns)
+    load_ns_per_byte = W * 1e9 / target.bandwidth_bytes_per_s
+
+    # -- 1-2. units and tasks ----------------------------------------------------------
+    drafts: list[_Draft] = []
+    op_stages: list[tuple[TiledOp, list[int]]] = []
+    for top in tg.ops:
+        tile_ns = float(top.choice.tile_ns)
+        merge_ns = overhead
+        if is_split(top):
+            red = REDUCTION_AXIS[top.kind]
+            nblocks = len({t.ranges[:red] + t.ranges[red + 1 :] for t in top.tiles})
+            merge_total = max(0.0, top.time_ns - top.choice.waves * tile_ns - overhead)
+            merge_ns = merge_total * W / max(1, nblocks) + overhead
+        compute, merges = regions.units(top, tile_ns, merge_ns)
+        ids: list[int] = []
+        stages: list[tuple[list[Unit], TaskKind, str]] = [
+            (compute, TaskKind.compute, top.name + (".partial" if merges else ""))
+        ]
+        if merges:
+            kind = TaskKind.allreduce if top.name in rowpar else TaskKind.merge
+            stages.append((merges, kind, top.name))
+        for units, kind, stage in stages:
+            total = sum(u.est_ns for u in units)
+            runs = _groups(len(units), total, cap, min_task)
+            for k, (a, b) in enumerate(runs):
+                run = units[a:b]
+                reads: dict[str, list[Box]] = defaultdict(list)
+                for un in run:
+                    for tn, bx in un.reads:
+                        reads[tn].append(bx)
+                wname = run[0].write[0]
+                wbox = _bbox([un.write[1] for un in run])
+                suffix = "" if kind is TaskKind.compute else f".{kind.value}"
+                use_k = kind is TaskKind.compute and top.name in rowpar
+                key = sum((un.k_stripe if use_k else un.stripe) for un in run) / len(run)
+                wbytes = sum(un.weight_bytes for un in run)
+                est: float = sum(un.est_ns for un in run)
+                if opt.loads and wbytes:
+                    lns = wbytes * load_ns_per_byte
+                    ids.append(len(drafts))
+                    drafts.append(
+                        _Draft(
+                            f"{top.name}.load#{k}",
+                            top.name,
+                            TaskKind.load,
+                            tuple(un.index for un in run),
+                            f"{top.name}.load",
+                            {},
+                            None,
+                            lns,
+                            False,
+                            wbytes,
+                            key,
+                        )
+                    )
+                    est = max(overhead * len(run), est - lns)
+                ids.append(len(drafts))
+                drafts.append(
+                    _Draft(
+                        f"{top.name}{suffix}#{k}",
+                        top.name,
+                        kind,
+                        tuple(un.index for un in run),
+                        stage,
+                        {tn: _bbox(bs) for tn, bs in reads.items()},
+                        (wname, wbox),
+                        est,
+                        run[0].partial,
+                        0 if opt.loads else wbytes,
+                        key,
+                    )
+                )
+        op_stages.append((top, ids))
+
+    # -- 3. placement (list scheduling, graph order) ---------------------------------------
+    writer_stage: dict[str, str] = {}
+    for d in drafts:
+        if d.write is not None:
+            writer_stage[d.write[0]] = d.stage
+    stage_finish: dict[str, float] = defaultdict(float)
+    placer = _Placer(tp, W, P)
+    queues: list[list[int]] = [[] for _ in range(tp * W)]
+    for i, d in enumerate(drafts):
+        if d.kind is TaskKind.load:
+            continue  # placed with its compute task below
+        ready = 0.0
+        for tn in d.reads:
+            st = writer_stage.get(tn)
+            if st is not None:
+                ready = max(ready, stage_finish[st] + lat["device"])
+        s = min(int(d.key * tp * (P if opt.l2_aware else 1)), tp * (P if opt.l2_aware else 1) - 1)
+        gpu, part = (s // P, s % P) if opt.l2_aware else (s, None)
+        load = (
+            drafts[i - 1]
+            if i > 0 and drafts[i - 1].kind is TaskKind.load and drafts[i - 1].op == d.op
+            else None
+        )
+        est_all = d.est_ns + (load.est_ns if load else 0.0)
+        w, fin = placer.place(gpu, part, ready, est_all)
+        if load is not None:
+            load.worker = w
+            queues[w].append(i - 1)
+        d.worker = w
+        queues[w].append(i)
+        stage_finish[d.stage] = max(stage_finish[d.stage], fin)
+
+    # -- 4. edges from box overlap -----------------------------------------------------------
+    act_b = dtype_bytes(tg.activation_dtype)
+    by_tensor: dict[str, list[int]] = defaultdict(list)
+    for i, d in enumerate(drafts):
+        if d.write is not None:
+            by_tensor[d.write[0]].append(i)
+    stage_ids: dict[str, list[int]] = defaultdict(list)
+    for i, d in enumerate(drafts):
+        stage_ids[d.stage].append(i)
+    prod_boxes = {
+        tn: (np.array([drafts[i].write[1] for i in ids], dtype=np.int64), np.array(ids))  # type: ignore[index]
+        for tn, ids in by_tensor.items()
+    }
+    edges: list[tuple[int, int]] = []
+    edge_bytes: list[int] = []
+    for _stage, cids in stage_ids.items():
+        first = drafts[cids[0]]
+        if first.kind is TaskKind.load:
+            continue
+        for tn in first.reads:
+            if tn not in prod_boxes:
+                continue
+            pb, pids = prod_boxes[tn]
+            cb = np.array([drafts[i].reads[tn] for i in cids], dtype=np.int64)
+            ov_r = np.minimum(cb[:, None, 1], pb[None, :, 1]) - np.maximum(
+                cb[:, None, 0], pb[None, :, 0]
+            )
+            ov_c = np.minimum(cb[:, None, 3], pb[None, :, 3]) - np.maximum(
+                cb[:, None, 2], pb[None, :, 2]
+            )
+            ci, pi = np.nonzero((ov_r > 0) & (ov_c > 0))
+            esize = 4 if tn.endswith("#partial") else act_b
+            area = (ov_r[ci, pi] * ov_c[ci, pi] * esize).tolist()
+            edges.extend(zip(pids[pi].tolist(), np.array(cids)[ci].tolist(), strict=True))
+            edge_bytes.extend(area)
+        for t in cids:
+            if t > 0 and drafts[t - 1].kind is TaskKind.load and drafts[t - 1].op == first.op:
+                edges.append((t - 1, t))  # the slab its load brought in (queue order covers it)
+                edge_bytes.append(0)
+    # Dedupe (a task may read two tensors of one producer) keeping the larger byte count.
+    eb: dict[tuple[int, int], int] = {}
+    for e, b in zip(edges, edge_bytes, strict=True):
+        eb[e] = max(b, eb.get(e, 0))
+    edge_list = sorted(eb)
+
+    # -- 5. counters: coarse per producer stage, fine where the collapse decision says so -----
+    stage_tasks: dict[str, list[int]] = defaultdict(list)
+    for i, d in enumerate(drafts):
+        stage_tasks[d.stage].append(i)
+    consumers: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for u, t in edge_list:
+        du, dt = drafts[u], drafts[t]
+        if du.kind is TaskKind.load:
+            continue  # covered by queue order (load right before its task, same worker)
+        consumers[(du.stage, dt.stage)][t].append(u)
+    decisions: list[EdgeDecision] = []
+    fine_pairs: set[tuple[str, str]] = set()
+    for (ps, cs), per_t in consumers.items():
+        costs = tuple(int(round(drafts[t].est_ns)) for t in sorted(per_t))
+        unequal = len(set(costs)) > 1  # Plow.Collapse.slices_unequal
+        nprod = len(stage_tasks[ps])
+        all_full = all(len(set(v)) == nprod for v in per_t.values())
+        if opt.fine == "never":
+            fine, why = False, "coarse forced (fine='never')"
+        elif opt.fine == "always":
+            fine, why = True, "fine forced (fine='always')"
+        elif not unequal:
+            fine, why = (
+                False,
+                (
+                    f"{len(costs)} consumer slice(s) of equal cost {costs[0]} ns: "
+                    "coarse is optimal (C8)"
+                ),
+            )
+        elif all_full:
+            fine, why = (
+                False,
+                (
+                    f"consumer slice costs differ ({min(costs)}..{max(costs)} ns) "
+                    "but every slice reads "
+                    f"all {nprod} producer task(s): a fine counter would equal the coarse one"
+                ),
+            )
+        else:
+            fine, why = (
+                True,
+                (
+                    f"consumer slice costs differ ({min(costs)}..{max(costs)} ns) and slices read "
+                    f"different producer subsets: fine counters (C8 cannot certify coarse; C9)"
+                ),
+            )
+        if fine:
+            fine_pairs.add((ps, cs))
+        decisions.append(EdgeDecision(ps, cs, fine, why, costs))
+
+    counters: list[Counter] = []
+    waits: list[list[int]] = [[] for _ in drafts]
+    signals: list[list[int]] = [[] for _ in drafts]
+    coarse_id: dict[str, int] = {}
+
+    def coarse(stage: str) -> int:
+        if stage not in coarse_id:
+            coarse_id[stage] = len(counters)
+            counters.append(fresh_counter(len(counters), f"{stage}.done", stage))
+            for u in stage_tasks[stage]:
+                signals[u].append(coarse_id[stage])
+        return coarse_id[stage]
+
+    for (ps, cs), per_t in consumers.items():
+        for t, us in sorted(per_t.items()):
+            if (ps, cs) in fine_pairs:
+                cid = len(counters)
+                counters.append(
+                    fresh_counter(cid, f"{ps}->{drafts[t].name}", ps, True, drafts[t].name)
+                )
+                for u in sorted(set(us)):
+                    signals[u].append(cid)
+                waits[t].append(cid)
+            else:
+                c = coarse(ps)
+                if c not in waits[t]:
+                    waits[t].append(c)
+    # Stages nobody reads still get their op's counter (the seed's one counter per op; a
+    # dead counter when no task waits on it — C4 drops it).
+    read_stages = {ps for ps, _ in consumers}
+    for stage in stage_tasks:
+        if not stage.endswith(".load") and stage not in read_stages:
+            coarse(stage)
+
+    # -- assemble ---------------------------------------------------------------------------
+    tasks = tuple(
+        Task(
+            index=i,
+            name=d.name,
+            op=d.op,
+            kind=d.kind,
+            units=d.units,
+            worker=d.worker,
+            gpu=d.worker // W,
+            partition=(d.worker % W) * P // W,
+            waits=tuple(waits[i]),
+            signals=tuple(signals[i]),
+            est_ns=d.est_ns,
+            partial=d.partial,
+            weight_bytes=d.weight_bytes,
+        )
+        for i, d in enumerate(drafts)
+    )
+    xpart = xgpu = 0
+    for (u, t), b in eb.items():
+        wu, wt = tasks[u].worker, tasks[t].worker
+        if wu // W != wt // W:
+            xgpu += b
+        elif (wu % W) * P // W != (wt % W) * P // W:
+            xpart += b
+    sched = Schedule(
+        bucket=tg.bucket,
+        target=target.name,
+        gpus=tp,
+        workers_per_gpu=W,
+        l2_partitions=P,
+        tasks=tasks,
+        queues=tuple(tuple(q) for q in queues),
+        counters=tuple(counters),
+        edges=tuple(edge_list),
+        op_edges=tuple(tg.edges),
+        ops=tuple(o.name for o in tg.ops),
+        decisions=tuple(decisions),
+        l2_aware=opt.l2_aware,
+        cross_partition_bytes=xpart,
+        cross_gpu_bytes=xgpu,
+    )
+    sched = rescope(sched)
+    if opt.passes:
+        sched = run_passes(sched, target)
+    return with_makespan(sched, target)
+
+
+def run_passes(s: Schedule, target: Target) -> Schedule:
+    """C4, C5, C6 in that order; each report is appended to `s.reports`."""
+    reports = list(s.reports)
+    s, r = drop_implied_counters(s)
+    reports.append(r)
+    s, r = merge_same_dependency(s)
+    reports.append(r)
+    budget = target.l2_bytes // max(1, target.workers)
+    s, r = hoist_loads(s, budget)
+    reports.append(r)
+    return replace(compact(s), reports=tuple(reports))
+
+
+def with_makespan(s: Schedule, target: Target) -> Schedule:
+    """The schedule with `makespan_ns` from the counter-gated simulation."""
+    lat: dict[str, float] = {k: float(v) for k, v in target.atomic_latency_ns.items()}
+    tl = simulate(s, lat, float(target.launch_overhead_ns))
+    return replace(s, makespan_ns=math.inf if tl.stuck else tl.makespan_ns)
