@@ -86,7 +86,7 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 upd["context"] = context
             if upd:
                 prof = prof.model_copy(update=upd)
-            stages = [s for s in STAGES if verify or s != "checkpoint B"]
+            stages = [s for s in STAGES if verify or not s.startswith("checkpoint")]
             with Progress(
                 SpinnerColumn(),
                 TextColumn("{task.description}"),
@@ -128,6 +128,8 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
             "estimate",
             "budget",
             "checkpoint B",
+            "schedule",
+            "checkpoint D",
         ):
             table.add_column(col)
         for b in result.buckets:
@@ -141,6 +143,13 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 fmt_ns(b.bounds.estimated_ns),
                 fmt_ns(b.budget_ns),
                 "not run" if cert is None else cert.verdict.value,
+                "-"
+                if b.schedule is None
+                else f"{len(b.schedule.tasks)} tasks, {len(b.schedule.counters)} counters, "
+                f"{fmt_ns(b.schedule.makespan_ns)}",
+                "not run"
+                if b.schedule_certificate is None
+                else b.schedule_certificate.verdict.value,
             )
         Console().print(table)
 

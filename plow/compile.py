@@ -1,6 +1,8 @@
 """`plow compile`: the pipeline as a sequence of stages, each a function from typed input to
 typed output (DESIGN.md §2). Today: import (config alone is enough) → per bucket: graph →
-tile → bounds → checkpoint B (with `verify`). Later stages (schedule, emit, bundle) append to
+tile → bounds → checkpoint B (with `verify`) → schedule → checkpoint D (with `verify`; the
+oracle runs up to `D_ORACLE_MAX_TASKS` tasks, above that the Python check of the same
+hypotheses). Later stages (schedule, emit, bundle) append to
 `BucketPlan`/`CompileResult` and to `STAGES`.
 
 `compile_plan` is pure apart from the oracle process; `write_plan` puts the result on disk:
@@ -25,6 +27,7 @@ from plow.graph import Bucket, OpGraph, build_graph
 from plow.oracle import Certificate
 from plow.oracle.payloads.tiles import TilePayload
 from plow.profile import CompileProfile
+from plow.schedule import Schedule, build_schedule, certify_schedule, protocol_errors
 from plow.target import Target
 from plow.tiles import (
     PlanBounds,
@@ -40,7 +43,11 @@ from plow.tiles.summary import TilesFile, bucket_summary
 _T = TypeVar("_T")
 
 # Stage names, in order, per bucket (the import stage runs once, before them).
-STAGES = ("graph", "tile", "bounds", "checkpoint B")
+STAGES = ("graph", "tile", "bounds", "checkpoint B", "schedule", "checkpoint D")
+
+# Checkpoint D's extracted checker is quadratic in tasks (docs/schedule.md "Limits"): above this
+# many tasks the compile checks the same hypotheses in Python and records no D certificate.
+D_ORACLE_MAX_TASKS = 6000
 
 # on_stage(stage, bucket name or "", "start" | "done") drives a progress display.
 StageCallback = Callable[[str, str, str], None]
@@ -55,6 +62,8 @@ class BucketPlan:
     bounds: PlanBounds
     payload: TilePayload | None = None
     certificate: Certificate | None = None
+    schedule: Schedule | None = None
+    schedule_certificate: Certificate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +134,17 @@ def compile_plan(
             payload, cert = stage("checkpoint B", name, certify_tiles, tg, target, budget)
             if not cert.accepted:
                 raise PlanRejected(f"checkpoint B, bucket {name}", cert.reason or "rejected")
-        plans.append(BucketPlan(bucket, budget, graph, tg, bounds, payload, cert))
+        sched = stage("schedule", name, build_schedule, tg, graph, target)
+        dcert: Certificate | None = None
+        if verify:
+            errs = protocol_errors(sched)
+            if errs:
+                raise PlanRejected(f"checkpoint D, bucket {name}", errs[0])
+            if len(sched.tasks) <= D_ORACLE_MAX_TASKS:
+                _, dcert = stage("checkpoint D", name, certify_schedule, sched)
+                if not dcert.accepted:
+                    raise PlanRejected(f"checkpoint D, bucket {name}", dcert.reason or "rejected")
+        plans.append(BucketPlan(bucket, budget, graph, tg, bounds, payload, cert, sched, dcert))
     return CompileResult(Path(source), spec, target, profile, tuple(plans), seconds)
 
 
@@ -164,4 +183,17 @@ def write_plan(result: CompileResult, out: Path) -> list[Path]:
                 p = out / "payloads" / "B" / f"{b.bucket.name}.json"
                 p.write_text(json.dumps(b.payload.model_dump(mode="json")))
                 written.append(p)
+    dcerts = {
+        b.bucket.name: b.schedule_certificate
+        for b in result.buckets
+        if b.schedule_certificate is not None
+    }
+    if dcerts:
+        (out / "certificates").mkdir(exist_ok=True)
+        c = CheckpointCertificates(
+            checkpoint="D", accepted=all(x.accepted for x in dcerts.values()), buckets=dcerts
+        )
+        p = out / "certificates" / "D.json"
+        p.write_text(c.model_dump_json(indent=2))
+        written.append(p)
     return written
