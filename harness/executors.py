@@ -11,8 +11,10 @@ a runner in two calls and times them itself:
 own measurement of the last call (a device timer); None means the harness's host timer
 (`time.perf_counter_ns` around the call) is the step time.
 
-To plug in an executor (the compiled CPU executor of issue 6, CUDA), implement `Executor` and
-`Runner` and register it in `EXECUTORS`; nothing else in the harness changes.
+`serving_engine` gives the `plow.serve` engine of the same executor (the serving surface runs
+the dispatcher over it), or None. To plug in an executor (the compiled CPU executor of issue 6,
+CUDA), implement `Executor` and `Runner` and register it in `EXECUTORS`; nothing else in the
+harness changes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -74,6 +76,11 @@ class Executor(Protocol):
         ...
 
     def open(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Runner: ...
+
+    def serving_engine(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Any:
+        """A `plow.serve.engine.Engine` for the serving surface (the dispatcher drives it),
+        or None when the executor has none yet (the harness's own loop is measured then)."""
+        ...
 
 
 @dataclass
@@ -153,6 +160,11 @@ class ReferenceExecutor:
     def open(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Runner:
         return ReferenceRunner(ckpt, max_batch, max_context)
 
+    def serving_engine(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Any:
+        from plow.serve.engine import ReferenceEngine
+
+        return ReferenceEngine.from_checkpoint(ckpt, max_batch=max_batch, max_context=max_context)
+
 
 class CpuExecutor:
     """The compiled CPU executor (persistent-kernel emulation, issue 6): not in yet."""
@@ -167,6 +179,9 @@ class CpuExecutor:
         )
 
     def open(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Runner:
+        raise ExecutorUnavailable("executor cpu", self.unavailable_reason() or "")
+
+    def serving_engine(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Any:
         raise ExecutorUnavailable("executor cpu", self.unavailable_reason() or "")
 
 
@@ -187,6 +202,9 @@ class CudaExecutor:
         return "the CUDA executor is not built yet in this version"
 
     def open(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Runner:
+        raise ExecutorUnavailable("executor cuda", self.unavailable_reason() or "")
+
+    def serving_engine(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Any:
         raise ExecutorUnavailable("executor cuda", self.unavailable_reason() or "")
 
 

@@ -86,6 +86,7 @@ class TransformersReference:
         import transformers
 
         transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
         self.torch: Any = torch
         self.model: Any = transformers.AutoModelForCausalLM.from_pretrained(
             directory, dtype=torch.float32

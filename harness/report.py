@@ -142,9 +142,10 @@ def limits(info: RunInfo) -> list[str]:
         + ". One machine, one run: no run-to-run variance across machines is stated."
     )
     out.append(
-        "Not measured: prefill throughput (prefills only position the cache); continuous "
-        "batching and the HTTP path (the serving surface is the in-process loop — sampling, "
-        "stop check, incremental detokenisation — around raw steps, not the dispatcher); tensor "
+        "Not measured: prefill throughput (prefills only position the cache); concurrent "
+        "requests and continuous batching under load, and the HTTP/SSE path (the serving "
+        "surface is the `plow.serve` dispatcher in this process, one request at a time, plus the "
+        "harness's own sampling/detokenising loop); tensor "
         f"parallelism (tp = {wl.tp_degree}); precisions other than {wl.precision}; memory use; "
         "energy; GPUs."
     )

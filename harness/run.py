@@ -12,6 +12,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from harness import measure
 from harness.compile_step import CompileRejected, compile_study, measured_positions
@@ -29,6 +30,7 @@ from harness.publish import (
     write_metrics,
 )
 from harness.report import RunInfo, headline, render
+from harness.serving import dispatcher_overhead
 from harness.workload import Workload, load_workload
 from plow.checkpoint import Checkpoint, load_checkpoint
 from plow.errors import ConfigError
@@ -215,7 +217,8 @@ def run_study(
         prog.update(gtask, advance=1)
         if len(shown) == 1:
             prompt = r.prompt if r.prompt is not None else f"<{len(r.prompt_ids)} random ids>"
-            prog.console.print(f"[bold]{prompt}[/][green]{r.executor_text}[/]", highlight=False)
+            text = r.executor_text.replace("\n", "\\n")
+            prog.console.print(Text.assemble((prompt, "bold"), (text, "green")))
             prog.console.print(
                 f"  ({ex.name} executor, greedy; transformers "
                 f"{'agrees' if r.tokens_match else 'DISAGREES'})"
@@ -249,11 +252,18 @@ def run_study(
             wl.seeds[0],
             on_step=lambda d: prog.update(rt, advance=1, detail=d),
         )
-        st = prog.add_task("serving, cold start, e2e", total=3, detail="serving loop")
+        st = prog.add_task("serving, cold start, e2e", total=4, detail="serving loop")
         first_ids = prompts[0][1]
         info.metrics += measure.serving_overhead(
             runner, first_ids, ms.serving_tokens, ckpt.tokenizer.decode, ckpt.spec.eos_token_ids
         )
+        prog.update(st, advance=1, detail="dispatcher")
+        engine = ex.serving_engine(ckpt, max_batch=1, max_context=max_context)
+        if engine is not None:
+            info.metrics += dispatcher_overhead(
+                engine, [ids for _, ids in prompts], ms.serving_tokens, ckpt.tokenizer.decode,
+                ex.name,
+            )  # fmt: skip
         prog.update(st, advance=1, detail="cold start")
         cold, _ = measure.cold_start(ex, str(model_dir), first_ids, max_context)
         info.metrics += cold
@@ -291,7 +301,8 @@ def _summary(console: Console, info: RunInfo, run_dir: Path | None) -> None:
     console.print(t)
     extra = Table(show_header=False, box=None)
     for surface, metric, label in [
-        ("serving", "overhead_pct", "serving overhead (loop vs raw step)"),
+        ("serving", "dispatcher_overhead_pct", "serving overhead (dispatcher vs engine calls)"),
+        ("serving", "overhead_pct", "serving loop overhead (harness loop vs raw step)"),
         ("cold_start", "load_to_first_token_ms", "cold start: load to first token"),
         ("e2e", "request_ms", "end to end: one request"),
     ]:

@@ -91,6 +91,11 @@ def test_metrics_csv_has_every_surface(passed_run: tuple[int, Path, Path]) -> No
         (c, b) for c in CONTEXTS for b in BATCHES
     )
     assert (steps["value"] > 0).all()
+    serving = set(df[df["surface"] == "serving"]["metric"])
+    assert {"dispatcher_overhead_pct", "dispatcher_request_ms", "engine_calls_ms"} <= serving
+    calls = df[df["metric"] == "engine_calls_ms"]["value"].iloc[0]
+    wall = df[df["metric"] == "dispatcher_request_ms"]["value"].iloc[0]
+    assert 0 < calls <= wall  # the engine's calls happen inside the request's wall time
     assert (df[df["metric"].str.startswith("growth_ratio")]["value"] > 0).all()
 
 
