@@ -73,12 +73,12 @@ def plot_decode(path: Path, metrics: list[Metric], title: str) -> bool:
         row = sorted((m for m in pts if m.batch == b), key=lambda m: m.context or 0)
         x = [m.context or 0 for m in row]
         y = [m.value for m in row]
-        lo = [m.value - (m.p10 if m.p10 is not None else m.value) for m in row]
+        lo = [max(0.0, m.value - (m.p10 if m.p10 is not None else m.value)) for m in row]
         hi = [(m.p90 if m.p90 is not None else m.value) - m.value for m in row]
         ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=f"batch {b}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (tokens in the key-value cache)")
-    ax.set_ylabel("per-token decode latency (ms, median; bars p10-p90)")
+    ax.set_ylabel("per-token decode latency (ms; best step, bars to p10-p90)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()

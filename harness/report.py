@@ -116,8 +116,9 @@ def limits(info: RunInfo) -> list[str]:
     ]
     la = info.load_average
     noise = (
-        f"Noise: each decode point is the median of {wl.measure.decode_steps} steps after "
-        f"{wl.measure.warmup_steps} warm-up step(s); its (p90 - p10)/median spread is "
+        f"Noise: each decode point is the best of {wl.measure.decode_steps} steps after "
+        f"{wl.measure.warmup_steps} warm-up step(s) (the median is in metrics.csv as "
+        "decode_step_median_ms); the (p90 - p10)/median spread of the steps is "
         f"{np.median(spreads):.0%} typical, {max(spreads):.0%} worst in this run. Differences "
         "smaller than the worst spread are not resolved by this run."
         if spreads
@@ -261,7 +262,8 @@ def render(info: RunInfo) -> str:
             "",
             "### Raw execution: decode step time",
             "",
-            "Per-token latency is the step time (every row gets one token per step).",
+            "Per-token latency is the step time (every row gets one token per step): the best "
+            f"of {wl.measure.decode_steps} steps, with the p10-p90 of all steps.",
             "",
             "| context | "
             + " | ".join(f"batch {b} ms/token (p10-p90)" for b in wl.batch_sizes)
