@@ -33,6 +33,7 @@ import numpy as np
 
 from plow.checkpoint import Checkpoint, ModelSpec
 from plow.graph import Bucket, OpGraph
+from plow.runtime.kv_cache import BlockPool, PageTable
 from plow.runtime.reference import ReferenceSession
 
 DEFAULT_PAGE_SIZE = 16
@@ -109,6 +110,7 @@ class Engine(Protocol):
 class _Slot:
     session: ReferenceSession
     prompt: list[int]
+    table: PageTable
     cursor: int = 0  # prompt tokens already in the cache
 
 
@@ -117,9 +119,10 @@ class ReferenceEngine:
     """`Engine` over the numpy reference executor: one `ReferenceSession` per slot.
 
     A prefill or decode over several slots runs the sessions one after another; to the
-    dispatcher it is one launch (one logical tick). Pages are accounted for, not allocated:
-    a slot holding n positions uses ceil(n / page_size) pages of a pool sized for every slot
-    at full context (the session's cache is contiguous).
+    dispatcher it is one launch (one logical tick). Pages are accounted in a
+    `plow.runtime.kv_cache.BlockPool` sized for every slot at full context: a slot holding n
+    positions owns ceil(n / page_size) blocks of it (the session's own cache stays
+    contiguous), and `free` hands them back.
     """
 
     spec: ModelSpec
@@ -129,6 +132,20 @@ class ReferenceEngine:
     page_size: int = DEFAULT_PAGE_SIZE
     _slots: dict[int, _Slot] = field(default_factory=dict)
     _graphs: dict[Bucket, OpGraph] = field(default_factory=dict)  # shared by all sessions
+    _pool: BlockPool | None = None
+
+    def __post_init__(self) -> None:
+        self._pool = BlockPool(self.batch * -(-self.context // self.page_size))
+
+    @property
+    def pool(self) -> BlockPool:
+        assert self._pool is not None
+        return self._pool
+
+    def _grow(self, s: _Slot) -> None:
+        need = s.table.blocks_for(s.session.length) - len(s.table.blocks)
+        if need > 0:
+            s.table.blocks.extend(self.pool.allocate(need))
 
     @classmethod
     def from_checkpoint(
@@ -173,7 +190,7 @@ class ReferenceEngine:
         if len(prompt_ids) > self.context:
             raise EngineError(f"prompt of {len(prompt_ids)} tokens exceeds context {self.context}")
         session = ReferenceSession(self.spec, self.weights, self.context, _graphs=self._graphs)
-        self._slots[slot] = _Slot(session, list(prompt_ids))
+        self._slots[slot] = _Slot(session, list(prompt_ids), PageTable(self.page_size))
 
     def prefill(self, chunks: Sequence[PrefillChunk]) -> np.ndarray:
         rows = []
@@ -186,6 +203,7 @@ class ReferenceEngine:
                 )
             logits = s.session.step(s.prompt[s.cursor : s.cursor + c.length])
             s.cursor += c.length
+            self._grow(s)
             rows.append(logits[-1])
         return np.stack(rows) if rows else np.zeros((0, self.vocab_size), np.float32)
 
@@ -200,15 +218,19 @@ class ReferenceEngine:
             if s.session.length >= self.context:
                 raise EngineError(f"slot {slot}: context {self.context} is full")
             rows.append(s.session.step([int(tok)])[-1])
+            self._grow(s)
         return np.stack(rows) if rows else np.zeros((0, self.vocab_size), np.float32)
 
     def free(self, slot: int) -> None:
-        self._slots.pop(slot, None)
+        s = self._slots.pop(slot, None)
+        if s is not None:
+            for b in s.table.blocks:
+                self.pool.decref(b)
+            s.table.blocks.clear()
 
     def kv_usage(self) -> KVUsage:
-        used = sum(-(-s.session.length // self.page_size) for s in self._slots.values())
-        total = self.batch * -(-self.context // self.page_size)
-        return KVUsage(used, total, self.page_size)
+        pool = self.pool
+        return KVUsage(pool.num_blocks - pool.num_free, pool.num_blocks, self.page_size)
 
     def positions(self, slot: int) -> int:
         """Positions the slot's cache holds (for tests and reports)."""

@@ -2,8 +2,10 @@
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream: true` as
 server-sent events), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), and
-`GET /debug/requests/{id}` (a request's timeline in dispatcher ticks, for tests and
-benchmarks). Errors use the OpenAI body `{"error": {"message", "type", "param", "code"}}`.
+`GET /debug/requests/{id}` (a request's timeline in dispatcher ticks) and `GET /debug/admission`
+(each model's calibrated step times, prefill fit and current M/D/1 prediction), both for tests
+and benchmarks and behind the API key like /v1. Errors use the OpenAI body
+`{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -577,6 +579,24 @@ class Server:
             text = render_all([m.dispatcher.metrics for m in server.models.values()])
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+        @app.get("/debug/admission")
+        async def debug_admission() -> Any:
+            out: dict[str, Any] = {}
+            now = time.monotonic()
+            for m in server.models.values():
+                adm = m.dispatcher.admission
+                if adm is None:
+                    continue
+                p = adm.predict(now)
+                out[m.name] = {
+                    "slots": adm.model.slots,
+                    "max_wait_s": adm.max_wait_s,
+                    "step": adm.model.step.model_dump(),
+                    "prefill_fit": adm.model.prefill.model_dump(exclude={"points"}),
+                    "prediction": {**asdict(p), "wait_s": p.wait_s},
+                }
+            return out
+
         @app.get("/debug/requests/{request_id}")
         async def debug_request(request_id: str) -> Any:
             for m in server.models.values():
@@ -589,6 +609,11 @@ class Server:
 
 
 def run_server(app: FastAPI, host: str, port: int, *, log_level: str = "warning") -> None:
+    import sys
+
     import uvicorn
 
+    # The dispatcher thread and the event loop share the GIL; the default 5 ms switch interval
+    # would add up to 5 ms to a decode tick whenever the loop holds the GIL.
+    sys.setswitchinterval(5e-4)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)

@@ -61,7 +61,9 @@ def test_reference_engine_implements_the_protocol(ckpt: Checkpoint) -> None:
         eng.add(1, prompt)  # slot in use
     eng.free(0)
     eng.free(1)
+    eng.free(1)  # idempotent
     assert eng.kv_usage().pages_used == 0
+    eng.pool.check_invariants()
 
 
 def test_greedy_tokens_match_the_reference_generator(ckpt: Checkpoint) -> None:
