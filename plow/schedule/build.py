@@ -48,7 +48,7 @@ from plow.schedule.passes import (
     rescope,
 )
 from plow.schedule.protocol import simulate
-from plow.schedule.regions import REDUCTION_AXIS, Box, Regions, Unit, is_split
+from plow.schedule.regions import Box, Regions, Unit, is_split
 from plow.target.model import Target, dtype_bytes
 from plow.tiles.ir import TiledOp, TileGraph
 
@@ -77,17 +77,18 @@ class ScheduleOptions:
 def _groups(n: int, total_ns: float, cap: int, min_task_ns: float) -> list[tuple[int, int]]:
     """Cut `n` units into contiguous runs [(start, stop)].
 
-    The target count is `want = min(n, cap, total / min_task_ns)`; the op's time is set by
-    the longest run, `ceil(n / want)` units. When some `c` within a quarter above that
-    divides `n` the runs
-    are equal (`n / c` runs of `c`: equal tiles give equal task costs, so the collapse
-    decision keeps coarse counters); otherwise `want` runs whose sizes differ by one.
+    The target count is `want = min(n, cap, total / min_task_ns)`, i.e. runs of about
+    `c0 = ceil(n / want)` units. Equal runs are preferred: the divisor `c` of `n` closest to
+    `c0` within `[c0/2, 2*c0]` (with `n / c <= cap`) gives `n / c` runs of `c` (equal tiles,
+    equal task costs: the collapse decision keeps coarse counters). Without one, `want` runs
+    whose sizes differ by one.
     """
     if n == 0:
         return []
     want = max(1, min(n, cap, int(total_ns // max(min_task_ns, 1e-9)) or 1))
     c0 = -(-n // want)
-    c = next((c for c in range(c0, c0 + c0 // 4 + 2) if n % c == 0), 0)
+    fits = [c for c in range(-(-c0 // 2), 2 * c0 + 1) if n % c == 0 and n // c <= cap]
+    c = min(fits, key=lambda c: (abs(c - c0), -c)) if fits else 0
     g = n // c if c else want
     base, extra = divmod(n, g)
     out, a = [], 0
@@ -179,13 +180,10 @@ def build_schedule(
     op_stages: list[tuple[TiledOp, list[int]]] = []
     for top in tg.ops:
         tile_ns = float(top.choice.tile_ns)
-        merge_ns = overhead
+        merge_total = 0.0
         if is_split(top):
-            red = REDUCTION_AXIS[top.kind]
-            nblocks = len({t.ranges[:red] + t.ranges[red + 1 :] for t in top.tiles})
             merge_total = max(0.0, top.time_ns - top.choice.waves * tile_ns - overhead)
-            merge_ns = merge_total * W / max(1, nblocks) + overhead
-        compute, merges = regions.units(top, tile_ns, merge_ns)
+        compute, merges = regions.units(top, tile_ns, merge_total, W, overhead)
         ids: list[int] = []
         stages: list[tuple[list[Unit], TaskKind, str]] = [
             (compute, TaskKind.compute, top.name + (".partial" if merges else ""))

@@ -26,7 +26,7 @@ partials and writes the box of the real output.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plow.graph.ops import Op, OpGraph, TensorRole
 from plow.tiles.ir import TiledOp
@@ -166,9 +166,16 @@ class Regions:
         return [(q, qbox), (kk, kvbox), (v, kvbox)], qbox
 
     def units(
-        self, top: TiledOp, tile_ns: float, merge_unit_ns: float
+        self,
+        top: TiledOp,
+        tile_ns: float,
+        merge_total_ns: float = 0.0,
+        merge_units: int = 1,
+        overhead_ns: float = 0.0,
     ) -> tuple[list[Unit], list[Unit]]:
-        """(compute units, merge units) of one op. Merge units exist for split reductions."""
+        """(compute units, merge units) of one op. Merge units exist for split reductions:
+        `merge_total_ns` is the tiler's whole-device merge time, shared by up to
+        `merge_units` workers (each unit costs its share of that worker time + overhead)."""
         op = self.ops[top.name]
         out = op.outputs[0]
         ncols = max(1, view(self.shape(out))[1])
@@ -206,27 +213,41 @@ class Regions:
                     min(k_stripe, 0.999999),
                 )
             )
+        # Each block's merge is cut into column chunks (at least 16 wide) so the merges of
+        # an op can use up to `merge_units` workers; a chunk of a linear / attention / sample
+        # merge reads its own columns of the partials, an rmsnorm chunk the whole row (its
+        # partials are the row's sums of squares).
         merges: list[Unit] = []
-        for j, boxes in enumerate(blocks.values()):
+        per_block = max(1, merge_units // max(1, len(blocks)))
+        for boxes in blocks.values():
             box = (
                 min(b[0] for b in boxes),
                 max(b[1] for b in boxes),
                 min(b[2] for b in boxes),
                 max(b[3] for b in boxes),
             )
-            stripe = min(((box[2] + box[3]) / 2) / ncols, 0.999999)
-            merges.append(
-                Unit(
-                    top.name,
-                    True,
-                    j,
-                    ((partial_name(top.name), box),),
-                    (out, box),
-                    merge_unit_ns,
-                    False,
-                    0,
-                    stripe,
-                    stripe,
+            width = box[3] - box[2]
+            k = max(1, min(per_block, width // 16))
+            step = -(-width // k)
+            for c0 in range(box[2], box[3], step):
+                chunk = (box[0], box[1], c0, min(box[3], c0 + step))
+                read = box if top.kind == "rmsnorm" else chunk
+                stripe = min(((chunk[2] + chunk[3]) / 2) / ncols, 0.999999)
+                merges.append(
+                    Unit(
+                        top.name,
+                        True,
+                        len(merges),
+                        ((partial_name(top.name), read),),
+                        (out, chunk),
+                        0.0,
+                        False,
+                        0,
+                        stripe,
+                        stripe,
+                    )
                 )
-            )
+        if merges:
+            each = merge_total_ns * merge_units / len(merges) + overhead_ns
+            merges = [replace(u, est_ns=each) for u in merges]
         return compute, merges
