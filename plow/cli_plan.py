@@ -1,5 +1,6 @@
-"""`plow compile` (tiling stage so far) and `plow calibrate target cpu`, registered on the
-main typer app by `register(app, fail)` (plow/cli.py calls it)."""
+"""`plow compile` (checkpoint → bundle) and `plow calibrate target cpu`, registered on the
+main typer app by `register(app, fail)` (plow/cli.py calls it); `register` also adds
+`plow verify` and `plow inspect` (plow/cli_bundle.py)."""
 
 from __future__ import annotations
 
@@ -34,15 +35,19 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 help="A checkpoint directory or a config.json (no weights needed with --plan-only)."
             ),
         ],
-        out: Annotated[Path, typer.Option("-o", "--out", help="Output directory.")],
+        out: Annotated[Path, typer.Option("-o", "--out", help="The bundle directory to write.")],
         target: Annotated[str, typer.Option("--target", help=TARGET_HELP)] = "cpu",
         plan_only: Annotated[
-            bool, typer.Option("--plan-only", help="Plan from the config alone; write no weights.")
+            bool,
+            typer.Option(
+                "--plan-only", help="Plan from the config alone; write no weights or tokenizer."
+            ),
         ] = False,
         verify: Annotated[
             bool,
             typer.Option(
-                "--verify", help="Run the oracle checkpoints (B today) and write certificates."
+                "--verify",
+                help="Verify the written bundle (oracle B-F) before it is moved into place.",
             ),
         ] = False,
         profile_file: Annotated[
@@ -64,19 +69,16 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
             ),
         ] = None,
     ) -> None:
-        """Compile a checkpoint into a plan (today: tiling + bounds + checkpoint B)."""
-        from plow.compile import STAGES, compile_plan, write_plan
+        """Compile a checkpoint into a bundle (plan files, op tables, weights, tokenizer)."""
+        from plow.cli_bundle import certificate_table, compile_table
+        from plow.compile import STAGES
+        from plow.emit.bundle import BUNDLE_STAGES, FINAL_STAGES, compile_bundle
+        from plow.emit.verify import write_certificates
         from plow.profile import CompileProfile, load_profile
         from plow.target import load_target
-        from plow.tiles import fmt_ns
 
         console = Console(stderr=True)
         try:
-            if not plan_only:
-                raise PlowError(
-                    "compile",
-                    "full bundles (schedule, emit, weights) are not built yet: pass --plan-only",
-                )
             tgt = load_target(target)
             prof = load_profile(profile_file) if profile_file else CompileProfile()
             upd: dict[str, object] = {}
@@ -86,7 +88,8 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 upd["context"] = context
             if upd:
                 prof = prof.model_copy(update=upd)
-            stages = [s for s in STAGES if verify or not s.startswith("checkpoint")]
+            per_bucket = [s for s in (*STAGES, *BUNDLE_STAGES) if not s.startswith("checkpoint")]
+            final = [s for s in FINAL_STAGES if verify or s != "verify"]
             with Progress(
                 SpinnerColumn(),
                 TextColumn("{task.description}"),
@@ -97,8 +100,8 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 transient=False,
             ) as progress:
                 tasks = {"import": progress.add_task("import", total=1)}
-                for s in stages:
-                    tasks[s] = progress.add_task(s, total=None)
+                for s in (*per_bucket, *final):
+                    tasks[s] = progress.add_task(s, total=None if s in per_bucket else 1)
 
                 def on_stage(name: str, bucket: str, phase: str) -> None:
                     if name not in tasks:
@@ -112,46 +115,19 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 from plow.checkpoint import load_spec
 
                 n_buckets = len(prof.buckets(load_spec(source).max_position))
-                for s in stages:
+                for s in per_bucket:
                     progress.update(tasks[s], total=n_buckets)
-                result = compile_plan(source, tgt, prof, verify=verify, on_stage=on_stage)
-            write_plan(result, out)
+                result = compile_bundle(
+                    source, out, tgt, prof, verify=verify, plan_only=plan_only, on_stage=on_stage
+                )
+            if result.report is not None:
+                result.report.bundle = out
+                write_certificates(result.report)
         except PlowError as e:
             fail(e)
-        table = Table(title=f"plan {out} — target {tgt.name}")
-        for col in (
-            "bucket",
-            "ops",
-            "tiles",
-            "bandwidth bound",
-            "compute bound",
-            "estimate",
-            "budget",
-            "checkpoint B",
-            "schedule",
-            "checkpoint D",
-        ):
-            table.add_column(col)
-        for b in result.buckets:
-            cert = b.certificate
-            table.add_row(
-                b.bucket.name,
-                str(len(b.tiles.ops)),
-                str(b.tiles.num_tiles),
-                fmt_ns(b.bounds.bandwidth_bound_ns),
-                fmt_ns(b.bounds.compute_bound_ns),
-                fmt_ns(b.bounds.estimated_ns),
-                fmt_ns(b.budget_ns),
-                "not run" if cert is None else cert.verdict.value,
-                "-"
-                if b.schedule is None
-                else f"{len(b.schedule.tasks)} tasks, {len(b.schedule.counters)} counters, "
-                f"{fmt_ns(b.schedule.makespan_ns)}",
-                "not run"
-                if b.schedule_certificate is None
-                else b.schedule_certificate.verdict.value,
-            )
-        Console().print(table)
+        Console().print(compile_table(result))
+        if result.report is not None:
+            Console().print(certificate_table(result.report, f"certificates ({out}/certificates)"))
 
     return compile
 
@@ -209,7 +185,7 @@ def _calibrate_target_cmd(fail: Fail) -> Callable[..., None]:
 
 
 def register(app: typer.Typer, fail: Fail) -> None:
-    """Add `compile`, and `target` to the `calibrate` group (created if absent)."""
+    """Add `compile`, `verify`, `inspect`, and `target` to the `calibrate` group."""
     app.command(name="compile")(_compile_cmd(fail))
     group = next(
         (
@@ -226,6 +202,9 @@ def register(app: typer.Typer, fail: Fail) -> None:
         )
         app.add_typer(group, name="calibrate")
     group.command(name="target")(_calibrate_target_cmd(fail))
+    from plow.cli_bundle import register as register_bundle
+
+    register_bundle(app, fail)
 
 
 __all__ = ["register"]

@@ -1,0 +1,201 @@
+"""`plow verify BUNDLE` and `plow inspect BUNDLE [--json]` (registered by `plow.cli_plan`),
+plus the tables `plow compile` prints."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from plow.errors import PlowError
+
+Fail = Callable[[PlowError], NoReturn]
+
+
+def _theorems(names: tuple[str, ...]) -> str:
+    if not names:
+        return "-"
+    first = names[0].rsplit(".", 1)[-1]
+    return first if len(names) == 1 else f"{first} (+{len(names) - 1})"
+
+
+def certificate_table(report: Any, title: str) -> Table:
+    table = Table(title=title)
+    for col in ("checkpoint", "bucket", "verdict", "theorems", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in report.rows:
+        style = "red" if r.rejected else "green"
+        table.add_row(
+            r.checkpoint,
+            r.bucket or "-",
+            f"[{style}]{r.verdict}[/{style}]",
+            _theorems(r.theorems),
+            r.reason or "-",
+        )
+    return table
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _verify_cmd(fail: Fail) -> Callable[..., None]:
+    def verify(
+        bundle: Annotated[Path, typer.Argument(help="A bundle directory (plow compile -o).")],
+        as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    ) -> None:
+        """Re-derive every checkpoint payload from the bundle's files and run the oracle
+        (B-F); exit 1 if any check rejects, 2 if the bundle is malformed."""
+        from plow.emit.verify import verify_bundle, write_certificates
+
+        try:
+            report = verify_bundle(bundle)
+            notes = write_certificates(report)
+        except PlowError as e:
+            fail(e)
+        if as_json:
+            print(
+                json.dumps(
+                    {
+                        "bundle": str(bundle),
+                        "accepted": report.accepted,
+                        "rows": [
+                            {
+                                "checkpoint": r.checkpoint,
+                                "bucket": r.bucket,
+                                "verdict": r.verdict,
+                                "theorems": list(r.theorems),
+                                "reason": r.reason,
+                            }
+                            for r in report.rows
+                        ],
+                        "notes": notes,
+                    }
+                )
+            )
+        else:
+            console = Console()
+            console.print(certificate_table(report, f"verify {bundle}"))
+            for n in notes:
+                console.print(f"note: {n}", highlight=False)
+        if not report.accepted:
+            r = report.first_rejection()
+            assert r is not None
+            Console(stderr=True).print(
+                f"plow: {bundle}: rejected by {r.checkpoint}"
+                + (f" (bucket {r.bucket})" if r.bucket else "")
+                + f": {r.reason}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(1)
+
+    return verify
+
+
+def _inspect_cmd(fail: Fail) -> Callable[..., None]:
+    def inspect(
+        bundle: Annotated[Path, typer.Argument(help="A bundle directory (plow compile -o).")],
+        as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    ) -> None:
+        """Per bucket: ops, tiles, packets, counters, edges (and after transitive
+        reduction), dead counters, arena bytes by region, on-chip peak per worker."""
+        from plow.emit.inspect import inspect_bundle
+
+        try:
+            info = inspect_bundle(bundle)
+        except PlowError as e:
+            fail(e)
+        if as_json:
+            print(json.dumps(info))
+            return
+        console = Console()
+        mdl = info["model"]
+        console.print(
+            f"{bundle}: {mdl['family']} ({mdl['layers']} layers, {mdl['parameters']:,} "
+            f"parameters) for {info['target']}"
+            + (" — plan only" if info["plan_only"] else ""),
+            highlight=False,
+        )
+        t = Table(title="plan per bucket")
+        cols = (
+            ("bucket", "bucket"),
+            ("ops", "ops"),
+            ("tiles", "tiles"),
+            ("tasks", "tasks"),
+            ("packets", "packets"),
+            ("nops", "nop_packets"),
+            ("counters", "counters"),
+            ("edges", "edges"),
+            ("op edges", "op_edges"),
+            ("after reduction", "op_edges_after_reduction"),
+            ("dead counters", "dead_counters"),
+        )
+        for c, _ in cols:
+            t.add_column(c)
+        for b in info["buckets"]:
+            t.add_row(*(str(b[k]) for _, k in cols))
+        console.print(t)
+        m = Table(title="memory per bucket")
+        for c in ("bucket", "arena", "weights", "kv", "io", "activations+scratch",
+                  "on-chip peak (max / mean / budget pages)", "hoisted loads"):
+            m.add_column(c)
+        for b in info["buckets"]:
+            r = b["arena_bytes_by_region"]
+            m.add_row(
+                b["bucket"],
+                _bytes(b["arena_bytes"]),
+                _bytes(r["weights"]),
+                _bytes(r["kv"]),
+                _bytes(r["io"]),
+                _bytes(r["activations+scratch"]),
+                f"{b['onchip_peak_pages_max']} / {b['onchip_peak_pages_mean']} / "
+                f"{b['onchip_budget_pages']} (x {_bytes(b['onchip_page_bytes'])})",
+                str(b["hoisted_loads"]),
+            )
+        console.print(m)
+
+    return inspect
+
+
+def compile_table(result: Any) -> Table:
+    from plow.tiles import fmt_ns
+
+    table = Table(title=f"bundle {result.out} — target {result.plan.target.name}")
+    for col in ("bucket", "ops", "tiles", "tasks", "packets", "counters", "arena",
+                "bound", "makespan", "budget"):
+        table.add_column(col)
+    plans = {b.bucket.name: b for b in result.plan.buckets}
+    for e in result.emitted:
+        bp = plans[e.bucket.name]
+        table.add_row(
+            e.bucket.name,
+            str(len(e.op_table.ops)),
+            str(bp.tiles.num_tiles),
+            str(len(e.schedule.tasks.name)),
+            str(len(e.packets)),
+            str(len(e.schedule.counters.name)),
+            _bytes(e.schedule.arena.arena_bytes),
+            fmt_ns(max(bp.bounds.bandwidth_bound_ns, bp.bounds.compute_bound_ns)),
+            fmt_ns(e.schedule.makespan_ns),
+            fmt_ns(bp.budget_ns),
+        )
+    return table
+
+
+def register(app: typer.Typer, fail: Fail) -> None:
+    app.command(name="verify")(_verify_cmd(fail))
+    app.command(name="inspect")(_inspect_cmd(fail))
+
+
+__all__ = ["certificate_table", "compile_table", "register"]

@@ -1,0 +1,386 @@
+"""The bundle on disk (docs/bundle.md): compile a checkpoint into a directory, atomically.
+
+```
+BUNDLE/
+  manifest.json               Manifest (pydantic): model, target, profile, ladder, versions,
+                              cost model per bucket, sha256 of every other file
+  config.json                 the model config (the runtime rebuilds the spec from it)
+  weights.safetensors         every weight the plans read (absent with --plan-only)
+  tokenizer.json, tokenizer_config.json, generation_config.json   (when the source has them)
+  plan/<bucket>.bin           wire v1 plan file (docs/wire.md)
+  plan/<bucket>.ops.json      op table (plow.emit.files.OpTable)
+  plan/<bucket>.schedule.json schedule file (plow.emit.files.ScheduleFile)
+  certificates/<ckpt>.json    written by --verify / `plow verify` (not hashed)
+```
+
+Writing is atomic: everything is built in `BUNDLE.partial-XXXX` next to `BUNDLE`, verified
+there when asked, then renamed into place; any failure removes the partial directory and
+leaves an existing `BUNDLE` untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import plow
+from plow.compile import CompileResult, StageCallback, compile_plan
+from plow.emit.emit import EmittedBucket, emit_bucket
+from plow.emit.wire import WIRE_VERSION, Phase, encode_plan
+from plow.errors import PlowError
+from plow.memory import plan_arena, plan_pages
+from plow.profile import CompileProfile
+from plow.schedule import build_schedule
+from plow.target import Target
+
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.safetensors"
+MANIFEST_FORMAT = 1
+ORACLE_VERSION = "plow-oracle 0.1.0"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+# Per-bucket stages this module adds after `plow.compile.STAGES`, then once per bundle.
+BUNDLE_STAGES = ("pages", "arena", "emit")
+FINAL_STAGES = ("write", "verify")
+
+# Re-layouts applied to weights when copied into the bundle (none in emitter v1: the graph
+# keeps gate and up as two linears, so no fused op wants an interleaved layout yet).
+RELAYOUT: tuple[str, ...] = ()
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    family: str
+    source: str
+    config_sha256: str
+    layers: int
+    hidden_size: int
+    vocab_size: int
+    parameters: int
+
+
+class CostSummary(BaseModel):
+    """The cost model's numbers for one bucket (ns)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    budget_ns: int
+    bandwidth_bound_ns: float
+    compute_bound_ns: float
+    estimated_ns: float
+    makespan_ns: float
+
+
+class LadderRung(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    phase: str
+    batch: int
+    seq: int
+    context: int
+    plan: str
+    ops: str
+    schedule: str
+    packets: int
+    tasks: int
+    counters: int
+    arena_bytes: int
+    cost: CostSummary
+
+
+class Versions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    manifest: int = MANIFEST_FORMAT
+    plow: str = plow.__version__
+    wire: int = WIRE_VERSION
+    oracle: str = ORACLE_VERSION
+
+
+class WeightsInfo(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    file: str
+    tensors: int
+    bytes: int
+    relayout: list[str] = Field(default_factory=list)
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    format: int = MANIFEST_FORMAT
+    model: ModelInfo
+    target: dict[str, Any]
+    profile: dict[str, Any]
+    ladder: list[LadderRung]
+    versions: Versions = Field(default_factory=Versions)
+    plan_only: bool
+    weights: WeightsInfo | None = None
+    files: dict[str, str]  # relative path -> sha256 of every file but this one and certificates/
+    compiled_at: str = ""
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BundleResult:
+    out: Path
+    manifest: Manifest
+    plan: CompileResult
+    emitted: tuple[EmittedBucket, ...]
+    report: Any = None  # plow.emit.verify.VerifyReport when verified
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_ST_DTYPE = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
+
+
+def copy_weights(source: Path, names: list[str], dest: Path) -> WeightsInfo:
+    """Copy the named tensors from the checkpoint's safetensors files into one file, byte for
+    byte (streamed, never whole in RAM), in `names` order."""
+    from plow.checkpoint.loader import weight_files
+    from plow.checkpoint.weights import WeightStore
+
+    store = WeightStore.open(weight_files(source))
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "writer": "plow"}}
+    pos = 0
+    entries = []
+    for n in names:
+        e = store.entry(n)
+        header[n] = {
+            "dtype": _ST_DTYPE[e.dtype.name],
+            "shape": list(e.shape),
+            "data_offsets": [pos, pos + e.nbytes],
+        }
+        entries.append(e)
+        pos += e.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with dest.open("wb") as out:
+        out.write(len(raw).to_bytes(8, "little"))
+        out.write(raw)
+        for e in entries:
+            with e.file.open("rb") as f:
+                f.seek(e.offset)
+                left = e.nbytes
+                while left:
+                    chunk = f.read(min(left, 1 << 24))
+                    if not chunk:
+                        raise PlowError(e.file, "safetensors file ended early")
+                    out.write(chunk)
+                    left -= len(chunk)
+    return WeightsInfo(file=WEIGHTS, tensors=len(names), bytes=pos, relayout=list(RELAYOUT))
+
+
+def _phase(p: str) -> Phase:
+    return Phase.PREFILL if p == "prefill" else Phase.DECODE
+
+
+def write_bundle_files(
+    tmp: Path,
+    result: CompileResult,
+    emitted: list[EmittedBucket],
+    *,
+    plan_only: bool,
+    stage_seconds: dict[str, float],
+) -> Manifest:
+    """Write every file of the bundle into `tmp` and return the manifest (written last)."""
+    src = Path(result.source)
+    src_dir = src if src.is_dir() else src.parent
+    config = src / "config.json" if src.is_dir() else src
+    (tmp / "plan").mkdir(parents=True)
+    shutil.copyfile(config, tmp / "config.json")
+    weights = None
+    if not plan_only:
+        if not src.is_dir():
+            raise PlowError(src, "a full bundle needs a checkpoint directory (or pass --plan-only)")
+        names: list[str] = []
+        for e in emitted:
+            for name, t in e.op_table.tensors.items():
+                if t.role == "weight" and name not in names:
+                    names.append(name)
+        weights = copy_weights(src, names, tmp / WEIGHTS)
+        for f in TOKENIZER_FILES:
+            if (src_dir / f).is_file():
+                shutil.copyfile(src_dir / f, tmp / f)
+        if not (tmp / "tokenizer.json").is_file():
+            raise PlowError(src_dir / "tokenizer.json", "missing: a full bundle ships the tokenizer")
+    rungs = []
+    by_name = {b.bucket.name: b for b in result.buckets}
+    for e in emitted:
+        n = e.bucket.name
+        plan = f"plan/{n}.bin"
+        (tmp / plan).write_bytes(
+            encode_plan(
+                e.packets,
+                phase=_phase(e.bucket.phase.value),
+                batch=e.bucket.batch,
+                seq=e.bucket.seq,
+                workers=e.schedule.workers,
+            )
+        )
+        (tmp / f"plan/{n}.ops.json").write_text(e.op_table.model_dump_json())
+        (tmp / f"plan/{n}.schedule.json").write_text(e.schedule.model_dump_json())
+        bp = by_name[n]
+        rungs.append(
+            LadderRung(
+                name=n,
+                phase=e.bucket.phase.value,
+                batch=e.bucket.batch,
+                seq=e.bucket.seq,
+                context=e.bucket.context,
+                plan=plan,
+                ops=f"plan/{n}.ops.json",
+                schedule=f"plan/{n}.schedule.json",
+                packets=len(e.packets),
+                tasks=len(e.schedule.tasks.name),
+                counters=len(e.schedule.counters.name),
+                arena_bytes=e.schedule.arena.arena_bytes,
+                cost=CostSummary(
+                    budget_ns=bp.budget_ns,
+                    bandwidth_bound_ns=float(bp.bounds.bandwidth_bound_ns),
+                    compute_bound_ns=float(bp.bounds.compute_bound_ns),
+                    estimated_ns=float(bp.bounds.estimated_ns),
+                    makespan_ns=e.schedule.makespan_ns,
+                ),
+            )
+        )
+    spec = result.spec
+    files = {
+        str(p.relative_to(tmp)): sha256_file(p)
+        for p in sorted(tmp.rglob("*"))
+        if p.is_file() and p.name != MANIFEST and "certificates" not in p.relative_to(tmp).parts
+    }
+    manifest = Manifest(
+        model=ModelInfo(
+            family=spec.family,
+            source=str(src),
+            config_sha256=sha256_file(config),
+            layers=len(spec.layers),
+            hidden_size=spec.hidden_size,
+            vocab_size=spec.vocab_size,
+            parameters=spec.parameter_count(),
+        ),
+        target=result.target.model_dump(mode="json"),
+        profile=result.profile.model_dump(mode="json"),
+        ladder=rungs,
+        plan_only=plan_only,
+        weights=weights,
+        files=files,
+        compiled_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        stage_seconds={k: round(v, 4) for k, v in stage_seconds.items()},
+    )
+    (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=1))
+    return manifest
+
+
+def compile_bundle(
+    source: Path,
+    out: Path,
+    target: Target,
+    profile: CompileProfile,
+    *,
+    verify: bool = False,
+    plan_only: bool = False,
+    on_stage: StageCallback | None = None,
+) -> BundleResult:
+    """Compile `source` into the bundle directory `out` (atomically; see the module doc).
+
+    Raises `PlanRejected` (exit 1) when a bound or (with `verify`) a checkpoint rejects the
+    plan; `out` is then left as it was.
+    """
+    seconds: dict[str, float] = {}
+
+    def timed(name: str, bucket: str, fn: Callable[[], Any]) -> Any:
+        if on_stage:
+            on_stage(name, bucket, "start")
+        t0 = time.perf_counter()
+        v = fn()
+        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+        if on_stage:
+            on_stage(name, bucket, "done")
+        return v
+
+    out = Path(out)
+    parent = out.parent if str(out.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PlowError(out, f"cannot create the parent directory: {e.strerror or e}") from e
+    if out.exists() and not out.is_dir():
+        raise PlowError(out, "exists and is not a directory")
+    result = compile_plan(Path(source), target, profile, verify=False, on_stage=on_stage)
+    seconds.update(result.stage_seconds)
+    emitted: list[EmittedBucket] = []
+    for bp in result.buckets:
+        name = bp.bucket.name
+        sched = getattr(bp, "schedule", None)
+        if sched is None:
+            sched = timed("schedule", name, lambda bp=bp: build_schedule(bp.tiles, bp.graph, target))
+        pages = timed("pages", name, lambda s=sched, bp=bp: plan_pages(s, bp.tiles, target, bp.graph))
+        arena = timed("arena", name, lambda bp=bp: plan_arena(bp.graph, bp.tiles))
+        emitted.append(
+            timed(
+                "emit",
+                name,
+                lambda bp=bp, s=sched, pg=pages, ar=arena: emit_bucket(
+                    bp.bucket, bp.graph, bp.tiles, s, pg, ar, target, bp.budget_ns
+                ),
+            )
+        )
+    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.partial-", dir=parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
+        manifest = timed(
+            "write",
+            "",
+            lambda: write_bundle_files(
+                tmp, result, emitted, plan_only=plan_only, stage_seconds=seconds
+            ),
+        )
+        report = None
+        if verify:
+            from plow.emit.verify import verify_bundle
+
+            report = timed("verify", "", lambda: verify_bundle(tmp))
+            report.raise_if_rejected()
+        old = None
+        if out.exists():
+            old = parent / f"{out.name}.old-{os.getpid()}-{time.monotonic_ns()}"
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return BundleResult(out, manifest, result, tuple(emitted), report, seconds)

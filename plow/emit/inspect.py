@@ -1,0 +1,107 @@
+"""`plow inspect BUNDLE`: per bucket, what the plan holds (read from the bundle's files).
+
+Counts: ops, tiles (sum over ops of the product of their axis steps), packets, tasks,
+counters (live: some packet signals or waits on it), task-level dependency edges, op-level
+edges (distinct producer op -> consumer op pairs of the task edges) and the op-level edges
+left after transitive reduction, dead counters (signalled, never waited on), arena bytes by
+region, on-chip peak pages per worker (max, mean, and the budget).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from plow.emit.files import OpTable, ScheduleFile
+from plow.emit.verify import _load_json, read_manifest
+from plow.emit.wire import NO_COUNTER, read_plan
+from plow.memory.arena import Buffer, region_bytes
+from plow.memory.onchip import TaskPages, page_windows, peak_pages
+
+
+def transitive_reduction(n: int, edges: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Edges of a DAG on nodes 0..n-1 (every edge goes from a lower to a higher index) that
+    no longer path implies."""
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for u, v in edges:
+        succ[u].append(v)
+    reach = [0] * n  # bitset of nodes reachable from i by a path of length >= 1
+    for u in range(n - 1, -1, -1):
+        r = 0
+        for v in succ[u]:
+            r |= (1 << v) | reach[v]
+        reach[u] = r
+    keep = set()
+    for u in range(n):
+        for v in succ[u]:
+            if not any(w != v and (reach[w] >> v) & 1 for w in succ[u]):
+                keep.add((u, v))
+    return keep
+
+
+def inspect_bundle(bundle: Path) -> dict[str, Any]:
+    """One JSON-able object: the manifest summary and per-bucket figures."""
+    bundle = Path(bundle)
+    m = read_manifest(bundle)
+    out: dict[str, Any] = {
+        "bundle": str(bundle),
+        "model": m.model.model_dump(),
+        "target": m.target.get("name"),
+        "plan_only": m.plan_only,
+        "versions": m.versions.model_dump(),
+        "buckets": [],
+    }
+    for rung in m.ladder:
+        ot: OpTable = _load_json(bundle / rung.ops, OpTable)
+        sf: ScheduleFile = _load_json(bundle / rung.schedule, ScheduleFile)
+        _, arr = read_plan(bundle / rung.plan)
+        waited = set(arr["wait_counter"].tolist()) - {NO_COUNTER}
+        signalled = set(arr["signal_counter"].tolist()) - {NO_COUNTER}
+        e = sf.edges
+        task_op = sf.tasks.op
+        op_edges = {
+            (task_op[e[k]], task_op[e[k + 1]])
+            for k in range(0, len(e), 2)
+            if task_op[e[k]] != task_op[e[k + 1]]
+        }
+        reduced = transitive_reduction(len(ot.ops), op_edges)
+        p = sf.pages
+        tasks = [
+            TaskPages(*row)
+            for row in zip(p.start, p.finish, p.load, p.weight_pages, p.act_pages, strict=True)
+        ]
+        peaks = peak_pages(page_windows(sf.tasks.worker, sf.tasks.name, tasks))
+        regions = region_bytes(
+            [Buffer(b.name, b.region, b.offset, b.size) for b in sf.arena.buffers]  # type: ignore[arg-type]
+        )
+        out["buckets"].append(
+            {
+                "bucket": rung.name,
+                "phase": rung.phase,
+                "batch": rung.batch,
+                "seq": rung.seq,
+                "context": rung.context,
+                "ops": len(ot.ops),
+                "tiles": sum(math.prod(a.steps for a in o.axes) for o in ot.ops),
+                "tasks": len(sf.tasks.name),
+                "packets": int(arr.size),
+                "nop_packets": int((arr["opcode"] == 0).sum()),
+                "counters": len(waited | signalled),
+                "edges": len(e) // 2,
+                "op_edges": len(op_edges),
+                "op_edges_after_reduction": len(reduced),
+                "dead_counters": len(signalled - waited),
+                "arena_bytes": sf.arena.arena_bytes,
+                "arena_bytes_by_region": regions,
+                "onchip_budget_pages": p.budget_pages,
+                "onchip_page_bytes": p.page_bytes,
+                "onchip_peak_pages_max": max(peaks.values(), default=0),
+                "onchip_peak_pages_mean": round(sum(peaks.values()) / max(1, len(peaks)), 2),
+                "onchip_peak_pages_per_worker": {str(w): v for w, v in sorted(peaks.items())},
+                "hoisted_loads": sum(1 for t in tasks if t.hoisted),
+                "makespan_ns": sf.makespan_ns,
+                "cost": rung.cost.model_dump(),
+            }
+        )
+    return out

@@ -1,0 +1,571 @@
+"""`plow verify BUNDLE`: re-derive every checkpoint payload from the bundle's own files and
+run the oracle on each (docs/bundle.md "Verify").
+
+Nothing comes from the compiler's memory. Per bucket:
+
+- B from the op table (axes, flops, charged cost, bytes) and its `tiling` numbers;
+- C from the schedule file's page columns (windows per worker);
+- D from the *plan file's packets*: the stream is parsed back into tasks (`group_tasks`:
+  per worker queue, leading wait-only `nop`s, the task packet, trailing signal-only `nop`s);
+  a task waits on the counters its packets wait on, with the thresholds the packets carry,
+  and signals the counters its packets signal; queues are the packets' `worker` fields in
+  file order; the edges are the schedule file's. A counter waited on with two different
+  thresholds becomes one payload counter per threshold (each must equal the number of
+  signallers). Above `D_ORACLE_MAX_TASKS` tasks the same conditions are checked in Python
+  (the oracle's D checker is quadratic) and the row says so;
+- E from the plan file's record bytes against the packets re-emitted from the schedule
+  file and the op table (`emit_packets`): an edited byte shows up as a located mismatch;
+- F from the schedule file's arena map, with sizes from the op table's shapes and dtypes
+  and live ranges from the op table's op order (`plow.memory.live_ranges`).
+
+Bundle-level checks (row `bundle`): the manifest parses, every file hash matches (the
+mismatching file is named), the op table's offsets equal the arena map's, the weights
+file holds every weight the op tables name with its shape.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from plow.emit.bundle import MANIFEST, WEIGHTS, Manifest, sha256_file
+from plow.emit.emit import emit_packets
+from plow.emit.files import OpTable, ScheduleFile
+from plow.emit.wire import (
+    HEADER_SIZE,
+    NO_COUNTER,
+    RECORD_SIZE,
+    VALUE_FIELDS,
+    Opcode,
+    PacketArray,
+    WireError,
+    decode_plan,
+)
+from plow.errors import PlanRejected, PlowError
+from plow.memory.arena import alloc_payload, live_ranges
+from plow.memory.onchip import TaskPages, page_windows, split_timeline
+from plow.oracle import Certificate, run_checkpoint
+from plow.oracle.payloads.counters import (
+    Counter,
+    CounterPayload,
+    Edge,
+    Task,
+    with_ranks,
+)
+from plow.oracle.payloads.tiles import TileAxis, TileOp, TilePayload, TileTarget
+from plow.target.model import dtype_bytes
+
+D_ORACLE_MAX_TASKS = 6000
+CHECKPOINTS = ("B", "C", "D", "E", "F")
+
+
+class MalformedBundle(PlowError):
+    """A bundle whose files cannot be read as a bundle (exit 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One line of the certificate table."""
+
+    checkpoint: str
+    bucket: str
+    verdict: str  # accept / reject / accept (python)
+    theorems: tuple[str, ...] = ()
+    reason: str = ""
+    certificate: Certificate | None = None
+
+    @property
+    def rejected(self) -> bool:
+        return self.verdict == "reject"
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    bundle: Path
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> bool:
+        return not any(r.rejected for r in self.rows)
+
+    def first_rejection(self) -> Row | None:
+        return next((r for r in self.rows if r.rejected), None)
+
+    def raise_if_rejected(self) -> None:
+        r = self.first_rejection()
+        if r is not None:
+            where = f"checkpoint {r.checkpoint}" + (f", bucket {r.bucket}" if r.bucket else "")
+            raise PlanRejected(where, r.reason or "rejected")
+
+
+def _load_json(path: Path, model: type[BaseModel]) -> Any:
+    if not path.is_file():
+        raise MalformedBundle(path, "missing")
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "document"
+        raise MalformedBundle(path, f"field {loc!r}: {err['msg']}") from e
+
+
+def read_manifest(bundle: Path) -> Manifest:
+    if not bundle.is_dir():
+        raise MalformedBundle(bundle, "not a bundle directory")
+    m: Manifest = _load_json(bundle / MANIFEST, Manifest)
+    return m
+
+
+# ----------------------------------------------------------------- D from the packets
+
+
+@dataclass(frozen=True, slots=True)
+class Grouped:
+    """Tasks parsed from a packet stream: `tasks[g]` = packet indices of task g (stream order
+    of the task packets); `queues[w]` task indices per worker."""
+
+    tasks: tuple[tuple[int, ...], ...]
+    main: tuple[int, ...]
+    queues: dict[int, list[int]]
+
+
+def group_tasks(arr: PacketArray) -> Grouped | str:
+    """Parse a stream into tasks (see the module doc); a string names the first violation."""
+    op = arr["opcode"].tolist()
+    wc = arr["wait_counter"].tolist()
+    sc = arr["signal_counter"].tolist()
+    wk = arr["worker"].tolist()
+    pending: dict[int, list[int]] = {}  # worker -> leading nops
+    last: dict[int, list[int]] = {}  # worker -> the group of its last task packet
+    groups: list[list[int]] = []
+    for i in range(len(op)):
+        w = wk[i]
+        if op[i] == Opcode.NOP:
+            has_w, has_s = wc[i] != NO_COUNTER, sc[i] != NO_COUNTER
+            if has_w and has_s:
+                return f"packet {i}: a nop both waits and signals (not an emitter v1 stream)"
+            if has_w:
+                pending.setdefault(w, []).append(i)
+            elif w in last and not pending.get(w):
+                last[w].append(i)
+            elif has_s:
+                return f"packet {i}: a signal-only nop on worker {w} follows no task packet"
+            continue
+        g = [*pending.pop(w, []), i]
+        groups.append(g)
+        last[w] = g
+    left = [w for w, p in pending.items() if p]
+    if left:
+        return f"worker {left[0]}: wait-only nop packets at the end of the queue"
+    mains = tuple(g[len([x for x in g if op[x] == Opcode.NOP and wc[x] != NO_COUNTER])] for g in groups)
+    queues: dict[int, list[int]] = {}
+    for k, g in enumerate(groups):
+        queues.setdefault(wk[g[-1]], []).append(k)
+    return Grouped(tuple(tuple(g) for g in groups), mains, queues)
+
+
+@dataclass(frozen=True, slots=True)
+class CounterGraph:
+    """The checkpoint D instance derived from a plan file, as plain lists (the payload for
+    the oracle, or the input of the Python check on large plans)."""
+
+    names: list[str]
+    workers: list[int]
+    waits: list[list[int]]
+    signals: list[list[int]]
+    queues: list[list[int]]
+    counter_names: list[str]
+    thresholds: list[int]
+    scopes: list[str]
+    edges: list[int]  # flat (producer, consumer) pairs
+
+    def payload(self) -> CounterPayload:
+        p = CounterPayload(
+            tasks=[
+                Task(name=n, worker=w, waits=wa, signals=si)
+                for n, w, wa, si in zip(self.names, self.workers, self.waits, self.signals, strict=True)
+            ],
+            queues=self.queues,
+            counters=[
+                Counter(name=n, threshold=t, scope=sc)  # type: ignore[arg-type]
+                for n, t, sc in zip(self.counter_names, self.thresholds, self.scopes, strict=True)
+            ],
+            edges=[
+                Edge(producer=self.edges[k], consumer=self.edges[k + 1])
+                for k in range(0, len(self.edges), 2)
+            ],
+        )
+        return with_ranks(p)
+
+
+def counter_graph_from_packets(arr: PacketArray, sf: ScheduleFile) -> CounterGraph | str:
+    """The checkpoint D instance of a plan file (module doc); a string is a rejection."""
+    grouped = group_tasks(arr)
+    if isinstance(grouped, str):
+        return grouped
+    t = sf.tasks
+    if len(grouped.tasks) != len(t.name):
+        return (
+            f"the plan file holds {len(grouped.tasks)} tasks but the schedule file "
+            f"lists {len(t.name)}"
+        )
+    opi = arr["op_index"].tolist()
+    wk = arr["worker"].tolist()
+    wc = arr["wait_counter"].tolist()
+    wt = arr["wait_threshold"].tolist()
+    sc = arr["signal_counter"].tolist()
+    for g, m in enumerate(grouped.main):
+        if opi[m] != t.op[g] or wk[m] != t.worker[g]:
+            return (
+                f"task {g} ({t.name[g]}): packet {m} is op {opi[m]} on worker {wk[m]}, "
+                f"the schedule file says op {t.op[g]} on worker {t.worker[g]}"
+            )
+    nc = len(sf.counters.name)
+    variants: dict[int, list[int]] = {}  # counter -> distinct thresholds it is waited with
+    for c, th in zip(wc, wt, strict=True):
+        if c != NO_COUNTER:
+            v = variants.setdefault(c, [])
+            if th not in v:
+                v.append(th)
+    for c in (*variants, *(x for x in sc if x != NO_COUNTER)):
+        if not 0 <= c < nc:
+            return f"a packet references counter {c}, which does not exist ({nc} counters)"
+    ids: dict[tuple[int, int], int] = {}
+    cnames: list[str] = []
+    ths_out: list[int] = []
+    scopes: list[str] = []
+    all_of: list[list[int]] = []
+    for c in range(nc):
+        ths = variants.get(c) or [sf.counters.threshold[c]]
+        mine = []
+        for th in ths:
+            ids[(c, th)] = len(cnames)
+            mine.append(len(cnames))
+            cnames.append(sf.counters.name[c] + ("" if len(ths) == 1 else f"@{th}"))
+            ths_out.append(th)
+            scopes.append(sf.counters.scope[c])
+        all_of.append(mine)
+    waits = [[ids[(wc[i], wt[i])] for i in pk if wc[i] != NO_COUNTER] for pk in grouped.tasks]
+    signals = [
+        [v for i in pk if sc[i] != NO_COUNTER for v in all_of[sc[i]]] for pk in grouped.tasks
+    ]
+    nw = max([*grouped.queues, sf.workers - 1]) + 1
+    if len(sf.edges) % 2:
+        return "the schedule file's edge list has an odd length"
+    return CounterGraph(
+        names=list(t.name),
+        workers=[wk[m] for m in grouped.main],
+        waits=waits,
+        signals=signals,
+        queues=[grouped.queues.get(w, []) for w in range(nw)],
+        counter_names=cnames,
+        thresholds=ths_out,
+        scopes=scopes,
+        edges=list(sf.edges),
+    )
+
+
+def check_counters_python(g: CounterGraph) -> str | None:
+    """The hypotheses of checkpoint D (docs/oracle.md) in Python, for plans above the
+    oracle's size limit; None when they hold, else the first violation. Acyclicity is
+    checked on the task/counter graph (signaller -> counter -> waiter, plus queue order),
+    which has a cycle exactly when must-precede has one."""
+    n = len(g.names)
+    pos: dict[int, tuple[int, int]] = {}
+    for w, q in enumerate(g.queues):
+        for k, t in enumerate(q):
+            if not 0 <= t < n:
+                return f"worker {w} queue entry {k}: task {t} does not exist ({n} tasks)"
+            if t in pos:
+                return f"task {t} ({g.names[t]}) occurs twice in the queues"
+            if g.workers[t] != w:
+                return f"task {t} ({g.names[t]}) is in worker {w}'s queue but says {g.workers[t]}"
+            pos[t] = (w, k)
+    if len(pos) != n:
+        t = next(i for i in range(n) if i not in pos)
+        return f"task {t} ({g.names[t]}) occurs 0 times in the queues"
+    nc = len(g.thresholds)
+    sig = [0] * nc
+    for ss in g.signals:
+        for c in set(ss):
+            sig[c] += 1
+    for c in range(nc):
+        if g.thresholds[c] != sig[c]:
+            return (
+                f"counter {c} ({g.counter_names[c]}): threshold {g.thresholds[c]} "
+                f"but {sig[c]} tasks signal it"
+            )
+    wsets = [set(x) for x in g.waits]
+    e = g.edges
+    for k in range(0, len(e), 2):
+        u, t = e[k], e[k + 1]
+        if not (0 <= u < n and 0 <= t < n):
+            return f"edge {k // 2}: task index out of range ({n} tasks)"
+        if wsets[t].intersection(g.signals[u]):
+            continue
+        if pos[u][0] == pos[t][0] and pos[u][1] < pos[t][1]:
+            continue
+        return (
+            f"edge {k // 2} ({g.names[u]} -> {g.names[t]}): not covered by any counter "
+            "or same-queue order"
+        )
+    # Kahn over tasks 0..n-1 and counters n..n+nc-1.
+    succ: list[list[int]] = [[] for _ in range(n + nc)]
+    indeg = [0] * (n + nc)
+    for t, ss in enumerate(g.signals):
+        for c in set(ss):
+            succ[t].append(n + c)
+            indeg[n + c] += 1
+    for t, ws in enumerate(g.waits):
+        for c in set(ws):
+            succ[n + c].append(t)
+            indeg[t] += 1
+    for q in g.queues:
+        for a, b in zip(q, q[1:], strict=False):
+            succ[a].append(b)
+            indeg[b] += 1
+    ready = [i for i in range(n + nc) if indeg[i] == 0]
+    seen = 0
+    while ready:
+        x = ready.pop()
+        seen += 1
+        for y in succ[x]:
+            indeg[y] -= 1
+            if indeg[y] == 0:
+                ready.append(y)
+    if seen < n + nc:
+        stuck = next(i for i in range(n) if indeg[i] > 0)
+        return f"cycle: task {stuck} ({g.names[stuck]}) is on or behind a cycle of waits"
+    return None
+
+
+# ----------------------------------------------------------------- the other payloads
+
+
+def tile_payload_from_table(ot: OpTable, target: dict[str, Any]) -> TilePayload:
+    return TilePayload(
+        ops=[
+            TileOp(
+                name=o.name,
+                kind=o.kind,
+                axes=[TileAxis(name=a.name, extent=a.extent, tile=a.tile, steps=a.steps) for a in o.axes],
+                flops_per_point=o.cost.flops_per_point,
+                flops=o.cost.flops,
+                charged_cost=o.cost.charged_cost,
+                bytes=o.cost.bytes,
+            )
+            for o in ot.ops
+        ],
+        target=TileTarget(
+            name=str(target.get("name", "?")),
+            bandwidth_bytes_per_s=ot.tiling.bandwidth_bytes_per_s,
+            peak_flops_per_s=ot.tiling.peak_flops_per_s,
+            min_tile=ot.tiling.min_tile,
+        ),
+        budget_ns=ot.tiling.budget_ns,
+        weight_bytes=ot.tiling.weight_bytes,
+    )
+
+
+def page_payload_from_file(sf: ScheduleFile, chunk: int = 64) -> dict[str, object]:
+    p = sf.pages
+    n = len(sf.tasks.name)
+    cols = (p.start, p.finish, p.load, p.weight_pages, p.act_pages)
+    if any(len(c) != n for c in cols):
+        raise MalformedBundle(f"schedule {sf.bucket}", "page columns do not have one entry per task")
+    tasks = [TaskPages(*row) for row in zip(*cols, strict=True)]
+    return split_timeline(p.budget_pages, page_windows(sf.tasks.worker, sf.tasks.name, tasks), chunk)
+
+
+def tensor_bytes(shape: list[int], dtype: str) -> int:
+    return math.prod(shape) * dtype_bytes(dtype)
+
+
+def alloc_payload_from_files(sf: ScheduleFile, ot: OpTable) -> Any:
+    roles: dict[str, str] = {}
+    scratch: dict[str, int] = {}
+    for name, t in ot.tensors.items():
+        if t.role == "scratch":
+            continue
+        roles[name] = t.role
+    for o in ot.ops:
+        if o.partial:
+            scratch[o.partial] = o.index
+    live = live_ranges([(o.inputs, o.outputs) for o in ot.ops], roles, scratch)
+    bufs = []
+    for b in sf.arena.buffers:
+        t = ot.tensors.get(b.name)
+        if t is None or b.name not in live:
+            raise MalformedBundle(f"schedule {sf.bucket}", f"arena buffer {b.name!r} is not a tensor of the op table")
+        bufs.append((b.name, b.region, b.offset, tensor_bytes(t.shape, t.dtype)))
+    missing = set(ot.tensors) - {b.name for b in sf.arena.buffers}
+    if missing:
+        raise MalformedBundle(f"schedule {sf.bucket}", f"tensor {sorted(missing)[0]!r} has no place in the arena map")
+    return alloc_payload(sf.arena.arena_bytes, bufs, live, sf.arena.align)
+
+
+def wire_payload_dict(body: bytes, packets: PacketArray) -> dict[str, object]:
+    """The checkpoint E payload as a plain dict (same JSON as `WirePayload`, built without
+    one pydantic model per packet)."""
+    cols = [packets[f].tolist() for f in VALUE_FIELDS]
+    return {
+        "version": 1,
+        "record_size": RECORD_SIZE,
+        "bytes": body.hex(),
+        "packets": [dict(zip(VALUE_FIELDS, row, strict=True)) for row in zip(*cols, strict=True)],
+    }
+
+
+# ----------------------------------------------------------------- verify
+
+
+def _row(ck: str, bucket: str, cert: Certificate) -> Row:
+    return Row(ck, bucket, cert.verdict.value, tuple(cert.theorems), cert.reason or "", cert)
+
+
+def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -> VerifyReport:
+    """Verify a bundle directory; raises `MalformedBundle` (exit 2) when it cannot be read."""
+    bundle = Path(bundle)
+    m = read_manifest(bundle)
+    report = VerifyReport(bundle)
+    # -- hashes
+    bad: list[str] = []
+    for rel, digest in m.files.items():
+        p = bundle / rel
+        if not p.is_file():
+            raise MalformedBundle(p, "listed in the manifest but missing")
+        if sha256_file(p) != digest:
+            bad.append(rel)
+    extra = sorted(
+        str(p.relative_to(bundle))
+        for p in bundle.rglob("*")
+        if p.is_file()
+        and p.name != MANIFEST
+        and "certificates" not in p.relative_to(bundle).parts
+        and str(p.relative_to(bundle)) not in m.files
+    )
+    problems = [f"{rel}: sha256 differs from the manifest (edited after compilation)" for rel in bad]
+    problems += [f"{rel}: not listed in the manifest" for rel in extra]
+    jobs: list[tuple[str, str, Callable[[], Row]]] = []
+    for rung in m.ladder:
+        ot: OpTable = _load_json(bundle / rung.ops, OpTable)
+        sf: ScheduleFile = _load_json(bundle / rung.schedule, ScheduleFile)
+        plan_path = bundle / rung.plan
+        if not plan_path.is_file():
+            raise MalformedBundle(plan_path, "missing")
+        data = plan_path.read_bytes()
+        amap = {b.name: b.offset for b in sf.arena.buffers}
+        for name, t in ot.tensors.items():
+            if amap.get(name, t.offset) != t.offset:
+                problems.append(
+                    f"{rung.ops}: tensor {name!r} at offset {t.offset}, the arena map says {amap[name]}"
+                )
+                break
+        try:
+            expected = emit_packets(sf, ot)
+        except PlowError as e:
+            raise MalformedBundle(bundle / rung.schedule, str(e)) from e
+        body = data[HEADER_SIZE:]
+        try:
+            _, arr = decode_plan(data)
+            decoded: PacketArray | str = arr
+        except WireError as e:
+            decoded = f"{rung.plan}: {e}"
+        name = rung.name
+
+        def job_b(ot: OpTable = ot, name: str = name) -> Row:
+            return _row("B", name, run_checkpoint("B", tile_payload_from_table(ot, m.target)))
+
+        def job_c(sf: ScheduleFile = sf, name: str = name) -> Row:
+            return _row("C", name, run_checkpoint("C", page_payload_from_file(sf)))
+
+        def job_d(decoded: PacketArray | str = decoded, sf: ScheduleFile = sf, name: str = name) -> Row:
+            if isinstance(decoded, str):
+                return Row("D", name, "reject", (), f"cannot read the packets: {decoded}")
+            g = counter_graph_from_packets(decoded, sf)
+            if isinstance(g, str):
+                return Row("D", name, "reject", (), g)
+            if len(g.names) <= D_ORACLE_MAX_TASKS:
+                return _row("D", name, run_checkpoint("D", g.payload(), timeout_s=600))
+            err = check_counters_python(g)
+            note = f"checked in Python: {len(g.names)} tasks > {D_ORACLE_MAX_TASKS} (oracle limit)"
+            return Row("D", name, "reject" if err else "accept (python)", (), err or note)
+
+        def job_e(body: bytes = body, expected: PacketArray = expected, name: str = name) -> Row:
+            return _row("E", name, run_checkpoint("E", wire_payload_dict(body, expected), timeout_s=600))
+
+        def job_f(sf: ScheduleFile = sf, ot: OpTable = ot, name: str = name) -> Row:
+            return _row("F", name, run_checkpoint("F", alloc_payload_from_files(sf, ot)))
+
+        for ck, fn in (("B", job_b), ("C", job_c), ("D", job_d), ("E", job_e), ("F", job_f)):
+            if ck in checkpoints:
+                jobs.append((ck, name, fn))
+    # weights
+    if not m.plan_only:
+        if m.weights is None or not (bundle / WEIGHTS).is_file():
+            raise MalformedBundle(bundle / WEIGHTS, "missing in a full bundle")
+        from plow.checkpoint.weights import read_header
+
+        try:
+            have = read_header(bundle / WEIGHTS)
+        except PlowError as e:
+            raise MalformedBundle(bundle / WEIGHTS, e.problem) from e
+        for rung in m.ladder:
+            ot = _load_json(bundle / rung.ops, OpTable)
+            for tname, t in ot.tensors.items():
+                if t.role == "weight":
+                    e = have.get(tname)
+                    if e is None or list(e.shape) != t.shape:
+                        problems.append(f"{WEIGHTS}: weight {tname!r} missing or of another shape")
+                        break
+    report.rows.append(
+        Row("bundle", "", "reject" if problems else "accept", (), "; ".join(problems[:3]) or "hashes and cross-references match")
+    )
+    # Independent oracle processes: run a few at once (the E payload dominates).
+    order = {ck: i for i, ck in enumerate(CHECKPOINTS)}
+    with ThreadPoolExecutor(max_workers=3) as ex:
+        futs = [(ck, b, ex.submit(fn)) for ck, b, fn in jobs]
+        rows = [f.result() for _, _, f in futs]
+    rows.sort(key=lambda r: (order[r.checkpoint], [x.name for x in m.ladder].index(r.bucket)))
+    report.rows += rows
+    return report
+
+
+def write_certificates(report: VerifyReport) -> list[str]:
+    """Write `certificates/<ckpt>.json` (one certificate per bucket); returns notes about
+    previous certificates whose payload hash differs (the bundle changed since)."""
+    from plow.compile import CheckpointCertificates
+
+    d = report.bundle / "certificates"
+    d.mkdir(exist_ok=True)
+    notes: list[str] = []
+    for ck in CHECKPOINTS:
+        certs = {r.bucket: r.certificate for r in report.rows if r.checkpoint == ck and r.certificate}
+        if not certs:
+            continue
+        p = d / f"{ck}.json"
+        if p.is_file():
+            try:
+                old = CheckpointCertificates.model_validate_json(p.read_bytes())
+                for b, c in certs.items():
+                    prev = old.buckets.get(b)
+                    if prev is not None and prev.payload_sha256 != c.payload_sha256:
+                        notes.append(f"certificates/{ck}.json: bucket {b} payload changed since it was certified")
+            except (ValidationError, json.JSONDecodeError):
+                notes.append(f"certificates/{ck}.json: unreadable, replaced")
+        c = CheckpointCertificates(
+            checkpoint=ck,
+            accepted=all(x.accepted for x in certs.values()),
+            buckets={b: x for b, x in certs.items() if x is not None},
+        )
+        p.write_text(c.model_dump_json(indent=2))
+    return notes
+
