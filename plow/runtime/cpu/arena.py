@@ -1,0 +1,175 @@
+"""The arena: one flat buffer of 4-byte words holding everything a step reads and writes
+except the weights.
+
+Layout of the buffer (word offsets):
+
+    [0, kv_words)                 the paged key-value pool, head-major
+                                  [layers, 2 (K, V), blocks, kv_heads, block_size, head_dim]
+    [kv_words, kv_words + act)    one bucket's activations, inputs, outputs and partials;
+                                  every bucket's layout starts here (buckets never run at
+                                  the same time, so their regions alias)
+
+A `Layout` (per bucket, part of the plan) maps each tensor name to a `Slot` (word offset from
+the activation base, shape, dtype). Every dtype is 4 bytes (float32 / int32), so a slot is a
+view of the buffer reinterpreted, never a copy. Weights live outside the arena, read-only
+(the bundle's memory-mapped weights file).
+
+`Arena.words(name)` is the twin of `view(name)` holding each element's global word index; the
+checking mode applies a kernel's index to it to learn exactly which words the kernel touched.
+
+This is the stand-in for `plow/memory/arena.py` (issue 5): when that lands, `Layout` is built
+from its offset map and nothing else here changes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+WordDType = Literal["float32", "int32"]
+KV = "kv"  # the name of the key-value pool in every layout
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """A tensor's place in the activation region: word `offset` from the base, `shape`."""
+
+    offset: int
+    shape: tuple[int, ...]
+    dtype: WordDType = "float32"
+
+    @property
+    def words(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where each tensor of one bucket lives. `aliases` maps a tensor to the tensor whose
+    words it shares (e.g. a decode step's sampled ids are written where the next step's
+    embedding reads its ids)."""
+
+    slots: Mapping[str, Slot]
+    words: int
+    aliases: Mapping[str, str]
+
+    def slot(self, name: str) -> Slot:
+        return self.slots[self.aliases.get(name, name)]
+
+
+class LayoutBuilder:
+    """Packs slots one after another, each aligned to 16 words (64 bytes)."""
+
+    ALIGN = 16
+
+    def __init__(self) -> None:
+        self.slots: dict[str, Slot] = {}
+        self.aliases: dict[str, str] = {}
+        self.top = 0
+
+    def add(self, name: str, shape: tuple[int, ...], dtype: WordDType = "float32") -> None:
+        if name in self.slots:
+            raise ValueError(f"tensor {name!r} placed twice")
+        self.slots[name] = Slot(self.top, tuple(int(d) for d in shape), dtype)
+        n = math.prod(shape)
+        self.top += -(-max(n, 1) // self.ALIGN) * self.ALIGN
+
+    def alias(self, name: str, target: str) -> None:
+        self.aliases[name] = target
+
+    def build(self) -> Layout:
+        return Layout(dict(self.slots), self.top, dict(self.aliases))
+
+
+@dataclass(frozen=True, slots=True)
+class KVShape:
+    layers: int
+    blocks: int
+    kv_heads: int
+    block_size: int
+    head_dim: int
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int, int]:
+        return (self.layers, 2, self.blocks, self.kv_heads, self.block_size, self.head_dim)
+
+    @property
+    def words(self) -> int:
+        return math.prod(self.shape)
+
+
+class Arena:
+    """The buffer, the key-value pool view, and the current bucket's layout.
+
+    `grow(words)` enlarges the activation region (a newly compiled bucket needs more); the
+    key-value pool keeps its contents and its view is re-created (callers re-read `kv`).
+    """
+
+    def __init__(self, kv: KVShape, act_words: int = 0) -> None:
+        self.kv_shape = kv
+        self.kv_words = kv.words
+        self.buf = np.zeros(self.kv_words + act_words, dtype=np.float32)
+        self._ids: np.ndarray | None = None
+        self.layout: Layout | None = None
+
+    @property
+    def act_words(self) -> int:
+        return self.buf.shape[0] - self.kv_words
+
+    @property
+    def kv(self) -> np.ndarray:
+        return self.buf[: self.kv_words].reshape(self.kv_shape.shape)
+
+    def grow(self, act_words: int) -> bool:
+        """Make room for `act_words` activation words; True when the buffer was replaced."""
+        if act_words <= self.act_words:
+            return False
+        new = np.zeros(self.kv_words + act_words, dtype=np.float32)
+        new[: self.buf.shape[0]] = self.buf
+        self.buf = new
+        self._ids = None
+        return True
+
+    def use(self, layout: Layout) -> None:
+        self.grow(layout.words)
+        self.layout = layout
+
+    def _slot_range(self, name: str) -> tuple[int, tuple[int, ...], WordDType]:
+        if name == KV:
+            return 0, self.kv_shape.shape, "float32"
+        assert self.layout is not None, "no layout in use"
+        s = self.layout.slot(name)
+        return self.kv_words + s.offset, s.shape, s.dtype
+
+    def view(self, name: str) -> np.ndarray:
+        off, shape, dtype = self._slot_range(name)
+        flat = self.buf[off : off + math.prod(shape)]
+        if dtype == "int32":
+            flat = flat.view(np.int32)
+        return flat.reshape(shape)
+
+    def words(self, name: str) -> np.ndarray:
+        """Global word index of every element of `name` (same shape as `view(name)`)."""
+        if self._ids is None or self._ids.shape[0] != self.buf.shape[0]:
+            self._ids = np.arange(self.buf.shape[0], dtype=np.int64)
+        off, shape, _ = self._slot_range(name)
+        return self._ids[off : off + math.prod(shape)].reshape(shape)
+
+    def owner(self, word: int) -> str:
+        """The tensor holding a global word index (for error messages)."""
+        if word < self.kv_words:
+            return KV
+        assert self.layout is not None
+        rel = word - self.kv_words
+        for name, s in self.layout.slots.items():
+            if s.offset <= rel < s.offset + s.words:
+                return name
+        return "<padding>"
+
+    def snapshot(self) -> bytes:
+        """The whole buffer's bytes (tests compare arenas bitwise)."""
+        return self.buf.tobytes()

@@ -1,0 +1,247 @@
+"""The CPU executor behind the serving `Engine` protocol (`plow.serve.engine`) and the
+harness's `Runner` (`harness.executors`), plus the `plow generate --executor cpu` entry.
+
+`CpuEngine` maps each dispatcher slot to one batch row (row = slot, so a slot keeps its arena
+ids slot across steps) and one page table. `add` takes the prompt's longest cached prefix from
+the prefix cache (those tokens are never prefilled; `prefix_tokens_skipped` counts them); a
+`prefill` call is one launch of the smallest covering prefill rung over every chunk (chunks
+longer than the largest rung take several launches); `decode` is one launch of the decode
+rung covering the highest slot; both return logits rows (the dispatcher samples on the host).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from plow.checkpoint import Checkpoint
+from plow.errors import PlowError
+from plow.runtime.cpu.generate import GenerationStats, Request, generate
+from plow.runtime.cpu.model import CpuModel, RowInput
+from plow.runtime.kv_cache import PageTable
+from plow.runtime.sampler import SamplingParams
+from plow.serve.engine import EngineError, KVUsage, PrefillChunk
+
+
+@dataclass
+class _Slot:
+    prompt: list[int]
+    table: PageTable
+    cursor: int = 0  # the dispatcher's prefill cursor
+    length: int = 0  # positions whose keys/values are in the cache
+    registered: bool = False
+
+
+class CpuEngine:
+    """`plow.serve.engine.Engine` on the CPU executor (see the module docstring)."""
+
+    def __init__(self, model: CpuModel, *, prefix_cache: bool = True) -> None:
+        self.model = model
+        self.use_prefix = prefix_cache
+        self._slots: dict[int, _Slot] = {}
+        self.prefix_tokens_skipped = 0
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int = 8,
+        max_context: int | None = None,
+        prefix_cache: bool = True,
+        **model_kw: Any,
+    ) -> CpuEngine:
+        context = ckpt.spec.max_position if max_context is None else max_context
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        if not 1 <= context <= ckpt.spec.max_position:
+            raise ValueError(f"max_context must be in 1..{ckpt.spec.max_position}, got {context}")
+        model = CpuModel(
+            ckpt.spec, ckpt.weights, max_batch=max_batch, max_context=context, **model_kw
+        )
+        return cls(model, prefix_cache=prefix_cache)
+
+    @property
+    def max_batch(self) -> int:
+        return self.model.max_batch
+
+    @property
+    def max_context(self) -> int:
+        return self.model.context
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.spec.vocab_size
+
+    @property
+    def kind(self) -> str:
+        return "cpu"
+
+    def _slot(self, slot: int) -> _Slot:
+        s = self._slots.get(slot)
+        if s is None:
+            raise EngineError(f"slot {slot} is not in use")
+        return s
+
+    def add(self, slot: int, prompt_ids: Sequence[int]) -> None:
+        if not 0 <= slot < self.max_batch:
+            raise EngineError(f"slot {slot} outside 0..{self.max_batch - 1}")
+        if slot in self._slots:
+            raise EngineError(f"slot {slot} is already in use")
+        if not prompt_ids:
+            raise EngineError("empty prompt")
+        if len(prompt_ids) > self.max_context:
+            raise EngineError(
+                f"prompt of {len(prompt_ids)} tokens exceeds context {self.max_context}"
+            )
+        table = self.model.kv.new_table()
+        reused = self.model.prefix.acquire(table, list(prompt_ids)) if self.use_prefix else 0
+        self.prefix_tokens_skipped += reused
+        self._slots[slot] = _Slot(list(prompt_ids), table, 0, reused)
+
+    def prefill(self, chunks: Sequence[PrefillChunk]) -> np.ndarray:
+        m = self.model
+        out = np.zeros((len(chunks), self.vocab_size), dtype=np.float32)
+        work: list[tuple[int, _Slot, int, int]] = []  # (chunk index, slot, start, stop)
+        for i, c in enumerate(chunks):
+            s = self._slot(c.slot)
+            if c.length < 1 or s.cursor + c.length > len(s.prompt):
+                raise EngineError(
+                    f"slot {c.slot}: chunk of {c.length} at {s.cursor} crosses the prompt end "
+                    f"({len(s.prompt)})"
+                )
+            stop = s.cursor + c.length
+            start = max(s.cursor, s.length)  # positions the prefix cache holds are skipped
+            s.cursor = stop
+            if start < stop:
+                work.append((i, s, start, stop))
+        while work:
+            step = [(i, s, a, min(b, a + m.max_prefill_tokens)) for i, s, a, b in work]
+            plan = m.plan(m.prefill_bucket(len(step), max(b - a for _, _, a, b in step)))
+            rows: list[RowInput | None] = []
+            for _, s, a, b in step:
+                m.kv.reserve(s.table, b)
+                rows.append(RowInput(s.table, tuple(range(a, b)), tuple(s.prompt[a:b])))
+            m.write_inputs(plan, rows)
+            m.dispatch(plan)
+            logits = m.logits(plan)
+            nxt = []
+            for r, ((i, s, _, b), (_, _, _, stop)) in enumerate(zip(step, work, strict=True)):
+                s.length = b
+                if b == stop:
+                    out[i] = logits[r]
+                else:
+                    nxt.append((i, s, b, stop))
+            work = nxt
+        for c in chunks:
+            s = self._slots[c.slot]
+            if self.use_prefix and not s.registered and s.length == len(s.prompt):
+                m.prefix.register(s.table, s.prompt)
+                s.registered = True
+        return out
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        if len(slots) != len(tokens):
+            raise EngineError("decode needs one token per slot")
+        if not slots:
+            return np.zeros((0, self.vocab_size), np.float32)
+        m = self.model
+        plan = m.plan(m.decode_bucket(max(slots) + 1))
+        rows: list[RowInput | None] = [None] * plan.batch
+        for slot, tok in zip(slots, tokens, strict=True):
+            s = self._slot(slot)
+            if s.length < len(s.prompt):
+                raise EngineError(f"slot {slot}: decode before its prompt is prefilled")
+            if s.length >= self.max_context:
+                raise EngineError(f"slot {slot}: context {self.max_context} is full")
+            m.kv.reserve(s.table, s.length + 1)
+            rows[slot] = RowInput(s.table, (s.length,), (int(tok),))
+        m.write_inputs(plan, rows)
+        m.dispatch(plan)
+        logits = m.logits(plan)
+        for slot in slots:
+            self._slots[slot].length += 1
+        return np.stack([logits[s] for s in slots])
+
+    def free(self, slot: int) -> None:
+        s = self._slots.pop(slot, None)
+        if s is not None:
+            self.model.prefix.release(s.table)
+
+    def kv_usage(self) -> KVUsage:
+        pool = self.model.kv.pool
+        used = pool.num_blocks - pool.num_empty - pool.num_evictable
+        return KVUsage(used, pool.num_blocks, self.model.block_size)
+
+    def positions(self, slot: int) -> int:
+        return self._slot(slot).length
+
+
+@dataclass
+class CpuRunner:
+    """The harness's `Runner` on the CPU executor: rows are slots 0..n-1 of a `CpuEngine`."""
+
+    engine: CpuEngine
+    rows: int = 0
+
+    @classmethod
+    def open(cls, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> CpuRunner:
+        return cls(CpuEngine.from_checkpoint(ckpt, max_batch=max_batch, max_context=max_context))
+
+    @property
+    def executor(self) -> str:
+        return "cpu"
+
+    @property
+    def max_batch(self) -> int:
+        return self.engine.max_batch
+
+    @property
+    def max_context(self) -> int:
+        return self.engine.max_context
+
+    def prefill(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
+        if not 1 <= len(rows) <= self.max_batch:
+            raise ValueError(f"batch of {len(rows)} rows outside 1..{self.max_batch}")
+        for s in range(self.rows):
+            self.engine.free(s)
+        for s, r in enumerate(rows):
+            self.engine.add(s, [int(t) for t in r])
+        self.rows = len(rows)
+        return self.engine.prefill([PrefillChunk(s, len(r)) for s, r in enumerate(rows)])
+
+    def decode(self, tokens: Sequence[int]) -> np.ndarray:
+        if len(tokens) != self.rows:
+            raise ValueError(f"{len(tokens)} tokens for a batch of {self.rows} rows")
+        return self.engine.decode(list(range(self.rows)), [int(t) for t in tokens])
+
+    def last_step_ns(self) -> int | None:
+        return None
+
+
+def generate_one(
+    ckpt: Checkpoint,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    params: SamplingParams | None = None,
+    stop_ids: tuple[int, ...] = (),
+    multi_step: int = 1,
+    target: str = "cpu",
+) -> tuple[list[int], GenerationStats]:
+    """One request through the CPU executor (what `plow generate --executor cpu` runs)."""
+    if not prompt_ids:
+        raise PlowError("prompt", "empty prompt")
+    context = min(ckpt.spec.max_position, len(prompt_ids) + max_new_tokens)
+    model = CpuModel(
+        ckpt.spec, ckpt.weights, target=target, max_batch=1, max_context=context, ring=8
+    )
+    stats = GenerationStats()
+    req = Request(
+        tuple(int(t) for t in prompt_ids), max_new_tokens, params or SamplingParams(), stop_ids
+    )
+    out = generate(model, [req], multi_step=multi_step, stats=stats)
+    return out[0], stats

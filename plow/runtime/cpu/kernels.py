@@ -1,0 +1,416 @@
+"""Tile kernels: what one packet computes, in numpy, on views of the arena.
+
+`run_packet(plan, packet, acc)` computes exactly the output region of the packet's units. Every
+read and write goes through `acc` (`Access`), so the checking mode sees each word a kernel
+touches. A kernel's result depends only on the words it reads — never on which other packets
+ran before it — and a merge reduces its partials in ascending step order, so a step's outputs
+are bitwise identical under every interleaving the counters allow.
+
+The arithmetic is `plow.runtime.numpy_ops` (the reference's HF-faithful formulas) applied to
+sub-blocks; split reductions combine per-tile fp32 partials:
+
+| kind | tile | partial (split reduction) | merge |
+| --- | --- | --- | --- |
+| embedding | rows of ids x hidden cols | - | - |
+| rmsnorm | whole groups of rows | sum of squares of its cols | normalise the rows |
+| rope | rows x cols (reads whole heads) | - | - |
+| linear, lm_head | x[m, k] @ w[n, k]^T (+ bias, cap) | its k-slice product | sum, bias, cap |
+| attention | rows (by kv head) over a key range | (o, max, sum) over its keys | rescale, sum |
+| gated_mlp, residual_add | element-wise box | - | - |
+| sample | greedy argmax of the sampled row, cols | (max, index) of its cols | first maximum |
+
+Attention writes the step's new keys and values at their destination in the paged pool
+(page table → block, slot; head-major) inside the op: the tile holding a token's first query
+head of a key-value head, and whose key range covers the token's position, writes it. A tile
+reads the keys of this step from the op's key/value inputs and older keys from the pool, so
+no tile of the op depends on another's cache write.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from plow.runtime import numpy_ops as K
+from plow.runtime.cpu.arena import KV
+from plow.runtime.cpu.plan import PAGE_TABLE, OpEntry, Packet, Plan, Ranges
+from plow.schedule.regions import partial_name
+
+F32 = np.float32
+Index = Any  # a numpy index: tuple of slices / ints / int arrays
+
+
+class Access(Protocol):
+    """The arena as a kernel sees it. `shape` reshapes the tensor's words before indexing."""
+
+    def get(self, name: str, shape: tuple[int, ...], idx: Index) -> np.ndarray: ...
+
+    def put(self, name: str, shape: tuple[int, ...], idx: Index, value: np.ndarray) -> None: ...
+
+    def weight(self, name: str) -> np.ndarray: ...
+
+
+def _shape(plan: Plan, name: str) -> tuple[int, ...]:
+    return plan.graph.tensor(name).shape
+
+
+def _view2(shape: tuple[int, ...]) -> tuple[int, int]:
+    if len(shape) == 1:
+        return (shape[0], 1)
+    return (math.prod(shape[:-1]), shape[-1])
+
+
+# -- row-wise ops ------------------------------------------------------------------------------
+
+
+def _embedding(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    (a, b), (c0, c1) = r
+    ids_name, table = op.inputs
+    ids = acc.get(ids_name, (math.prod(_shape(plan, ids_name)),), np.s_[a:b])
+    w = acc.weight(table)
+    out = (w[ids, c0:c1] * F32(op.attrs["scale"])).astype(F32)
+    acc.put(op.outputs[0], _view2(_shape(plan, op.outputs[0])), np.s_[a:b, c0:c1], out)
+
+
+def _norm_view(plan: Plan, op: OpEntry) -> tuple[int, int]:
+    shape = _shape(plan, op.inputs[0])
+    g = int(op.attrs.get("group", shape[-1]))
+    return (math.prod(shape) // g, g)
+
+
+def _rmsnorm(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    (a, b), (c0, c1) = r
+    v = _norm_view(plan, op)
+    x = acc.get(op.inputs[0], v, np.s_[a:b, c0:c1])
+    if step is not None:  # partial: this slice's sum of squares per row
+        ss = np.asarray(np.sum(x * x, axis=-1, dtype=F32))
+        acc.put(partial_name(op.name), (op.steps[1], v[0]), np.s_[step, a:b], ss)
+        return
+    w = acc.weight(op.inputs[1])
+    acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], K.rmsnorm(x, w, {**op.attrs, "group": v[1]}))
+
+
+def _rmsnorm_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access) -> None:
+    (a, b), _ = r
+    v = _norm_view(plan, op)
+    g = v[1]
+    steps = op.steps[1]
+    parts = acc.get(partial_name(op.name), (steps, v[0]), np.s_[:, a:b])
+    total = parts[0].copy()
+    for k in range(1, steps):
+        total = total + parts[k]
+    var = total / F32(g)
+    # the unit writes the elements of norm rows [a, b) that fall in output columns `cols`
+    ncols = _view2(_shape(plan, op.outputs[0]))[1]
+    flat = np.arange(a * g, b * g)
+    keep = (flat % ncols >= cols[0]) & (flat % ncols < cols[1])
+    rows, j = flat[keep] // g, flat[keep] % g
+    x = acc.get(op.inputs[0], v, (rows, j))
+    w = acc.weight(op.inputs[1]).astype(F32)
+    y = x / np.sqrt(var[rows - a] + F32(op.attrs["eps"]))
+    y = (y * (F32(op.attrs.get("offset", 0.0)) + w[j])).astype(F32)
+    acc.put(op.outputs[0], v, (rows, j), y)
+
+
+def _rope(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    (a, b), (c0, c1) = r
+    hd = int(op.attrs["head_dim"])
+    v = _view2(_shape(plan, op.inputs[0]))
+    h0, h1 = (c0 // hd) * hd, min(v[1], -(-c1 // hd) * hd)  # whole heads: rotation pairs
+    x = acc.get(op.inputs[0], v, np.s_[a:b, h0:h1])
+    pos = acc.get(op.inputs[1], (v[0],), np.s_[a:b])
+    y = K.rope(x, pos, {**op.attrs, "heads": (h1 - h0) // hd})
+    acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], y[:, c0 - h0 : c1 - h0])
+
+
+def _elementwise(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    (a, b), (c0, c1) = r
+    v = _view2(_shape(plan, op.inputs[0]))
+    x = acc.get(op.inputs[0], v, np.s_[a:b, c0:c1])
+    y = acc.get(op.inputs[1], v, np.s_[a:b, c0:c1])
+    out = K.gated_mlp(x, y, op.attrs) if op.kind == "gated_mlp" else (x + y).astype(F32)
+    acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], out)
+
+
+# -- matmul ----------------------------------------------------------------------------------
+
+
+def _softcap(y: np.ndarray, op: OpEntry) -> np.ndarray:
+    cap = op.attrs.get("softcap") if op.kind == "lm_head" else None
+    if cap:
+        return (np.tanh(y / F32(cap)) * F32(cap)).astype(F32)
+    return y
+
+
+def _linear(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    (m0, m1), (n0, n1), (k0, k1) = r
+    M, N, Kd = op.extents
+    x = acc.get(op.inputs[0], (M, Kd), np.s_[m0:m1, k0:k1])
+    w = acc.weight(op.inputs[1])[n0:n1, k0:k1]
+    y = np.matmul(x, w.T).astype(F32)
+    if step is not None:
+        acc.put(partial_name(op.name), (op.steps[2], M, N), np.s_[step, m0:m1, n0:n1], y)
+        return
+    if len(op.inputs) == 3:
+        y = y + acc.weight(op.inputs[2])[n0:n1]
+    acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], _softcap(y, op))
+
+
+def _linear_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access) -> None:
+    (m0, m1), (n0, n1), _ = r
+    n0, n1 = max(n0, cols[0]), min(n1, cols[1])
+    M, N, _k = op.extents
+    steps = op.steps[2]
+    parts = acc.get(partial_name(op.name), (steps, M, N), np.s_[:, m0:m1, n0:n1])
+    y = parts[0].copy()
+    for k in range(1, steps):
+        y = y + parts[k]
+    if len(op.inputs) == 3:
+        y = y + acc.weight(op.inputs[2])[n0:n1]
+    acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], _softcap(y.astype(F32), op))
+
+
+# -- attention -------------------------------------------------------------------------------
+
+
+class _AttnGeom:
+    def __init__(self, plan: Plan, op: OpEntry) -> None:
+        q = _shape(plan, op.inputs[0])
+        self.B, self.T = q[0], q[1]
+        self.H, self.KVH, self.D = (
+            int(op.attrs["heads"]),
+            int(op.attrs["kv_heads"]),
+            int(op.attrs["head_dim"]),
+        )
+        self.grp = self.H // self.KVH
+        self.block = self.T * self.grp  # rows sharing one (batch row, kv head)
+        self.rows = self.B * self.KVH * self.block
+
+    def row_coords(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(batch row, token, query head) of attention rows [a, b)."""
+        r = np.arange(a, b)
+        bi = r // (self.KVH * self.block)
+        kv = (r // self.block) % self.KVH
+        tok = (r // self.grp) % self.T
+        head = kv * self.grp + r % self.grp
+        return bi, tok, head
+
+
+def _attention(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    (ra, rb), (s0, s1), _ = r
+    g = _AttnGeom(plan, op)
+    q_name, k_name, v_name = op.inputs[0], op.inputs[1], op.inputs[2]
+    pos_name = op.inputs[5]
+    layer = int(op.layer) if op.layer is not None else 0
+    scale = F32(op.attrs["scale"])
+    window = op.attrs.get("window")
+    softcap = op.attrs.get("softcap")
+    bs = plan.kv.block_size
+    mb = plan.layout.slot(PAGE_TABLE).shape[1]
+    n_rows = rb - ra
+    o_out = np.zeros((n_rows, g.D), dtype=F32)
+    m_out = np.full(n_rows, -np.inf, dtype=F32)
+    l_out = np.zeros(n_rows, dtype=F32)
+    qshape = (g.B, g.T, g.H, g.D)
+    kshape = (g.B, g.T, g.KVH, g.D)
+    # (batch row, kv head) blocks the tile's rows touch
+    first, last = ra // g.block, (rb - 1) // g.block
+    for blk in range(first, last + 1):
+        bi, kv = divmod(blk, g.KVH)
+        lo_r = max(ra, blk * g.block) - blk * g.block  # rows of the block inside the tile
+        hi_r = min(rb, (blk + 1) * g.block) - blk * g.block
+        pos = acc.get(pos_name, (g.B, g.T), np.s_[bi, :])
+        valid = pos >= 0
+        if not valid.any():
+            continue
+        p_min, p_max = int(pos[valid].min()), int(pos[valid].max())
+        key_lo = max(0, p_min - int(window) + 1) if window else 0
+        j0, j1 = s0, min(s1, p_max - key_lo + 1)
+        t0, t1 = lo_r // g.grp, (hi_r - 1) // g.grp + 1  # tokens of the block inside the tile
+        new_tok = np.flatnonzero(valid)
+        new_pos = pos[new_tok].astype(np.int64)
+        # cache write: tokens whose first query head of this kv head is in the tile and whose
+        # key index falls in the tile's key range
+        own = (new_tok * g.grp >= lo_r) & (new_tok * g.grp < hi_r)
+        own &= (new_pos - key_lo >= s0) & (new_pos - key_lo < s1)
+        if own.any():
+            wt, wp = new_tok[own], new_pos[own]
+            table = acc.get(PAGE_TABLE, (g.B, mb), np.s_[bi, wp // bs])
+            for kind, src in ((0, k_name), (1, v_name)):
+                vals = acc.get(src, kshape, np.s_[bi, wt, kv, :])
+                acc.put(KV, plan.kv.shape, (layer, kind, table, kv, wp % bs, slice(None)), vals)
+        if j1 <= j0:
+            continue
+        kpos = np.arange(key_lo + j0, key_lo + j1, dtype=np.int64)
+        old = kpos < p_min
+        keys = np.empty((kpos.shape[0], g.D), dtype=F32)
+        vals_ = np.empty((kpos.shape[0], g.D), dtype=F32)
+        if old.any():
+            op_ = kpos[old]
+            table = acc.get(PAGE_TABLE, (g.B, mb), np.s_[bi, op_ // bs])
+            keys[old] = acc.get(KV, plan.kv.shape, (layer, 0, table, kv, op_ % bs, slice(None)))
+            vals_[old] = acc.get(KV, plan.kv.shape, (layer, 1, table, kv, op_ % bs, slice(None)))
+        if (~old).any():
+            tok_of = np.full(p_max - p_min + 1, -1, dtype=np.int64)
+            tok_of[new_pos - p_min] = new_tok
+            nt = tok_of[kpos[~old] - p_min]
+            keys[~old] = acc.get(k_name, kshape, np.s_[bi, nt, kv, :])
+            vals_[~old] = acc.get(v_name, kshape, np.s_[bi, nt, kv, :])
+        heads = slice(kv * g.grp, (kv + 1) * g.grp)
+        qv = acc.get(q_name, qshape, np.s_[bi, t0:t1, heads, :])  # [nt, grp, D]
+        s = np.einsum("tgd,ld->tgl", qv, keys, dtype=F32) * scale
+        if softcap:
+            s = np.tanh(s / F32(softcap)) * F32(softcap)
+        qpos = pos[t0:t1].astype(np.int64)
+        allowed = (kpos[None, :] <= qpos[:, None]) & (qpos[:, None] >= 0)
+        if window:
+            allowed &= (qpos[:, None] - kpos[None, :]) < int(window)
+        s = np.where(allowed[:, None, :], s, -np.inf).astype(F32)
+        m = s.max(axis=-1)  # [nt, grp]
+        m_safe = np.where(np.isfinite(m), m, F32(0.0))
+        p = np.exp(s - m_safe[..., None]).astype(F32)
+        lsum = p.sum(axis=-1, dtype=F32)
+        o = np.einsum("tgl,ld->tgd", p, vals_, dtype=F32)
+        sel = slice(lo_r - t0 * g.grp, hi_r - t0 * g.grp)
+        dst = slice(blk * g.block + lo_r - ra, blk * g.block + hi_r - ra)
+        o_out[dst] = o.reshape(-1, g.D)[sel]
+        m_out[dst] = m.reshape(-1)[sel]
+        l_out[dst] = lsum.reshape(-1)[sel]
+    if step is not None:
+        steps = op.steps[1]
+        pn = partial_name(op.name)
+        acc.put(pn, (steps, g.rows, g.D), np.s_[step, ra:rb, :], o_out)
+        acc.put(pn + ".ml", (steps, g.rows, 2), np.s_[step, ra:rb, :], np.stack([m_out, l_out], 1))
+        return
+    _attn_write(plan, op, g, ra, rb, o_out, l_out, acc)
+
+
+def _attn_write(
+    plan: Plan,
+    op: OpEntry,
+    g: _AttnGeom,
+    ra: int,
+    rb: int,
+    o: np.ndarray,
+    lsum: np.ndarray,
+    acc: Access,
+    cols: tuple[int, int] | None = None,
+) -> None:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(lsum[:, None] > 0, o / lsum[:, None], F32(0.0)).astype(F32)
+    bi, tok, head = _AttnGeom.row_coords(g, ra, rb)
+    if cols is None:
+        acc.put(op.outputs[0], (g.B, g.T, g.H, g.D), (bi, tok, head, slice(None)), out)
+        return
+    c = head[:, None] * g.D + np.arange(g.D)[None, :]  # output column of each element
+    ri, di = np.nonzero((c >= cols[0]) & (c < cols[1]))
+    acc.put(op.outputs[0], (g.B, g.T, g.H, g.D), (bi[ri], tok[ri], head[ri], di), out[ri, di])
+
+
+def _attention_merge(
+    plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access
+) -> None:
+    (ra, rb), _, _ = r
+    g = _AttnGeom(plan, op)
+    # only rows whose head has columns in `cols`, and only those columns of the partials
+    _, _, head = g.row_coords(ra, rb)
+    live = np.flatnonzero((head * g.D < cols[1]) & ((head + 1) * g.D > cols[0]))
+    if live.size == 0:
+        return
+    ra, rb = ra + int(live[0]), ra + int(live[-1]) + 1
+    _, _, head = g.row_coords(ra, rb)
+    d0 = max(0, cols[0] - int(head.max()) * g.D) if head.min() == head.max() else 0
+    d1 = min(g.D, cols[1] - int(head.min()) * g.D) if head.min() == head.max() else g.D
+    steps = op.steps[1]
+    pn = partial_name(op.name)
+    o = np.zeros((steps, rb - ra, g.D), dtype=F32)
+    o[:, :, d0:d1] = acc.get(pn, (steps, g.rows, g.D), np.s_[:, ra:rb, d0:d1])
+    ml = acc.get(pn + ".ml", (steps, g.rows, 2), np.s_[:, ra:rb, :])
+    big = ml[:, :, 0].max(axis=0)
+    big_safe = np.where(np.isfinite(big), big, F32(0.0))
+    acc_o = np.zeros((rb - ra, g.D), dtype=F32)
+    acc_l = np.zeros(rb - ra, dtype=F32)
+    for k in range(steps):  # ascending: the result never depends on arrival order
+        w = np.exp(ml[k, :, 0] - big_safe).astype(F32)
+        acc_o = acc_o + o[k] * w[:, None]
+        acc_l = acc_l + ml[k, :, 1] * w
+    _attn_write(plan, op, g, ra, rb, acc_o, acc_l, acc, cols)
+
+
+# -- sample ----------------------------------------------------------------------------------
+
+
+def _sample(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    (a, b), (c0, c1) = r
+    logits, index = op.inputs
+    B, T, V = _shape(plan, logits)
+    idx = acc.get(index, (B,), np.s_[a:b]).astype(np.int64)
+    rows = acc.get(logits, (B, T, V), (np.arange(a, b), idx, slice(c0, c1)))
+    arg = rows.argmax(axis=-1)
+    if step is not None:
+        pn = partial_name(op.name)
+        steps = op.steps[1]
+        acc.put(pn, (steps, B), np.s_[step, a:b], rows[np.arange(b - a), arg].astype(F32))
+        acc.put(pn + ".index", (steps, B), np.s_[step, a:b], (arg + c0).astype(np.int32))
+        return
+    acc.put(op.outputs[0], (B,), np.s_[a:b], (arg + c0).astype(np.int32))
+
+
+def _sample_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access) -> None:
+    (a, b), _ = r
+    B = _shape(plan, op.inputs[0])[0]
+    steps = op.steps[1]
+    pn = partial_name(op.name)
+    val = acc.get(pn, (steps, B), np.s_[:, a:b])
+    ind = acc.get(pn + ".index", (steps, B), np.s_[:, a:b])
+    best_v, best_i = val[0].copy(), ind[0].copy()
+    for k in range(1, steps):  # strict >: ties keep the earlier (lower-index) slice
+        better = val[k] > best_v
+        best_v = np.where(better, val[k], best_v)
+        best_i = np.where(better, ind[k], best_i)
+    acc.put(op.outputs[0], (B,), np.s_[a:b], best_i.astype(np.int32))
+
+
+TileFn = Callable[[Plan, OpEntry, Ranges, Access, "int | None"], None]
+MergeFn = Callable[[Plan, OpEntry, Ranges, tuple[int, int], Access], None]
+
+TILE: dict[str, TileFn] = {
+    "embedding": _embedding,
+    "rmsnorm": _rmsnorm,
+    "rope": _rope,
+    "linear": _linear,
+    "lm_head": _linear,
+    "attention": _attention,
+    "gated_mlp": _elementwise,
+    "residual_add": _elementwise,
+    "sample": _sample,
+}
+MERGE: dict[str, MergeFn] = {
+    "rmsnorm": _rmsnorm_merge,
+    "linear": _linear_merge,
+    "lm_head": _linear_merge,
+    "attention": _attention_merge,
+    "sample": _sample_merge,
+}
+
+
+def run_packet(plan: Plan, packet: Packet, acc: Access) -> None:
+    """Compute one packet's units (see the module docstring)."""
+    op = plan.ops[packet.op]
+    if packet.work == "load":
+        return
+    if packet.work == "merge":
+        merge = MERGE[op.kind]
+        for u, c in zip(packet.units, packet.cols, strict=True):
+            merge(plan, op, u, c, acc)
+        return
+    tile = TILE[op.kind]
+    if packet.work == "partial":
+        for u, s in zip(packet.units, packet.steps, strict=True):
+            tile(plan, op, u, acc, s)
+    else:
+        for u in packet.units:
+            tile(plan, op, u, acc, None)

@@ -1,0 +1,394 @@
+"""The persistent kernel, emulated: one queue per virtual worker, counters as the only
+synchronisation, packets run as tile work in numpy on the arena.
+
+`Machine.dispatch(plan)` runs one step: every counter starts at 0; a worker may run the task at
+the head of its queue once every counter the task waits on has reached its threshold; after
+running the task it increments each counter the task signals. A task runs to completion before
+another starts (interleaving is at task granularity: tasks talk only through counters and the
+arena, so every order the counters allow is some such sequence). Which runnable worker goes
+next is the scheduler's choice:
+
+- `round_robin`: runnable workers in FIFO order (a worker goes to the back after each task);
+- `random`: a seeded random runnable worker at every step (`seed` per dispatch).
+
+No runnable worker while tasks remain is a deadlock: `DeadlockError` names every blocked
+worker, its head task and the counters it waits on (value / threshold).
+
+Checking mode (`check=True`) verifies, before and while each packet runs, that everything it
+reads was produced by tasks the counter protocol orders before it — not merely tasks that
+happened to finish first in this run:
+
+- `G(T)`, the tasks guaranteed complete when T starts: T's predecessor on its queue and its
+  `G`, and for each counter T waits on, the tasks every allowed opening of that counter
+  implies (a counter whose threshold equals its number of signallers implies all of them and
+  their `G`; one with a lower threshold only what more than `n - threshold` of them imply);
+- before T runs, every schedule edge `(P, T)` needs `P` in `G(T)`;
+- every arena word T reads or writes is checked against the word's last writer in this step
+  (read-after-write, write-after-write) and a write against every earlier reader
+  (write-after-read): the other task must be in `G(T)`.
+
+A violation raises `RaceError` naming the packet, the other task, the tensor and the counter
+(or missing wait / edge) responsible — so a schedule with a missing dependency fails even
+when this interleaving happened to produce the right bytes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from plow.errors import PlowError
+from plow.runtime.cpu.arena import Arena
+from plow.runtime.cpu.kernels import Index, run_packet
+from plow.runtime.cpu.plan import Plan
+from plow.schedule import Schedule
+
+Mode = Literal["round_robin", "random"]
+
+
+class RaceError(PlowError):
+    """The checking mode found a read or write not ordered by the counter protocol."""
+
+    exit_code = 1
+
+
+class DeadlockError(PlowError):
+    """No worker can run and tasks remain."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchStats:
+    tasks: int
+    order: tuple[int, ...]  # task indices in the order they ran
+
+
+class _PlainAccess:
+    """Views of the arena, no bookkeeping (the fast path)."""
+
+    def __init__(self, arena: Arena, weights: Mapping[str, np.ndarray]) -> None:
+        self.arena = arena
+        self.weights = weights
+        self._views: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
+
+    def _view(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        key = (name, shape)
+        v = self._views.get(key)
+        if v is None:
+            v = self.arena.view(name).reshape(shape)
+            self._views[key] = v
+        return v
+
+    def get(self, name: str, shape: tuple[int, ...], idx: Index) -> np.ndarray:
+        return np.array(self._view(name, shape)[idx])
+
+    def put(self, name: str, shape: tuple[int, ...], idx: Index, value: np.ndarray) -> None:
+        self._view(name, shape)[idx] = value
+
+    def weight(self, name: str) -> np.ndarray:
+        return self.weights[name]
+
+
+class _Checker:
+    """Per-dispatch happens-before bookkeeping (see the module docstring)."""
+
+    def __init__(self, plan: Plan, arena: Arena) -> None:
+        s = plan.schedule
+        self.plan = plan
+        self.s = s
+        self.arena = arena
+        self.n = len(s.tasks)
+        self.G: list[int] = [0] * self.n
+        self.done = [False] * self.n
+        self.writer = np.full(arena.buf.shape[0], -1, dtype=np.int64)
+        self.reads: list[tuple[int, int, int, np.ndarray]] = []
+        self.sig: dict[int, list[int]] = {}
+        for task in s.tasks:
+            for c in dict.fromkeys(task.signals):
+                self.sig.setdefault(c, []).append(task.index)
+        self.prev: dict[int, int] = {}
+        for q in s.queues:
+            for a, b in zip(q, q[1:], strict=False):
+                self.prev[b] = a
+        self.edges_in: dict[int, list[int]] = {}
+        self.edge_set = set(s.edges)
+        for u, t in s.edges:
+            self.edges_in.setdefault(t, []).append(u)
+        self.current = -1
+        self.op_pos = {name: i for i, name in enumerate(s.ops)}
+
+    # -- happens-before ------------------------------------------------------------------
+    def _cover(self, t: int) -> int:
+        return (self.G[t] | (1 << t)) if self.done[t] else 0
+
+    def start(self, t: int) -> None:
+        g = 0
+        p = self.prev.get(t)
+        if p is not None:
+            g |= self._cover(p)
+        for c in dict.fromkeys(self.s.tasks[t].waits):
+            sig = self.sig.get(c, [])
+            th = self.s.counters[c].threshold
+            covers = [self._cover(x) for x in sig]
+            if th >= len(sig):
+                for cv in covers:
+                    g |= cv
+            elif th > 0:
+                # X is implied only if every th-subset of signallers implies it: fewer than
+                # th signallers may fail to cover X.
+                union = 0
+                for cv in covers:
+                    union |= cv
+                x = union
+                while x:
+                    low = x & -x
+                    missing = sum(1 for cv in covers if not cv & low)
+                    if missing < th:
+                        g |= low
+                    x ^= low
+        self.G[t] = g
+        self.current = t
+        for u in self.edges_in.get(t, []):
+            if not (g >> u) & 1:
+                raise RaceError(
+                    self.plan.describe(t),
+                    f"schedule edge {u} -> {t} is not ordered: {self.explain(u, t)}",
+                )
+
+    def finish(self, t: int) -> None:
+        self.done[t] = True
+        self.current = -1
+
+    def ordered(self, u: int, t: int) -> bool:
+        return u == t or bool((self.G[t] >> u) & 1)
+
+    def explain(self, u: int, t: int) -> str:
+        """Why the protocol does not order task u before task t (names counter / edge)."""
+        s = self.s
+        tu, tt = s.tasks[u], s.tasks[t]
+        common = [c for c in dict.fromkeys(tt.waits) if c in tu.signals]
+        name_u = f"{tu.name!r} (task {u}, worker {tu.worker})"
+        for c in common:
+            ctr = s.counters[c]
+            n = len(self.sig.get(c, []))
+            if ctr.threshold < n:
+                return (
+                    f"counter {c} {ctr.name!r} has threshold {ctr.threshold} but {n} tasks "
+                    f"signal it, so it can open before {name_u} signals"
+                )
+        waits = ", ".join(f"{c} {s.counters[c].name!r}" for c in dict.fromkeys(tt.waits))
+        edge = (
+            f"the schedule has edge {u} -> {t} but no counter covers it (a dropped wait)"
+            if (u, t) in self.edge_set
+            else f"the schedule has no edge {u} -> {t}"
+        )
+        sig_u = ", ".join(f"{c} {s.counters[c].name!r}" for c in dict.fromkeys(tu.signals))
+        return (
+            f"{tt.name!r} waits on counters [{waits or 'none'}], none of which orders "
+            f"{name_u} (it signals [{sig_u or 'none'}]) before it, and it is not earlier on "
+            f"worker {tt.worker}'s queue; {edge}"
+        )
+
+    # -- word tracking -------------------------------------------------------------------
+    def _race(self, t: int, other: int, what: str, words: np.ndarray) -> RaceError:
+        w = int(words.reshape(-1)[0]) if words.size else 0
+        tensor = self.arena.owner(w)
+        return RaceError(
+            self.plan.describe(t),
+            f"{what} {tensor!r} (arena word {w}) against task {other} "
+            f"{self.s.tasks[other].name!r}: {self.explain(other, t)}",
+        )
+
+    def on_read(self, words: np.ndarray) -> None:
+        t = self.current
+        flat = words.reshape(-1)
+        if flat.size == 0:
+            return
+        prior = np.unique(self.writer[flat])
+        for w in prior.tolist():
+            if w >= 0 and not self.ordered(w, t):
+                hit = flat[self.writer[flat] == w]
+                raise self._race(t, w, "reads", hit)
+        self.reads.append((t, int(flat.min()), int(flat.max()), flat))
+
+    def on_write(self, words: np.ndarray) -> None:
+        t = self.current
+        flat = words.reshape(-1)
+        if flat.size == 0:
+            return
+        prior = np.unique(self.writer[flat])
+        for w in prior.tolist():
+            if w >= 0 and not self.ordered(w, t):
+                raise self._race(t, w, "overwrites (write after write)", flat)
+        lo, hi = int(flat.min()), int(flat.max())
+        for r, rlo, rhi, rw in self.reads:
+            if r == t or rhi < lo or rlo > hi or self.ordered(r, t):
+                continue
+            hit = np.intersect1d(rw, flat)
+            if hit.size:
+                what = self.arena.owner(int(hit[0]))
+                tr = self.s.tasks[r]
+                if self.op_pos[self.s.tasks[t].op] < self.op_pos[tr.op]:
+                    # the writer's op comes first: the reader consumed stale bytes
+                    raise RaceError(
+                        self.plan.describe(r),
+                        f"read {what!r} (arena word {int(hit[0])}) before task {t} "
+                        f"{self.s.tasks[t].name!r} wrote it (a stale read): {self.explain(t, r)}",
+                    )
+                raise RaceError(
+                    self.plan.describe(t),
+                    f"writes {what!r} (arena word {int(hit[0])}) that task {r} {tr.name!r} "
+                    f"read earlier in this step, and the protocol does not order that read "
+                    f"before this write: {self.explain(r, t)}",
+                )
+        self.writer[flat] = t
+
+
+class _CheckedAccess(_PlainAccess):
+    def __init__(self, arena: Arena, weights: Mapping[str, np.ndarray], chk: _Checker) -> None:
+        super().__init__(arena, weights)
+        self.chk = chk
+        self._wviews: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
+
+    def _words(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        key = (name, shape)
+        v = self._wviews.get(key)
+        if v is None:
+            v = self.arena.words(name).reshape(shape)
+            self._wviews[key] = v
+        return v
+
+    def get(self, name: str, shape: tuple[int, ...], idx: Index) -> np.ndarray:
+        self.chk.on_read(np.asarray(self._words(name, shape)[idx]))
+        return super().get(name, shape, idx)
+
+    def put(self, name: str, shape: tuple[int, ...], idx: Index, value: np.ndarray) -> None:
+        self.chk.on_write(np.asarray(self._words(name, shape)[idx]))
+        super().put(name, shape, idx, value)
+
+
+def _blocked_report(s: Schedule, head: list[int], counters: list[int], limit: int = 8) -> str:
+    lines = []
+    blocked = [w for w, q in enumerate(s.queues) if head[w] < len(q)]
+    for w in blocked[:limit]:
+        t = s.queues[w][head[w]]
+        task = s.tasks[t]
+        waits = [
+            f"counter {c} {s.counters[c].name!r} at {counters[c]}/{s.counters[c].threshold}"
+            for c in dict.fromkeys(task.waits)
+            if counters[c] < s.counters[c].threshold
+        ]
+        lines.append(f"worker {w} at task {t} {task.name!r} waits on {', '.join(waits)}")
+    more = f"; and {len(blocked) - limit} more workers" if len(blocked) > limit else ""
+    return f"{len(blocked)} workers blocked: " + "; ".join(lines) + more
+
+
+class Machine:
+    """Runs plans on an arena. `weights` are fp32 arrays by tensor name (read-only)."""
+
+    def __init__(
+        self,
+        arena: Arena,
+        weights: Mapping[str, np.ndarray],
+        *,
+        mode: Mode = "round_robin",
+        seed: int = 0,
+        check: bool = False,
+    ) -> None:
+        self.arena = arena
+        self.weights = weights
+        self.mode: Mode = mode
+        self.seed = seed
+        self.check = check
+        self.dispatches = 0
+        self._access: tuple[int, object, _PlainAccess] | None = None
+
+    def _plain(self) -> _PlainAccess:
+        key = id(self.arena.buf)
+        if (
+            self._access is None
+            or self._access[0] != key
+            or self._access[1] is not (self.arena.layout)
+        ):
+            self._access = (key, self.arena.layout, _PlainAccess(self.arena, self.weights))
+        return self._access[2]
+
+    def dispatch(
+        self,
+        plan: Plan,
+        *,
+        mode: Mode | None = None,
+        seed: int | None = None,
+        check: bool | None = None,
+        on_task: Callable[[int], None] | None = None,
+    ) -> DispatchStats:
+        """Run every task of `plan` once (one step). See the module docstring."""
+        mode = mode or self.mode
+        check = self.check if check is None else check
+        if self.arena.layout is not plan.layout:
+            self.arena.use(plan.layout)
+        s = plan.schedule
+        rng = np.random.default_rng(
+            (self.seed if seed is None else seed, self.dispatches) if mode == "random" else 0
+        )
+        self.dispatches += 1
+        chk = _Checker(plan, self.arena) if check else None
+        acc: _PlainAccess = (
+            _CheckedAccess(self.arena, self.weights, chk) if chk is not None else self._plain()
+        )
+        thr = [c.threshold for c in s.counters]
+        waits = [tuple(dict.fromkeys(t.waits)) for t in s.tasks]
+        sigs = [tuple(dict.fromkeys(t.signals)) for t in s.tasks]
+        counters = [0] * len(thr)
+        head = [0] * len(s.queues)
+        blocked: dict[int, list[int]] = {}
+        ready: deque[int] = deque()
+        pool: list[int] = []
+
+        def try_ready(w: int) -> None:
+            q = s.queues[w]
+            if head[w] >= len(q):
+                return
+            for c in waits[q[head[w]]]:
+                if counters[c] < thr[c]:
+                    blocked.setdefault(c, []).append(w)
+                    return
+            if mode == "random":
+                pool.append(w)
+            else:
+                ready.append(w)
+
+        for w in range(len(s.queues)):
+            try_ready(w)
+        order: list[int] = []
+        while ready or pool:
+            if mode == "random":
+                i = int(rng.integers(len(pool)))
+                pool[i], pool[-1] = pool[-1], pool[i]
+                w = pool.pop()
+            else:
+                w = ready.popleft()
+            t = s.queues[w][head[w]]
+            if chk is not None:
+                chk.start(t)
+            run_packet(plan, plan.packets[t], acc)
+            if chk is not None:
+                chk.finish(t)
+            if on_task is not None:
+                on_task(t)
+            order.append(t)
+            head[w] += 1
+            for c in sigs[t]:
+                counters[c] += 1
+                if counters[c] == thr[c]:
+                    for w2 in blocked.pop(c, []):
+                        try_ready(w2)
+            try_ready(w)
+        if len(order) < len(s.tasks):
+            raise DeadlockError(f"bucket {plan.bucket.name}", _blocked_report(s, head, counters))
+        return DispatchStats(len(order), tuple(order))

@@ -1,0 +1,268 @@
+"""`CpuModel`: one model on the CPU executor — fp32 weights, the ladder of compiled buckets, the
+arena with the paged key-value pool, the prefix cache, and one launch per step.
+
+The host's part of a step is small and explicit (`Launch`): it writes the inputs that change
+between steps (positions, page tables, sampled-row indices, and token ids only where the
+device does not already hold them), dispatches the bucket's packet stream, and reads what it
+streams out. The device-side epilogue of a step (`_epilogue`) samples stochastic rows from the
+logits in the arena, appends each row's token to the token ring, and advances positions, so a
+multi-step quantum runs several steps with no host work in between.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from plow.checkpoint import ModelSpec
+from plow.errors import PlowError
+from plow.graph import Bucket, build_graph
+from plow.runtime.cpu.arena import Arena, KVShape
+from plow.runtime.cpu.machine import DispatchStats, Machine, Mode
+from plow.runtime.cpu.plan import PAGE_TABLE, REMAINING, RING, Plan, plan_from_parts
+from plow.runtime.kv_cache import PagedKVCache, PageTable
+from plow.runtime.prefix_cache import PrefixCache
+from plow.runtime.sampler import SamplingParams, sample_row
+from plow.schedule import ScheduleOptions, build_schedule
+from plow.target import Target, load_target
+from plow.tiles import TilingOptions, tile_graph
+
+F32 = np.float32
+
+
+def round_up(value: int, rungs: Sequence[int]) -> int:
+    """The smallest rung >= value (the ladder's rule); `PlowError` when none covers it."""
+    for r in sorted(rungs):
+        if r >= value:
+            return r
+    raise PlowError("ladder", f"{value} exceeds the largest rung {max(rungs)}")
+
+
+def _pow2_rungs(top: int, start: int = 1) -> tuple[int, ...]:
+    out, r = [], start
+    while r < top:
+        out.append(r)
+        r *= 2
+    out.append(top)
+    return tuple(sorted(set(out)))
+
+
+@dataclass(frozen=True, slots=True)
+class RowInput:
+    """One batch row of a launch: the request's page table, the positions this step feeds
+    (contiguous), and their token ids (None: the device already holds the id in the ids
+    slot — a decode row continuing from the previous step)."""
+
+    table: PageTable
+    positions: tuple[int, ...]
+    ids: tuple[int, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class RowDevice:
+    """What the device epilogue needs per row in a quantum: sampling and stopping."""
+
+    params: SamplingParams
+    rng: np.random.Generator | None
+    remaining: int  # tokens the row may still produce
+    stop_ids: tuple[int, ...] = ()
+
+
+class CpuModel:
+    """See the module docstring. `target` plans the buckets (default: the `cpu` target);
+    `mode`/`seed`/`check` configure the machine (interleaving, checking mode)."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        weights: Mapping[str, np.ndarray],
+        *,
+        target: str | Target = "cpu",
+        max_batch: int = 8,
+        max_context: int | None = None,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        ring: int = 8,
+        mode: Mode = "round_robin",
+        seed: int = 0,
+        check: bool = False,
+        schedule_options: ScheduleOptions | None = None,
+    ) -> None:
+        self.spec = spec
+        self.target = load_target(target) if isinstance(target, str) else target
+        self.max_batch = max_batch
+        self.context = min(spec.max_position, max_context or spec.max_position)
+        self.block_size = block_size
+        self.ring = ring
+        self.schedule_options = schedule_options
+        self.decode_batches = _pow2_rungs(max_batch)
+        self.prefill_seqs = _pow2_rungs(self.context, 8)
+        per_row = -(-self.context // block_size)
+        blocks = num_blocks or 2 * max_batch * per_row
+        names = {n for n in weights}
+        self.weights: dict[str, np.ndarray] = {}
+        self._raw = weights
+        self._names = names
+        kv = KVShape(spec.num_layers, blocks, spec.num_kv_heads, block_size, spec.head_dim)
+        self.arena = Arena(kv)
+        self.kv = PagedKVCache(
+            spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, blocks
+        )
+        self.kv.arena = self.arena.kv  # the pool's storage is the arena's key-value region
+        self.prefix = PrefixCache(self.kv, salt=f"{spec.family}:{id(weights)}".encode())
+        self.machine = Machine(self.arena, self.weights, mode=mode, seed=seed, check=check)
+        self.plans: dict[Bucket, Plan] = {}
+        self.last_plan: Plan | None = None
+        self.steps = 0
+        self.tasks_run = 0
+
+    # -- plans ---------------------------------------------------------------------------
+    def _weight(self, name: str) -> None:
+        if name not in self.weights:
+            self.weights[name] = np.ascontiguousarray(np.asarray(self._raw[name], dtype=F32))
+
+    def plan(self, bucket: Bucket) -> Plan:
+        """The compiled plan of `bucket` (compiled on first use, in memory)."""
+        p = self.plans.get(bucket)
+        if p is None:
+            graph = build_graph(self.spec, bucket)
+            tg = tile_graph(graph, self.target, TilingOptions())
+            sched = build_schedule(tg, graph, self.target, self.schedule_options)
+            p = plan_from_parts(bucket, graph, tg, sched, self.arena.kv_shape, self.ring)
+            self.add_plan(p)
+        return p
+
+    def add_plan(self, p: Plan) -> None:
+        """Install a plan (compiled here, or loaded from a bundle / mutated by a test)."""
+        for name, t in p.graph.tensors.items():
+            if t.role.value == "weight":
+                self._weight(name)
+        if self.arena.grow(p.layout.words):
+            self.kv.arena = self.arena.kv
+        self.plans[p.bucket] = p
+
+    def decode_bucket(self, rows: int) -> Bucket:
+        return Bucket.decode(round_up(rows, self.decode_batches), self.context)
+
+    def prefill_bucket(self, rows: int, tokens: int) -> Bucket:
+        return Bucket.prefill(
+            round_up(rows, self.decode_batches), round_up(tokens, self.prefill_seqs), self.context
+        )
+
+    @property
+    def max_prefill_tokens(self) -> int:
+        return max(self.prefill_seqs)
+
+    # -- one launch ----------------------------------------------------------------------
+    def write_inputs(self, plan: Plan, rows: Sequence[RowInput | None]) -> None:
+        """Host → arena: ids (where given), positions, sample index, page tables."""
+        if len(rows) > plan.batch:
+            raise PlowError(plan.bucket.name, f"{len(rows)} rows exceed batch {plan.batch}")
+        if self.arena.layout is not plan.layout:
+            self.arena.use(plan.layout)
+            self.kv.arena = self.arena.kv
+            self.last_plan = None  # another bucket ran: the ids slot holds no device tokens
+        B, T = plan.batch, plan.tokens
+        ids = self.arena.view("ids")
+        pos = self.arena.view("positions")
+        sidx = self.arena.view("sample_index")
+        table = self.arena.view(PAGE_TABLE)
+        pos[:] = -1
+        sidx[:] = 0
+        table[:] = 0
+        for b in range(B):
+            r = rows[b] if b < len(rows) else None
+            if r is None:
+                continue
+            n = len(r.positions)
+            if not 1 <= n <= T:
+                raise PlowError(plan.bucket.name, f"row {b}: {n} tokens, bucket holds {T}")
+            if r.positions[-1] >= self.context:
+                raise PlowError(plan.bucket.name, f"row {b}: position beyond {self.context}")
+            if r.table.capacity <= r.positions[-1]:
+                raise PlowError(plan.bucket.name, f"row {b}: page table too short")
+            pos[b, :n] = r.positions
+            sidx[b] = n - 1
+            table[b, : len(r.table.blocks)] = r.table.blocks
+            if r.ids is not None:
+                ids[b, :n] = r.ids
+            elif self.last_plan is not plan:
+                raise PlowError(plan.bucket.name, f"row {b}: no ids given and none on device")
+
+    def dispatch(self, plan: Plan, **kw: object) -> DispatchStats:
+        st = self.machine.dispatch(plan, **kw)  # type: ignore[arg-type]
+        self.last_plan = plan
+        self.steps += 1
+        self.tasks_run += st.tasks
+        return st
+
+    def logits(self, plan: Plan) -> np.ndarray:
+        """logits[B, V] of each row's sampled position (a copy)."""
+        lg = self.arena.view("lm_head")
+        sidx = self.arena.view("sample_index")
+        return np.array(lg[np.arange(plan.batch), sidx])
+
+    def sampled(self, plan: Plan) -> np.ndarray:
+        return np.array(self.arena.view("sample").reshape(-1)[: plan.batch])
+
+    def _epilogue(self, plan: Plan, i: int, dev: Sequence[RowDevice | None]) -> None:
+        """Device-side end of step `i` of a quantum: stochastic rows sample from the logits in
+        the arena, each row's token goes to the ring, positions advance, rows out of budget or
+        at a stop id turn into padding."""
+        out = self.arena.view("sample").reshape(-1)
+        pos = self.arena.view("positions")
+        ring = self.arena.view(RING)
+        rem = self.arena.view(REMAINING)
+        lg = self.arena.view("lm_head")
+        sidx = self.arena.view("sample_index")
+        for b in range(plan.batch):
+            d = dev[b] if b < len(dev) else None
+            if d is None or pos[b, 0] < 0 or rem[b] <= 0:
+                ring[i, b] = -1
+                if plan.tokens == 1:
+                    pos[b, 0] = -1
+                continue
+            if not d.params.is_greedy:
+                out[b] = sample_row(lg[b, sidx[b]], d.params, d.rng)
+            tok = int(out[b])
+            ring[i, b] = tok
+            rem[b] -= 1
+            if plan.tokens == 1:
+                p = int(pos[b, 0]) + 1
+                pos[b, 0] = -1 if rem[b] == 0 or tok in d.stop_ids or p >= self.context else p
+
+    def run_quantum(
+        self,
+        plan: Plan,
+        rows: Sequence[RowInput | None],
+        dev: Sequence[RowDevice | None],
+        steps: int,
+        **kw: object,
+    ) -> np.ndarray:
+        """Write the inputs once, run `steps` dispatches back to back (decode) or one
+        (prefill), and read the token ring: tokens[steps, B] (-1: no token)."""
+        if not 1 <= steps <= plan.ring:
+            raise PlowError("multi-step", f"quantum {steps} outside 1..{plan.ring}")
+        if plan.tokens > 1 and steps != 1:
+            raise PlowError("multi-step", "a prefill launch is one step")
+        self.write_inputs(plan, rows)
+        rem = self.arena.view(REMAINING)
+        rem[:] = 0
+        for b, d in enumerate(dev):
+            if d is not None:
+                rem[b] = d.remaining
+        for i in range(steps):
+            self.dispatch(plan, **kw)
+            self._epilogue(plan, i, dev)
+        return np.array(self.arena.view(RING)[:steps, : plan.batch])
+
+    def context_full(self, position: int) -> bool:
+        return position >= self.context
+
+    @property
+    def weight_bytes(self) -> int:
+        """fp32 bytes of the weights a step reads (each tensor once)."""
+        return sum(int(math.prod(self._raw[n].shape)) * 4 for n in self._names)
