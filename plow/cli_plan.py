@@ -73,7 +73,6 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
         from plow.cli_bundle import certificate_table, compile_table
         from plow.compile import STAGES
         from plow.emit.bundle import BUNDLE_STAGES, FINAL_STAGES, compile_bundle
-        from plow.emit.verify import write_certificates
         from plow.profile import CompileProfile, load_profile
         from plow.target import load_target
 
@@ -120,9 +119,6 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 result = compile_bundle(
                     source, out, tgt, prof, verify=verify, plan_only=plan_only, on_stage=on_stage
                 )
-            if result.report is not None:
-                result.report.bundle = out
-                write_certificates(result.report)
         except PlowError as e:
             fail(e)
         Console().print(compile_table(result))

@@ -369,10 +369,12 @@ def compile_bundle(
         )
         report = None
         if verify:
-            from plow.emit.verify import verify_bundle
+            from plow.emit.verify import verify_bundle, write_certificates
 
             report = timed("verify", "", lambda: verify_bundle(tmp))
             report.raise_if_rejected()
+            write_certificates(report)
+            report.bundle = out
         old = None
         if out.exists():
             old = parent / f"{out.name}.old-{os.getpid()}-{time.monotonic_ns()}"
