@@ -123,8 +123,7 @@ def _inspect_cmd(fail: Fail) -> Callable[..., None]:
         mdl = info["model"]
         console.print(
             f"{bundle}: {mdl['family']} ({mdl['layers']} layers, {mdl['parameters']:,} "
-            f"parameters) for {info['target']}"
-            + (" — plan only" if info["plan_only"] else ""),
+            f"parameters) for {info['target']}" + (" — plan only" if info["plan_only"] else ""),
             highlight=False,
         )
         t = Table(title="plan per bucket")
@@ -147,8 +146,16 @@ def _inspect_cmd(fail: Fail) -> Callable[..., None]:
             t.add_row(*(str(b[k]) for _, k in cols))
         console.print(t)
         m = Table(title="memory per bucket")
-        for c in ("bucket", "arena", "weights", "kv", "io", "activations+scratch",
-                  "on-chip peak (max / mean / budget pages)", "hoisted loads"):
+        for c in (
+            "bucket",
+            "arena",
+            "weights",
+            "kv",
+            "io",
+            "activations+scratch",
+            "on-chip peak (max / mean / budget pages)",
+            "hoisted loads",
+        ):
             m.add_column(c)
         for b in info["buckets"]:
             r = b["arena_bytes_by_region"]
@@ -172,8 +179,18 @@ def compile_table(result: Any) -> Table:
     from plow.tiles import fmt_ns
 
     table = Table(title=f"bundle {result.out} — target {result.plan.target.name}")
-    for col in ("bucket", "ops", "tiles", "tasks", "packets", "counters", "arena",
-                "bound", "makespan", "budget"):
+    for col in (
+        "bucket",
+        "ops",
+        "tiles",
+        "tasks",
+        "packets",
+        "counters",
+        "arena",
+        "bound",
+        "makespan",
+        "budget",
+    ):
         table.add_column(col)
     plans = {b.bucket.name: b for b in result.plan.buckets}
     for e in result.emitted:

@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +232,9 @@ def write_bundle_files(
             if (src_dir / f).is_file():
                 shutil.copyfile(src_dir / f, tmp / f)
         if not (tmp / "tokenizer.json").is_file():
-            raise PlowError(src_dir / "tokenizer.json", "missing: a full bundle ships the tokenizer")
+            raise PlowError(
+                src_dir / "tokenizer.json", "missing: a full bundle ships the tokenizer"
+            )
     rungs = []
     by_name = {b.bucket.name: b for b in result.buckets}
     for e in emitted:
@@ -342,16 +345,24 @@ def compile_bundle(
     for bp in result.buckets:
         name = bp.bucket.name
         sched = getattr(bp, "schedule", None)
-        if sched is None:
-            sched = timed("schedule", name, lambda bp=bp: build_schedule(bp.tiles, bp.graph, target))
-        pages = timed("pages", name, lambda s=sched, bp=bp: plan_pages(s, bp.tiles, target, bp.graph))
-        arena = timed("arena", name, lambda bp=bp: plan_arena(bp.graph, bp.tiles))
+        if sched is None:  # a compile_plan that stops before the schedule
+            sched = timed("schedule", name, partial(build_schedule, bp.tiles, bp.graph, target))
+        pages = timed("pages", name, partial(plan_pages, sched, bp.tiles, target, bp.graph))
+        arena = timed("arena", name, partial(plan_arena, bp.graph, bp.tiles))
         emitted.append(
             timed(
                 "emit",
                 name,
-                lambda bp=bp, s=sched, pg=pages, ar=arena: emit_bucket(
-                    bp.bucket, bp.graph, bp.tiles, s, pg, ar, target, bp.budget_ns
+                partial(
+                    emit_bucket,
+                    bp.bucket,
+                    bp.graph,
+                    bp.tiles,
+                    sched,
+                    pages,
+                    arena,
+                    target,
+                    bp.budget_ns,
                 ),
             )
         )

@@ -191,8 +191,8 @@ def schedule_file(
             cols[k].append(v)
     p = pages.tasks
     edges: list[int] = []
-    for u, t in s.edges:
-        edges += (new[u], new[t])
+    for pu, ct in s.edges:
+        edges += (new[pu], new[ct])
     return ScheduleFile(
         bucket=s.bucket,
         workers=s.workers,

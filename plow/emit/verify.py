@@ -165,7 +165,9 @@ def group_tasks(arr: PacketArray) -> Grouped | str:
     left = [w for w, p in pending.items() if p]
     if left:
         return f"worker {left[0]}: wait-only nop packets at the end of the queue"
-    mains = tuple(g[len([x for x in g if op[x] == Opcode.NOP and wc[x] != NO_COUNTER])] for g in groups)
+    mains = tuple(
+        g[len([x for x in g if op[x] == Opcode.NOP and wc[x] != NO_COUNTER])] for g in groups
+    )
     queues: dict[int, list[int]] = {}
     for k, g in enumerate(groups):
         queues.setdefault(wk[g[-1]], []).append(k)
@@ -191,7 +193,9 @@ class CounterGraph:
         p = CounterPayload(
             tasks=[
                 Task(name=n, worker=w, waits=wa, signals=si)
-                for n, w, wa, si in zip(self.names, self.workers, self.waits, self.signals, strict=True)
+                for n, w, wa, si in zip(
+                    self.names, self.workers, self.waits, self.signals, strict=True
+                )
             ],
             queues=self.queues,
             counters=[
@@ -356,7 +360,10 @@ def tile_payload_from_table(ot: OpTable, target: dict[str, Any]) -> TilePayload:
             TileOp(
                 name=o.name,
                 kind=o.kind,
-                axes=[TileAxis(name=a.name, extent=a.extent, tile=a.tile, steps=a.steps) for a in o.axes],
+                axes=[
+                    TileAxis(name=a.name, extent=a.extent, tile=a.tile, steps=a.steps)
+                    for a in o.axes
+                ],
                 flops_per_point=o.cost.flops_per_point,
                 flops=o.cost.flops,
                 charged_cost=o.cost.charged_cost,
@@ -380,9 +387,13 @@ def page_payload_from_file(sf: ScheduleFile, chunk: int = 64) -> dict[str, objec
     n = len(sf.tasks.name)
     cols = (p.start, p.finish, p.load, p.weight_pages, p.act_pages)
     if any(len(c) != n for c in cols):
-        raise MalformedBundle(f"schedule {sf.bucket}", "page columns do not have one entry per task")
+        raise MalformedBundle(
+            f"schedule {sf.bucket}", "page columns do not have one entry per task"
+        )
     tasks = [TaskPages(*row) for row in zip(*cols, strict=True)]
-    return split_timeline(p.budget_pages, page_windows(sf.tasks.worker, sf.tasks.name, tasks), chunk)
+    return split_timeline(
+        p.budget_pages, page_windows(sf.tasks.worker, sf.tasks.name, tasks), chunk
+    )
 
 
 def tensor_bytes(shape: list[int], dtype: str) -> int:
@@ -402,13 +413,17 @@ def alloc_payload_from_files(sf: ScheduleFile, ot: OpTable) -> Any:
     live = live_ranges([(o.inputs, o.outputs) for o in ot.ops], roles, scratch)
     bufs = []
     for b in sf.arena.buffers:
-        t = ot.tensors.get(b.name)
-        if t is None or b.name not in live:
-            raise MalformedBundle(f"schedule {sf.bucket}", f"arena buffer {b.name!r} is not a tensor of the op table")
-        bufs.append((b.name, b.region, b.offset, tensor_bytes(t.shape, t.dtype)))
+        te = ot.tensors.get(b.name)
+        if te is None or b.name not in live:
+            raise MalformedBundle(
+                f"schedule {sf.bucket}", f"arena buffer {b.name!r} is not a tensor of the op table"
+            )
+        bufs.append((b.name, b.region, b.offset, tensor_bytes(te.shape, te.dtype)))
     missing = set(ot.tensors) - {b.name for b in sf.arena.buffers}
     if missing:
-        raise MalformedBundle(f"schedule {sf.bucket}", f"tensor {sorted(missing)[0]!r} has no place in the arena map")
+        raise MalformedBundle(
+            f"schedule {sf.bucket}", f"tensor {sorted(missing)[0]!r} has no place in the arena map"
+        )
     return alloc_payload(sf.arena.arena_bytes, bufs, live, sf.arena.align)
 
 
@@ -452,7 +467,9 @@ def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -
         and "certificates" not in p.relative_to(bundle).parts
         and str(p.relative_to(bundle)) not in m.files
     )
-    problems = [f"{rel}: sha256 differs from the manifest (edited after compilation)" for rel in bad]
+    problems = [
+        f"{rel}: sha256 differs from the manifest (edited after compilation)" for rel in bad
+    ]
     problems += [f"{rel}: not listed in the manifest" for rel in extra]
     jobs: list[tuple[str, str, Callable[[], Row]]] = []
     for rung in m.ladder:
@@ -466,7 +483,8 @@ def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -
         for name, t in ot.tensors.items():
             if amap.get(name, t.offset) != t.offset:
                 problems.append(
-                    f"{rung.ops}: tensor {name!r} at offset {t.offset}, the arena map says {amap[name]}"
+                    f"{rung.ops}: tensor {name!r} at offset {t.offset}, "
+                    f"the arena map says {amap[name]}"
                 )
                 break
         try:
@@ -487,7 +505,9 @@ def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -
         def job_c(sf: ScheduleFile = sf, name: str = name) -> Row:
             return _row("C", name, run_checkpoint("C", page_payload_from_file(sf)))
 
-        def job_d(decoded: PacketArray | str = decoded, sf: ScheduleFile = sf, name: str = name) -> Row:
+        def job_d(
+            decoded: PacketArray | str = decoded, sf: ScheduleFile = sf, name: str = name
+        ) -> Row:
             if isinstance(decoded, str):
                 return Row("D", name, "reject", (), f"cannot read the packets: {decoded}")
             g = counter_graph_from_packets(decoded, sf)
@@ -500,7 +520,9 @@ def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -
             return Row("D", name, "reject" if err else "accept (python)", (), err or note)
 
         def job_e(body: bytes = body, expected: PacketArray = expected, name: str = name) -> Row:
-            return _row("E", name, run_checkpoint("E", wire_payload_dict(body, expected), timeout_s=600))
+            return _row(
+                "E", name, run_checkpoint("E", wire_payload_dict(body, expected), timeout_s=600)
+            )
 
         def job_f(sf: ScheduleFile = sf, ot: OpTable = ot, name: str = name) -> Row:
             return _row("F", name, run_checkpoint("F", alloc_payload_from_files(sf, ot)))
@@ -522,12 +544,18 @@ def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -
             ot = _load_json(bundle / rung.ops, OpTable)
             for tname, t in ot.tensors.items():
                 if t.role == "weight":
-                    e = have.get(tname)
-                    if e is None or list(e.shape) != t.shape:
+                    he = have.get(tname)
+                    if he is None or list(he.shape) != t.shape:
                         problems.append(f"{WEIGHTS}: weight {tname!r} missing or of another shape")
                         break
     report.rows.append(
-        Row("bundle", "", "reject" if problems else "accept", (), "; ".join(problems[:3]) or "hashes and cross-references match")
+        Row(
+            "bundle",
+            "",
+            "reject" if problems else "accept",
+            (),
+            "; ".join(problems[:3]) or "hashes and cross-references match",
+        )
     )
     # Independent oracle processes: run a few at once (the E payload dominates).
     order = {ck: i for i, ck in enumerate(CHECKPOINTS)}
@@ -548,7 +576,9 @@ def write_certificates(report: VerifyReport) -> list[str]:
     d.mkdir(exist_ok=True)
     notes: list[str] = []
     for ck in CHECKPOINTS:
-        certs = {r.bucket: r.certificate for r in report.rows if r.checkpoint == ck and r.certificate}
+        certs = {
+            r.bucket: r.certificate for r in report.rows if r.checkpoint == ck and r.certificate
+        }
         if not certs:
             continue
         p = d / f"{ck}.json"
@@ -558,14 +588,16 @@ def write_certificates(report: VerifyReport) -> list[str]:
                 for b, c in certs.items():
                     prev = old.buckets.get(b)
                     if prev is not None and prev.payload_sha256 != c.payload_sha256:
-                        notes.append(f"certificates/{ck}.json: bucket {b} payload changed since it was certified")
+                        notes.append(
+                            f"certificates/{ck}.json: bucket {b} payload changed "
+                            "since it was certified"
+                        )
             except (ValidationError, json.JSONDecodeError):
                 notes.append(f"certificates/{ck}.json: unreadable, replaced")
-        c = CheckpointCertificates(
+        doc = CheckpointCertificates(
             checkpoint=ck,
-            accepted=all(x.accepted for x in certs.values()),
+            accepted=all(x.accepted for x in certs.values() if x is not None),
             buckets={b: x for b, x in certs.items() if x is not None},
         )
-        p.write_text(c.model_dump_json(indent=2))
+        p.write_text(doc.model_dump_json(indent=2))
     return notes
-

@@ -66,9 +66,7 @@ def region_bytes(buffers: Sequence[Buffer]) -> dict[str, int]:
     out: dict[str, int] = {}
     for region in ("weights", "kv", "io"):
         bs = [b for b in buffers if b.region == region]
-        out[region] = (
-            max(b.offset + b.size for b in bs) - min(b.offset for b in bs) if bs else 0
-        )
+        out[region] = max(b.offset + b.size for b in bs) - min(b.offset for b in bs) if bs else 0
     pool = [b for b in buffers if b.region in ("activations", "scratch")]
     out["activations+scratch"] = (
         max(b.offset + b.size for b in pool) - min(b.offset for b in pool) if pool else 0
@@ -162,7 +160,9 @@ def plan_arena(graph: OpGraph, tg: TileGraph, align: int = ALIGN) -> Arena:
         for t in order:
             if roles[t] == role:
                 put(t, region)  # type: ignore[arg-type]
-    sampled = graph.ops[-1].outputs[0] if graph.ops and graph.ops[-1].kind.value == "sample" else None
+    sampled = (
+        graph.ops[-1].outputs[0] if graph.ops and graph.ops[-1].kind.value == "sample" else None
+    )
     alias = (
         sampled is not None
         and SAMPLED_SLOT in graph.tensors
@@ -215,14 +215,12 @@ def plan_arena(graph: OpGraph, tg: TileGraph, align: int = ALIGN) -> Arena:
                     free.pop(k)
                 break
         if off < 0:
-            if free and free[-1][0] + free[-1][1] == end:  # grow the last free block
-                off = free.pop()[0]
-            else:
-                off = end
+            # grow the last free block when it ends at the pool's end
+            off = free.pop()[0] if free and free[-1][0] + free[-1][1] == end else end
             end = off + need
         active.append((live[t][1], off, need))
-        region: Region = "scratch" if t in scratch else "activations"
-        placed.append(Buffer(t, region, base + off, sizes[t]))
+        reg: Region = "scratch" if t in scratch else "activations"
+        placed.append(Buffer(t, reg, base + off, sizes[t]))
     total = _up(base + end, align) if pool else _up(cursor, align)
     return Arena(max(total, align), align, tuple(placed))
 
@@ -263,4 +261,3 @@ def arena_payload(graph: OpGraph, tg: TileGraph, arena: Arena) -> AllocPayload:
         live,
         arena.align,
     )
-

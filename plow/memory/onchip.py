@@ -25,12 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plow.errors import PlanRejected
+from plow.graph.ops import OpGraph
 from plow.oracle.payloads.pages import PagePayload, PageWindow, WorkerTimeline
 from plow.schedule.ir import Schedule, TaskKind
 from plow.schedule.protocol import simulate
-from plow.target.model import Target
-from plow.graph.ops import OpGraph
-from plow.target.model import dtype_bytes
+from plow.target.model import Target, dtype_bytes
 from plow.tiles.ir import TiledOp, TileGraph
 
 
@@ -97,7 +96,7 @@ def plan_pages(s: Schedule, tg: TileGraph, target: Target, graph: OpGraph) -> Pa
     """Page windows of every task of `s` (hoisting weight loads where the budget allows)."""
     page = target.page_bytes
     budget = target.onchip_bytes_per_worker // page
-    lat = {k: float(v) for k, v in target.atomic_latency_ns.items()}
+    lat: dict[str, float] = {k: float(v) for k, v in target.atomic_latency_ns.items()}
     tl = simulate(s, lat)
     foot = {o.name: onchip_footprint(o, tg, graph) for o in tg.ops}
     need: list[tuple[int, int]] = []

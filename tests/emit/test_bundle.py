@@ -38,7 +38,9 @@ def run_verify(bundle: Path) -> tuple[int, dict[str, Any] | None, str]:
 def reasons(doc: dict[str, Any] | None, checkpoint: str) -> list[str]:
     assert doc is not None
     return [
-        r["reason"] for r in doc["rows"] if r["checkpoint"] == checkpoint and r["verdict"] == "reject"
+        r["reason"]
+        for r in doc["rows"]
+        if r["checkpoint"] == checkpoint and r["verdict"] == "reject"
     ]
 
 
@@ -82,7 +84,9 @@ def _packet_with_wait(bundle: Path, rung: dict[str, Any]) -> tuple[int, int]:
     raise AssertionError("no waiting packet")
 
 
-def test_lowered_threshold_rejected_by_d_and_e(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+def test_lowered_threshold_rejected_by_d_and_e(
+    tiny_bundles: dict[str, Path], tmp_path: Path
+) -> None:
     b = copy_bundle(tiny_bundles["qwen3"], tmp_path / "b")
     rung = first_rung(b)
     i, th = _packet_with_wait(b, rung)
@@ -150,7 +154,9 @@ def _buf(arena: dict[str, Any], region: str) -> dict[str, Any]:
     return b
 
 
-def test_overlapping_live_buffers_rejected_by_f(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+def test_overlapping_live_buffers_rejected_by_f(
+    tiny_bundles: dict[str, Path], tmp_path: Path
+) -> None:
     b = copy_bundle(tiny_bundles["llama"], tmp_path / "b")
 
     def clash(a: dict[str, Any]) -> None:

@@ -33,7 +33,9 @@ def test_reemission_matches_the_plan_file(tiny_bundles: dict[str, Path]) -> None
 def test_nops_carry_the_extra_waits_and_signals(tiny_bundles: dict[str, Path]) -> None:
     ot, sf, arr = _files(tiny_bundles["gemma3"])
     t = sf.tasks
-    extra = sum(max(0, len(w) - 1) + max(0, len(s) - 1) for w, s in zip(t.waits, t.signals))
+    extra = sum(
+        max(0, len(w) - 1) + max(0, len(s) - 1) for w, s in zip(t.waits, t.signals, strict=True)
+    )
     assert extra > 0  # attention waits on q, k and v: the convention is exercised
     assert int((arr["opcode"] == 0).sum()) == extra
     g = group_tasks(arr)
@@ -74,9 +76,21 @@ def mutated(draw: st.DrawFn, base: bytes) -> bytes:
         i = draw(st.integers(0, arr.size - 1))
         name = draw(
             st.sampled_from(
-                ["worker", "op_index", "wait_counter", "wait_threshold", "signal_counter",
-                 "row_start", "rows", "in_offset", "weight_offset", "out_offset", "flags",
-                 "scope", "opcode"]
+                [
+                    "worker",
+                    "op_index",
+                    "wait_counter",
+                    "wait_threshold",
+                    "signal_counter",
+                    "row_start",
+                    "rows",
+                    "in_offset",
+                    "weight_offset",
+                    "out_offset",
+                    "flags",
+                    "scope",
+                    "opcode",
+                ]
             )
         )
         dt = PACKET_DTYPE[name]

@@ -55,9 +55,7 @@ def test_round_up_errors(phase: str, batch: int, seq: int, match: str) -> None:
 
 
 rungs = st.lists(
-    st.builds(
-        lambda b, s: Bucket.decode(b, s), st.integers(1, 16), st.integers(1, 64)
-    ),
+    st.builds(lambda b, s: Bucket.decode(b, s), st.integers(1, 16), st.integers(1, 64)),
     min_size=1,
     max_size=8,
 )
