@@ -167,22 +167,24 @@ class ReferenceExecutor:
 
 
 class CpuExecutor:
-    """The compiled CPU executor (persistent-kernel emulation, issue 6): not in yet."""
+    """The compiled CPU executor (persistent-kernel emulation, issue 6): the plan's packets
+    on virtual workers, counters as the only synchronisation (`plow.runtime.cpu`)."""
 
     name = "cpu"
     description = "the compiled plan's packet stream on the CPU persistent-kernel emulation"
 
     def unavailable_reason(self) -> str | None:
-        return (
-            "the compiled CPU executor is not available yet (issue 6); "
-            "run the study with `executor: reference`"
-        )
+        return None
 
     def open(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Runner:
-        raise ExecutorUnavailable("executor cpu", self.unavailable_reason() or "")
+        from plow.runtime.cpu.engine import CpuRunner
+
+        return CpuRunner.open(ckpt, max_batch=max_batch, max_context=max_context)
 
     def serving_engine(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Any:
-        raise ExecutorUnavailable("executor cpu", self.unavailable_reason() or "")
+        from plow.runtime.cpu.engine import CpuEngine
+
+        return CpuEngine.from_checkpoint(ckpt, max_batch=max_batch, max_context=max_context)
 
 
 def gpu_present() -> bool:

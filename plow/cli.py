@@ -77,19 +77,32 @@ def generate(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (token_ids, text).")
     ] = False,
+    temperature: Annotated[
+        float, typer.Option(min=0.0, help="0 = greedy; > 0 samples (--executor cpu).")
+    ] = 0.0,
+    top_k: Annotated[int, typer.Option(min=0, help="Keep the k most likely (0 = off).")] = 0,
+    top_p: Annotated[float, typer.Option(help="Nucleus mass in (0, 1] (1 = off).")] = 1.0,
+    min_p: Annotated[float, typer.Option(help="Drop below min_p x max prob (0 = off).")] = 0.0,
+    seed: Annotated[int | None, typer.Option(min=0, help="Sampling seed.")] = None,
 ) -> None:
-    """Generate tokens greedily from a prompt."""
+    """Generate tokens from a prompt (greedy unless --temperature > 0)."""
     from plow.checkpoint import load_checkpoint
     from plow.runtime.reference import generate_greedy
+    from plow.runtime.sampler import SamplingParams
 
     try:
         if (prompt is None) == (prompt_ids is None):
             raise PlowError("generate", "give exactly one of --prompt or --prompt-ids")
-        if executor is not Executor.reference:
+        if executor is Executor.cuda:
             raise PlowError(
                 f"--executor {executor.value}",
-                "not available yet: only the reference executor runs in this version",
+                "not available yet: run with --executor cpu or --executor reference",
             )
+        params = SamplingParams(temperature, top_k, top_p, min_p, seed)
+        if not params.is_greedy and executor is not Executor.cpu:
+            raise PlowError("--temperature", "stochastic sampling runs on --executor cpu")
+        if (model / "manifest.json").is_file() and not (model / "config.json").is_file():
+            raise PlowError(model, "bundles cannot be loaded yet; pass the checkpoint directory")
         ckpt = load_checkpoint(model)
         ids = (
             _parse_ids(prompt_ids)
@@ -111,7 +124,12 @@ def generate(
                 f"{ckpt.spec.max_position} positions",
             )
         stop = () if ignore_eos else ckpt.spec.eos_token_ids
-        out = generate_greedy(ckpt, ids, max_new_tokens, stop_ids=stop)
+        if executor is Executor.cpu:
+            from plow.runtime.cpu.engine import generate_one
+
+            out, _ = generate_one(ckpt, ids, max_new_tokens, params=params, stop_ids=stop)
+        else:
+            out = generate_greedy(ckpt, ids, max_new_tokens, stop_ids=stop)
         text = ckpt.tokenizer.decode(out)
     except PlowError as e:
         _fail(e)

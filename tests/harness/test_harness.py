@@ -236,9 +236,7 @@ def test_shipped_workloads_parse() -> None:
 def test_executor_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     assert set(EXECUTORS) == {"reference", "cpu", "cuda"}
     assert get_executor("reference").name == "reference"
-    with pytest.raises(ExecutorUnavailable, match="issue 6") as info:
-        get_executor("cpu")
-    assert info.value.exit_code == 2
+    assert get_executor("cpu").name == "cpu"  # the CPU executor (issue 6) is registered
     monkeypatch.setenv("PLOW_ASSUME_NO_GPU", "1")
     with pytest.raises(ExecutorUnavailable, match="no GPU on this machine"):
         get_executor("cuda")

@@ -176,6 +176,7 @@ class CpuModel:
         for b in range(B):
             r = rows[b] if b < len(rows) else None
             if r is None:
+                ids[b, :] = 0  # a padded row still embeds: give it a valid id
                 continue
             n = len(r.positions)
             if not 1 <= n <= T:
@@ -189,6 +190,7 @@ class CpuModel:
             table[b, : len(r.table.blocks)] = r.table.blocks
             if r.ids is not None:
                 ids[b, :n] = r.ids
+                ids[b, n:] = 0
             elif self.last_plan is not plan:
                 raise PlowError(plan.bucket.name, f"row {b}: no ids given and none on device")
 
