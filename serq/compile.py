@@ -8,7 +8,10 @@ without walking the AST or looking names up in dictionaries.
 
 from __future__ import annotations
 
+import heapq
 import math
+import re
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,8 +169,13 @@ def build(
     info: Info,
     overrides: Mapping[str, float] | None = None,
     filename: str = "<input>",
+    fast: bool = True,
 ) -> Model:
-    """Evaluate constants (with ``--set`` overrides) and generate the simulator."""
+    """Evaluate constants (with ``--set`` overrides) and generate the simulator.
+
+    With ``fast`` (the default) the generated loop also steps runs of identical iterations
+    (see :func:`_fast_block`); ``fast=False`` generates the plain loop, with the same results.
+    """
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(info.params))
     if unknown:
@@ -252,8 +260,12 @@ def build(
         env = Env(const_code, {"now": "_ta", **seen}, {}, defs, draws=True)
         arrive.append(f"v_{s.name} = {gen(s.value, env)}")
         seen[s.name] = f"v_{s.name}"
+    # a request variable set to the arrival time is the list `arr_t` already
+    at_arrival = {
+        s.name for s in init_sets if isinstance(s.value, A.Name) and s.value.name == "now"
+    }
     for n in req_vars:
-        if n in obs_used:
+        if n in obs_used and n not in at_arrival:
             arrive.append(f"RV_{n}.append(v_{n})")
     given_env = Env(const_code, dict(seen), {}, defs)
     claims: list[ClaimSpec] = []
@@ -266,7 +278,7 @@ def build(
                 f"    g{i} = False; c{i} = False; gf{i} = (rid, _ta)",
             ]
     (server,) = info.servers
-    amounts = {"prefill": "0", "decode": "0"}
+    amounts = {"prefill": "0", "decode": "0"}  # whole numbers of tokens
     stage_obs: dict[str, list[tuple[str, A.Expr]]] = {"arrive": [], "first": [], "done": []}
     runs = [st for st in server.steps if isinstance(st, A.Run)]
     last_run = runs[-1] if runs else None
@@ -278,6 +290,8 @@ def build(
             if isinstance(amt, A.Call) and amt.func == "cost":
                 amt = amt.args[1]
             amounts[st.phase] = gen(amt, srv_env)
+            if not _is_int(amt, consts, {s.name: s.value for s in init_sets}):
+                amounts[st.phase] = f"_ceil({amounts[st.phase]})"  # an int already needs none
             stage = "done" if st is last_run else "first"
         else:
             stage_obs["done" if last_run is None else stage].append((st.name, st.value))
@@ -285,7 +299,9 @@ def build(
     obs_env = Env(const_code, {"now": "_t", **{n: f"RV_{n}[rid]" for n in req_vars}}, {}, defs)
 
     def observe(stage_name: str) -> list[str]:
-        return [f"OBS[{name!r}].append({gen(v, obs_env)})" for name, v in stage_obs[stage_name]]
+        return [
+            f"_o{observe_names.index(name)}({gen(v, obs_env)})" for name, v in stage_obs[stage_name]
+        ]
 
     def finish(t: str) -> list[str]:
         body = [
@@ -322,6 +338,7 @@ def build(
             "    _bl = buckets.get(_f)",
             "    if _bl is None:",
             "        buckets[_f] = [rid]",
+            "        _heappush(kh, _f)",
             "    else:",
             "        _bl.append(rid)",
             "    n_dec += 1",
@@ -331,10 +348,10 @@ def build(
         return body
 
     arrive += [
-        f"_p = _ceil({amounts['prefill']})",
+        f"_p = {amounts['prefill']}",
         "if _p < 0:",
         "    _p = 0",
-        f"_d = _ceil({amounts['decode']})",
+        f"_d = {amounts['decode']}",
         "if _d < 0:",
         "    _d = 0",
         "arr_t.append(_ta); prem.append(_p); dtot.append(_d); first_t.append(-1.0)",
@@ -366,13 +383,19 @@ def build(
     adv_mode = mode_var(advance.only) if advance is not None else None
     adm_mode = mode_var(admit.only) if admit is not None else None
     trace_mode = adv_mode if adv_mode is not None else (adm_mode or "None")
-    form += ["b_tok = 0", "b_req = 0", "adv = 0", "pdone = None", "adone = None"]
+    # when `advance` would take a chunk of at least b_tok of a request alone in `pre`
+    adm_after: str | None = None
+    form += ["b_tok = 0", "b_req = 0", "adv = 0", "pdone = None", "adone = None", "pa = -1"]
     if advance is not None:
         each = (
             _fold(f"_floor({gen(advance.each, eng_env)})") if advance.each is not None else "_INF"
         )
         sel_dec = adv_mode or "True"
+        # prefill amounts are ints: a chunk is one unless the cap or the bound is a float
+        to_int = "" if _int_literal(cap_code) and _int_literal(each) else "c = int(c); "
         sel_pre = f"not {adv_mode}" if adv_mode is not None else "True"
+        if not re.search(r"\b(b_tok|b_req)\b", each):
+            adm_after = f"{sel_pre} and {each} >= b_tok"
         form += [
             f"if n_dec and {sel_dec}:",
             f"    e = {each}",
@@ -393,7 +416,7 @@ def build(
             "            c = room",
             "        if c <= 0:",
             "            break",
-            "        c = int(c); prem[rid] -= c; b_tok += c; b_req += 1",
+            f"        {to_int}prem[rid] -= c; b_tok += c; b_req += 1; pa = rid",
             "        if prem[rid] == 0:",
             "            if pdone is None:",
             "                pdone = [rid]",
@@ -403,6 +426,7 @@ def build(
     if admit is not None:
         each2 = _fold(f"_floor({gen(admit.each, eng_env)})") if admit.each is not None else "_INF"
         cond = gen(admit.while_, eng_env) if admit.while_ is not None else "True"
+        to_int2 = "" if _int_literal(cap_code) and _int_literal(each2) else "c = int(c); "
         match = f"(prem[h] == 0) == {adm_mode}" if adm_mode is not None else "True"
         form += [
             "if waiting and b_tok < cap:",
@@ -422,7 +446,7 @@ def build(
             "                c = room",
             "            if c <= 0:",
             "                break",
-            "            c = int(c); waiting.popleft(); prem[h] -= c; b_tok += c; b_req += 1",
+            f"            {to_int2}waiting.popleft(); prem[h] -= c; b_tok += c; b_req += 1",
             "            if prem[h] == 0:",
             "                if pdone is None:",
             "                    pdone = [h]",
@@ -450,6 +474,7 @@ def build(
         "    K += 1",
         "    fl = buckets.pop(K, None)",
         "    if fl is not None:",
+        "        _heappop(kh)",
         "        for rid in fl:",
         "            del dec[rid]",
         "            n_dec -= 1",
@@ -469,8 +494,10 @@ def build(
         "    buckets = {}",
         "    for rid, f in dec.items():",
         "        buckets.setdefault(f, []).append(rid)",
+        "    kh = sorted(buckets)",
         "    fl = buckets.pop(K, None)",
         "    if fl is not None:",
+        "        _heappop(kh)",
         "        for rid in fl:",
         "            del dec[rid]",
         "            n_dec -= 1",
@@ -478,15 +505,41 @@ def build(
     end += _ind(finish("end"), 3)
     end += ["if pdone is not None:", "    for rid in pdone:"]
     end += _ind(first_token("end", "dtot[rid]"), 2)
-    end += ["    if pre:", "        pre = deque([r for r in pre if prem[r]])"]
+    # drop finished prefills from `pre`: usually just its head
+    end += [
+        "    if pre:",
+        "        _n = 0",
+        "        while pre and not prem[pre[0]]:",
+        "            pre.popleft(); _n += 1",
+        "        if _n < len(pdone) and pre:",
+        "            pre = deque([r for r in pre if prem[r]])",
+    ]
     end += ["if adone is not None:", "    for rid in adone:"]
     end += _ind(first_token("end", "dtot[rid] - 1"), 2)
+
+    # Runs of identical iterations need a batch that is a function of the request state: no
+    # formation expression nor `execute` may read the clock or the token count, and the cap
+    # and modes (computed before the batch is reset) may not read the previous batch.
+    reads_time = re.compile(r"\b(now|served)\b")
+    reads_batch = re.compile(r"\b(b_tok|b_req)\b")
+    reset = form.index("b_tok = 0")
+    fast_ok = (
+        fast
+        and not any(reads_time.search(ln) for ln in [*form, exec_code])
+        and not any(reads_batch.search(ln) for ln in form[:reset])
+    )
+    # after an admission the batch repeats only if nothing in the formation reads the queue
+    admitted: str | None = None
+    if adm_after is not None and not any("len(waiting)" in ln for ln in form):
+        admitted = adm_after
+    fast_block = _fast_block(chk, exec_code, finish, first_token, admitted) if fast_ok else []
 
     claim_init = []
     for i in range(len(claims)):
         claim_init.append(f"c{i} = True; v{i} = None; g{i} = True; gf{i} = None")
     claim_out = ", ".join(f"(v{i}, gf{i})" for i in range(len(claims)))
-    rv_init = [f"RV_{n} = []" for n in req_vars]
+    rv_init = [f"RV_{n} = arr_t" if n in at_arrival else f"RV_{n} = []" for n in req_vars]
+    rv_init += [f"_o{i} = OBS[{name!r}].append" for i, name in enumerate(observe_names)]
 
     src: list[str] = [
         "def _simulate(H, W, IA, U, X, SAMPLES, TRACE_LEN, OBS, TR):",
@@ -494,17 +547,18 @@ def build(
         "    now = 0.0; served = 0; it = 0",
         "    waiting = deque(); pre = deque()",
         "    prem = []; dtot = []; arr_t = []; first_t = []; hasp = []",
-        "    dec = {}; buckets = {}; K = 0",
+        "    dec = {}; buckets = {}; K = 0; kh = []",
         "    n_dec = 0; n_res = 0; n_pre = 0",
         "    nreq = 0; n_done = 0; n_done_w = 0",
-        "    ttft = []; tbt = []; resp = []; bs = []; bt = []",
+        "    ttft = []; tbt = []; resp = []; bc = _defaultdict(int)",
         "    samples = []; si = 0; s_next = SAMPLES[0]",
-        "    trace = deque(maxlen=TRACE_LEN)",
+        "    trace = deque(maxlen=TRACE_LEN); FAST = not TR",
         *_ind(claim_init, 1),
         *_ind(rv_init, 1),
         "    t_next = _IA() if INV_RATE > 0 else _INF",
         "    if t_next >= H:",
         "        t_next = _INF",
+        "    tstop = _min(t_next, s_next, H)",
         "    while True:",
         "        while t_next <= now:",
         "            _ta = t_next",
@@ -513,11 +567,17 @@ def build(
         "            t_next = _ta + _IA()",
         "            if t_next >= H:",
         "                t_next = _INF",
+        "            tstop = t_next if t_next < s_next else s_next",
+        "            if H < tstop:",
+        "                tstop = H",
         "        if now >= H:",
         "            break",
         "        while now >= s_next:",
         "            samples.append((s_next, n_res, len(waiting), n_dec)); si += 1",
         "            s_next = SAMPLES[si]",
+        "            tstop = t_next if t_next < s_next else s_next",
+        "            if H < tstop:",
+        "                tstop = H",
         *_ind(form, 2),
         "        if b_tok == 0:",
         "            if t_next == _INF:",
@@ -525,6 +585,7 @@ def build(
         "                break",
         "            now = t_next",
         "            continue",
+        *_ind(fast_block, 2),
         "        if TR:",
         f"            trace.append((it, now, served, b_tok, b_req, n_dec, n_res, len(waiting), "
         f"{trace_mode}))",
@@ -535,16 +596,15 @@ def build(
         "        end = now + dur",
         *_ind(end, 2),
         "        if now >= W:",
-        "            bs.append(b_req); bt.append(b_tok)",
+        "            bc[b_req, b_tok] += 1",
         "        served += b_tok; now = end; it += 1",
         "    while s_next <= H:",
         "        samples.append((s_next, n_res, len(waiting), n_dec)); si += 1",
         "        s_next = SAMPLES[si]",
-        "    return dict(now=now, served=served, iterations=it, iterations_w=len(bs),",
-        "                tokens_w=sum(bt),",
+        "    return dict(now=now, served=served, iterations=it,",
         "                arrivals=nreq, completions=n_done, completions_w=n_done_w,",
         "                residents=n_res, waiting=len(waiting), decoders=n_dec,",
-        "                ttft=ttft, tbt=tbt, resp=resp, bs=bs, bt=bt, samples=samples,",
+        "                ttft=ttft, tbt=tbt, resp=resp, batches=bc, samples=samples,",
         f"                claims=[{claim_out}])",
     ]
     source = "\n".join(src) + "\n"
@@ -557,6 +617,9 @@ def build(
         "_INF": math.inf,
         "INV_RATE": inv_rate,
         "_NegativeDuration": NegativeDuration,
+        "_heappush": heapq.heappush,
+        "_defaultdict": defaultdict,
+        "_heappop": heapq.heappop,
     }
     from collections import deque
 
@@ -577,6 +640,106 @@ def build(
     )
 
 
+def _fast_block(
+    chk: list[str],
+    exec_code: str,
+    finish: Callable[[str], list[str]],
+    first_token: Callable[[str, str], list[str]],
+    admitted: str | None,
+) -> list[str]:
+    """Code run after a batch is formed: step the run of identical iterations it starts.
+
+    Only generated when no batch-formation expression and not ``execute`` reads ``now`` or
+    ``served`` (and the cap and modes, computed before the batch is reset, do not read the
+    previous batch): the batch an iteration forms is then a function of the request state
+    alone (counts, queues, remaining prefill), and so is its duration. Two kinds of batch are
+    repeated by the iterations that follow them until something changes that state:
+
+    - decode run: every decoder takes one token and nothing else is in the batch
+      (``adv == 1``, ``b_tok == n_dec``). Such an iteration changes only ``K``, so the next one
+      forms the same batch, up to and including the iteration at which ``K`` reaches the next
+      finishing step ``kh[0]`` (the least key of ``buckets``); its requests finish at its end.
+    - prefill run: the batch is one chunk of ``b_tok == cap`` tokens of the oldest prefill,
+      ``pa`` (taken by ``advance``), or of a request just admitted into an empty prefill queue
+      when ``advance`` would take the same chunk of it next (``admitted``). Such an iteration
+      changes only that request's remaining prefill, so the next one takes the same chunk
+      while at least ``cap`` tokens remain; the prefill completes at the end of the iteration
+      that takes its last chunk.
+
+    A run also ends before the next arrival, backlog sample, the warm-up boundary and the
+    horizon, where the general loop takes over again. Every iteration of a run is checked
+    against every claim, with its own ``it``, ``now`` and ``served``; ``now`` advances by
+    repeated addition as in the general loop, so times are bit-identical. The batch statistics
+    of a run are recorded once, as ``(requests, tokens, count)``. Not used when tracing.
+    """
+    head = [
+        f"dur = {exec_code}",
+        "if dur < 0:",
+        "    raise _NegativeDuration(it, now, dur)",
+        "fdur = float(dur)  # what `now + dur` adds",
+        "if now >= W:",
+        "    stop = tstop; rec = True",
+        "else:",
+        "    stop = W if W < tstop else tstop; rec = False",
+        "i0 = it",
+        "for it in range(it, lim):",
+        "    if now >= stop:",
+        "        break",
+        *_ind(chk, 1),
+        "    served += b_tok; now += fdur",
+        "else:",
+        "    it = lim",
+        "n = it - i0",
+        "if rec:",
+        "    bc[b_req, b_tok] += n",
+    ]
+    decode = [
+        "kmin = kh[0]",
+        "lim = it + kmin - K",
+        *head,
+        "K += n",
+        "if K == kmin:",
+        "    _heappop(kh)",
+        "    for rid in buckets.pop(K):",
+        "        del dec[rid]",
+        "        n_dec -= 1",
+        *_ind(finish("now"), 2),
+        "continue",
+    ]
+    prefill = [
+        "p = prem[rid]",
+        "lim = it + 1 + p // b_tok",
+        *head,
+        "p -= (n - 1) * b_tok",
+        "prem[rid] = p",
+        "if p == 0:",
+        "    pre.popleft()",
+        *_ind(first_token("now", "dtot[rid]"), 1),
+        "continue",
+    ]
+    out = [
+        "if FAST:",
+        "    if adv == 1:",
+        "        if b_tok == n_dec:",
+        *_ind(decode, 3),
+        "    elif adv == 0 and b_req == 1 and b_tok == cap and pdone is None:",
+        "        if pa >= 0:",
+        "            rid = pa",
+    ]
+    if admitted is not None:
+        out += [
+            f"        elif adone is None and len(pre) == 1 and {admitted}:",
+            "            rid = pre[0]",
+        ]
+    out += [
+        "        else:",
+        "            rid = -1",
+        "        if rid >= 0:",
+        *_ind(prefill, 3),
+    ]
+    return out
+
+
 class NegativeDuration(Exception):
     def __init__(self, it: int, now: float, dur: float) -> None:
         super().__init__(f"execute gave a negative duration {dur} at iteration {it} (t = {now} µs)")
@@ -591,6 +754,32 @@ def _fold(code: str) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return literal(value)
     return code
+
+
+def _int_literal(code: str) -> bool:
+    return code.isdigit()
+
+
+def _is_int(e: A.Expr, consts: Mapping[str, Value], sets: Mapping[str, A.Expr]) -> bool:
+    """Whether ``e`` always evaluates to a Python ``int`` (so ``ceil`` would return it as is)."""
+    if isinstance(e, A.Num):
+        return isinstance(e.value, int) and not isinstance(e.value, bool)
+    if isinstance(e, A.Name):
+        if e.name in sets:
+            inner = {k: v for k, v in sets.items() if k != e.name}  # no cycles
+            return _is_int(sets[e.name], consts, inner)
+        v = consts.get(e.name)
+        return isinstance(v, int) and not isinstance(v, bool)
+    if isinstance(e, A.Unary):
+        return e.op == "-" and _is_int(e.operand, consts, sets)
+    if isinstance(e, A.Binary):
+        return e.op in ("+", "-", "*") and all(_is_int(x, consts, sets) for x in (e.left, e.right))
+    if isinstance(e, A.Call):
+        if e.func in ("ceil", "floor"):
+            return True
+        if e.func in ("min", "max"):
+            return all(_is_int(a, consts, sets) for a in e.args)
+    return False
 
 
 def _names(e: A.Expr) -> set[str]:
