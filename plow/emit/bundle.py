@@ -218,6 +218,17 @@ def write_bundle_files(
     config = src / "config.json" if src.is_dir() else src
     (tmp / "plan").mkdir(parents=True)
     shutil.copyfile(config, tmp / "config.json")
+    from plow.tiles.summary import TilesFile, bucket_summary
+
+    (tmp / "tiles.json").write_text(
+        TilesFile(
+            model=str(src),
+            family=result.spec.family,
+            target=result.target.name,
+            profile=result.profile.name,
+            buckets=[bucket_summary(b.tiles, b.bounds) for b in result.buckets],
+        ).model_dump_json()
+    )
     weights = None
     if not plan_only:
         if not src.is_dir():
@@ -279,7 +290,9 @@ def write_bundle_files(
     files = {
         str(p.relative_to(tmp)): sha256_file(p)
         for p in sorted(tmp.rglob("*"))
-        if p.is_file() and p.name != MANIFEST and "certificates" not in p.relative_to(tmp).parts
+        if p.is_file()
+        and p.name != MANIFEST
+        and not {"certificates", "payloads"} & set(p.relative_to(tmp).parts)
     }
     manifest = Manifest(
         model=ModelInfo(
@@ -302,6 +315,20 @@ def write_bundle_files(
     )
     (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=1))
     return manifest
+
+
+def _check_full_source(src: Path) -> None:
+    """A full bundle needs weights and a tokenizer: say so before planning."""
+    from plow.checkpoint.loader import weight_files
+
+    if not src.is_dir():
+        raise PlowError(src, "a full bundle needs a checkpoint directory: pass --plan-only")
+    try:
+        weight_files(src)
+    except PlowError as e:
+        raise PlowError(src, f"{e.problem}: pass --plan-only to plan from the config alone") from e
+    if not (src / "tokenizer.json").is_file():
+        raise PlowError(src / "tokenizer.json", "missing: a full bundle ships the tokenizer")
 
 
 def compile_bundle(
@@ -339,6 +366,8 @@ def compile_bundle(
         raise PlowError(out, f"cannot create the parent directory: {e.strerror or e}") from e
     if out.exists() and not out.is_dir():
         raise PlowError(out, "exists and is not a directory")
+    if not plan_only:
+        _check_full_source(Path(source))
     result = compile_plan(Path(source), target, profile, verify=False, on_stage=on_stage)
     seconds.update(result.stage_seconds)
     emitted: list[EmittedBucket] = []

@@ -29,7 +29,7 @@ import json
 import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,7 @@ class Row:
     theorems: tuple[str, ...] = ()
     reason: str = ""
     certificate: Certificate | None = None
+    payload: dict[str, Any] | None = None  # kept for checkpoint B (payloads/B/<bucket>.json)
 
     @property
     def rejected(self) -> bool:
@@ -464,7 +465,7 @@ def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -
         for p in bundle.rglob("*")
         if p.is_file()
         and p.name != MANIFEST
-        and "certificates" not in p.relative_to(bundle).parts
+        and not {"certificates", "payloads"} & set(p.relative_to(bundle).parts)
         and str(p.relative_to(bundle)) not in m.files
     )
     problems = [
@@ -500,7 +501,9 @@ def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -
         name = rung.name
 
         def job_b(ot: OpTable = ot, name: str = name) -> Row:
-            return _row("B", name, run_checkpoint("B", tile_payload_from_table(ot, m.target)))
+            payload = tile_payload_from_table(ot, m.target)
+            row = _row("B", name, run_checkpoint("B", payload))
+            return replace(row, payload=payload.model_dump(mode="json"))
 
         def job_c(sf: ScheduleFile = sf, name: str = name) -> Row:
             return _row("C", name, run_checkpoint("C", page_payload_from_file(sf)))
@@ -568,12 +571,18 @@ def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -
 
 
 def write_certificates(report: VerifyReport) -> list[str]:
-    """Write `certificates/<ckpt>.json` (one certificate per bucket); returns notes about
-    previous certificates whose payload hash differs (the bundle changed since)."""
+    """Write `certificates/<ckpt>.json` (one certificate per bucket) and the checkpoint B
+    payloads `payloads/B/<bucket>.json` (small; re-checkable with `run_checkpoint`); returns
+    notes about previous certificates whose payload hash differs (the bundle changed since)."""
     from plow.compile import CheckpointCertificates
 
     d = report.bundle / "certificates"
     d.mkdir(exist_ok=True)
+    for r in report.rows:
+        if r.payload is not None:
+            pd = report.bundle / "payloads" / r.checkpoint
+            pd.mkdir(parents=True, exist_ok=True)
+            (pd / f"{r.bucket}.json").write_text(json.dumps(r.payload))
     notes: list[str] = []
     for ck in CHECKPOINTS:
         certs = {
