@@ -130,58 +130,20 @@ Inductive counter_error : Type :=
 | CErr_cycle (a b ra rb : N)
     (** [a] must precede [b] but [rank a >= rank b]: possible cycle *).
 
-(** First error of [f i x] over the elements [x] of [l] at positions [i]. *)
-Fixpoint find_err {A E : Type} (f : nat -> A -> option E) (i : nat) (l : list A)
+(** First error of [f i x] over the elements [x] of [l] at (binary) positions [i]. *)
+Fixpoint find_errN {A E : Type} (f : N -> A -> option E) (i : N) (l : list A)
   : option E :=
   match l with
   | [] => None
-  | x :: l' => match f i x with Some e => Some e | None => find_err f (S i) l' end
+  | x :: l' => match f i x with Some e => Some e | None => find_errN f (N.succ i) l' end
   end.
 
 Definition first_err {A E : Type} (f : A -> option E) (l : list A) : option E :=
-  find_err (fun _ x => f x) 0%nat l.
+  find_errN (fun _ x => f x) 0 l.
 
 (** Sequencing of checks: the first error wins. *)
 Definition orelse {E : Type} (a b : option E) : option E :=
   match a with Some e => Some e | None => b end.
-
-Definition check_lengths (p : cplan) : option counter_error :=
-  let n := length (cp_signals p) in
-  if (Nat.eqb (length (cp_workers p)) n && Nat.eqb (length (cp_waits p)) n
-      && Nat.eqb (length (cp_ranks p)) n)%bool then None
-  else Some (CErr_lengths (N.of_nat n) (N.of_nat (length (cp_workers p)))
-              (N.of_nat (length (cp_waits p))) (N.of_nat (length (cp_ranks p)))).
-
-(** Every queue entry is a task, and that task's [worker] field agrees. *)
-Definition check_queue_entries (p : cplan) : option counter_error :=
-  let n := N.of_nat (ntasks p) in
-  find_err (fun w q =>
-    find_err (fun i t =>
-      if t <? n then
-        if nth (N.to_nat t) (cp_workers p) 0 =? N.of_nat w then None
-        else Some (CErr_task_worker t (N.of_nat w))
-      else Some (CErr_queue_task (N.of_nat w) (N.of_nat i) t)) 0%nat q) 0%nat (cp_queues p).
-
-(** Every task occurs exactly once in the queues. *)
-Definition check_occurrences (p : cplan) : option counter_error :=
-  let all := concat (cp_queues p) in
-  first_err (fun t =>
-    let k := count_occ N.eq_dec all t in
-    if Nat.eqb k 1 then None else Some (CErr_task_occurs t (N.of_nat k))) (tasks p).
-
-(** Every counter a task waits on or signals exists. *)
-Definition check_counter_refs (p : cplan) : option counter_error :=
-  let nc := N.of_nat (length (cp_thresholds p)) in
-  let chk t l := first_err (fun c => if c <? nc then None else Some (CErr_counter_ref t c)) l in
-  orelse (find_err (fun i ws => chk (N.of_nat i) ws) 0%nat (cp_waits p))
-         (find_err (fun i ss => chk (N.of_nat i) ss) 0%nat (cp_signals p)).
-
-(** Every counter's threshold is the number of tasks that signal it. *)
-Definition check_thresholds (p : cplan) : option counter_error :=
-  find_err (fun c th =>
-    let expected := N.of_nat (length (filter (mem (N.of_nat c)) (cp_signals p))) in
-    if expected =? th then None else Some (CErr_threshold (N.of_nat c) expected th))
-    0%nat (cp_thresholds p).
 
 (** [u] occurs in [q] strictly before [t]. *)
 Fixpoint before (u t : N) (q : list N) : bool :=
@@ -190,51 +152,190 @@ Fixpoint before (u t : N) (q : list N) : bool :=
   | x :: q' => if x =? u then mem t q' else before u t q'
   end.
 
-(** Every edge is covered by a counter or by same-queue order. *)
-Definition check_edges (p : cplan) : option counter_error :=
-  find_err (fun e (ut : N * N) =>
+(** *** Indexed maps
+
+    The checker looks tasks and counters up by index in binary tries
+    (a binary trie keyed by [N.succ_pos n], as in [FMapPositive]), so that a whole check is O((tasks + edges + list
+    entries) * log) instead of the quadratic list walks of positions. *)
+Inductive trie (A : Type) : Type :=
+| Leaf : trie A
+| Node : trie A -> option A -> trie A -> trie A.
+Arguments Leaf {A}.
+Arguments Node {A} _ _ _.
+
+Fixpoint tfind {A : Type} (i : positive) (m : trie A) : option A :=
+  match m with
+  | Leaf => None
+  | Node l o r => match i with xH => o | xO j => tfind j l | xI j => tfind j r end
+  end.
+
+Fixpoint tadd {A : Type} (i : positive) (v : A) (m : trie A) : trie A :=
+  match m with
+  | Leaf =>
+      match i with
+      | xH => Node Leaf (Some v) Leaf
+      | xO j => Node (tadd j v Leaf) None Leaf
+      | xI j => Node Leaf None (tadd j v Leaf)
+      end
+  | Node l o r =>
+      match i with
+      | xH => Node l (Some v) r
+      | xO j => Node (tadd j v l) o r
+      | xI j => Node l o (tadd j v r)
+      end
+  end.
+
+Definition nkey (n : N) : positive := N.succ_pos n.
+
+(** Entry [n] of [m], [d] when absent. *)
+Definition get {A : Type} (m : trie A) (d : A) (n : N) : A :=
+  match tfind (nkey n) m with Some x => x | None => d end.
+
+Fixpoint index_from {A : Type} (i : N) (l : list A) (m : trie A) : trie A :=
+  match l with [] => m | x :: l' => index_from (N.succ i) l' (tadd (nkey i) x m) end.
+
+(** The list [l] as a map from positions: [get (index_map l) d n = nth n l d]. *)
+Definition index_map {A : Type} (l : list A) : trie A := index_from 0 l Leaf.
+
+Definition lengthN {A : Type} (l : list A) : N := fold_left (fun n _ => N.succ n) l 0.
+
+(** Occurrence counts: [count_into m l] adds 1 at [x] for each occurrence of [x] in [l]. *)
+Definition count_into (m : trie N) (l : list N) : trie N :=
+  fold_left (fun m x => tadd (nkey x) (N.succ (get m 0 x)) m) l m.
+
+(** How often each task occurs in the queues. *)
+Definition occ_map (qs : list (list N)) : trie N := fold_left count_into qs Leaf.
+
+(** [l] without repetitions (signal lists are short). *)
+Fixpoint undup (l : list N) : list N :=
+  match l with [] => [] | x :: l' => if mem x l' then undup l' else x :: undup l' end.
+
+(** Per counter, how many tasks signal it. *)
+Definition sig_count_map (sgs : list (list N)) : trie N :=
+  fold_left (fun m s => count_into m (undup s)) sgs Leaf.
+
+(** Per task, its (worker, position) in the queues. *)
+Fixpoint pos_queue (w i : N) (q : list N) (m : trie (N * N)) : trie (N * N) :=
+  match q with [] => m | x :: q' => pos_queue w (N.succ i) q' (tadd (nkey x) (w, i) m) end.
+
+Fixpoint pos_queues (w : N) (qs : list (list N)) (m : trie (N * N)) : trie (N * N) :=
+  match qs with [] => m | q :: qs' => pos_queues (N.succ w) qs' (pos_queue w 0 q m) end.
+
+Definition pos_map (qs : list (list N)) : trie (N * N) := pos_queues 0 qs Leaf.
+
+(** [u] before [t] in one queue, by their recorded positions. *)
+Definition qbefore (pm : trie (N * N)) (u t : N) : bool :=
+  match tfind (nkey u) pm, tfind (nkey t) pm with
+  | Some (wu, iu), Some (wt, it) => (wu =? wt) && (iu <? it)
+  | _, _ => false
+  end.
+
+(** Per counter, a signaller of highest rank (the first such) and its rank. *)
+Definition upd_max (a ra : N) (m : trie (N * N)) (c : N) : trie (N * N) :=
+  match tfind (nkey c) m with
+  | Some (_, r) => if r <? ra then tadd (nkey c) (a, ra) m else m
+  | None => tadd (nkey c) (a, ra) m
+  end.
+
+Fixpoint max_from (a : N) (sgs : list (list N)) (rks : list N) (m : trie (N * N))
+  : trie (N * N) :=
+  match sgs, rks with
+  | s :: sgs', r :: rks' => max_from (N.succ a) sgs' rks' (fold_left (upd_max a r) s m)
+  | _, _ => m
+  end.
+
+Definition max_map (p : cplan) : trie (N * N) :=
+  max_from 0 (cp_signals p) (cp_ranks p) Leaf.
+
+(** *** The checks, in the order they run *)
+
+Definition check_lengths (p : cplan) : option counter_error :=
+  let n := lengthN (cp_signals p) in
+  let nw := lengthN (cp_workers p) in
+  let nwt := lengthN (cp_waits p) in
+  let nr := lengthN (cp_ranks p) in
+  if ((nw =? n) && (nwt =? n) && (nr =? n))%bool then None
+  else Some (CErr_lengths n nw nwt nr).
+
+(** Every queue entry is a task ([< n]), and that task's [worker] field agrees. *)
+Definition check_queue_entries (p : cplan) (wm : trie N) (n : N) : option counter_error :=
+  find_errN (fun w q =>
+    find_errN (fun i t =>
+      if t <? n then
+        if get wm 0 t =? w then None else Some (CErr_task_worker t w)
+      else Some (CErr_queue_task w i t)) 0 q) 0 (cp_queues p).
+
+(** Every task occurs exactly once in the queues ([om] = [occ_map]). *)
+Definition check_occurrences (p : cplan) (om : trie N) : option counter_error :=
+  find_errN (fun t _ =>
+    let k := get om 0 t in
+    if k =? 1 then None else Some (CErr_task_occurs t k)) 0 (cp_signals p).
+
+(** Every counter a task waits on or signals exists ([nc] counters). *)
+Definition check_counter_refs (p : cplan) (nc : N) : option counter_error :=
+  let chk t l := first_err (fun c => if c <? nc then None else Some (CErr_counter_ref t c)) l in
+  match find_errN chk 0 (cp_waits p) with
+  | Some e => Some e
+  | None => find_errN chk 0 (cp_signals p)
+  end.
+
+(** Every counter's threshold is the number of tasks that signal it ([sm] = [sig_count_map]). *)
+Definition check_thresholds (p : cplan) (sm : trie N) : option counter_error :=
+  find_errN (fun c th =>
+    let expected := get sm 0 c in
+    if expected =? th then None else Some (CErr_threshold c expected th)) 0 (cp_thresholds p).
+
+(** Every edge is covered by a counter or by same-queue order ([wtm], [sgm]:
+    waits and signals by task; [pm] = [pos_map]). *)
+Definition check_edges (p : cplan) (wtm sgm : trie (list N)) (pm : trie (N * N))
+  : option counter_error :=
+  find_errN (fun e (ut : N * N) =>
     let (u, t) := ut in
-    if existsb (fun c => mem c (signals_of p u)) (waits_of p t)
-       || existsb (before u t) (cp_queues p) then None
-    else Some (CErr_uncovered (N.of_nat e) u t)) 0%nat (cp_edges p).
+    if existsb (fun c => mem c (get sgm [] u)) (get wtm [] t) || qbefore pm u t then None
+    else Some (CErr_uncovered e u t)) 0 (cp_edges p).
 
-(** Per task: (index, rank, waits, signals). *)
-Definition table (p : cplan) : list (N * N * list N * list N) :=
-  map (fun j => (N.of_nat j, nth j (cp_ranks p) 0, nth j (cp_waits p) [], nth j (cp_signals p) []))
-      (seq 0 (ntasks p)).
-
-(** Ranks increase along every gate: for each waiter [b], each counter [c]
-    it waits on, each signaller [a] of [c]: [rank a < rank b]. *)
-Definition check_gate_ranks (p : cplan) : option counter_error :=
-  let tb := table p in
-  first_err (fun (x : N * N * list N * list N) => let '(b, rb, wb, _) := x in
+(** Ranks increase along every gate: for each waiter [b] and counter [c] it
+    waits on, the highest-ranked signaller of [c] ([mm] = [max_map]) ranks
+    below [b]. *)
+Definition check_gate_ranks (p : cplan) (rkm : trie N) (mm : trie (N * N))
+  : option counter_error :=
+  find_errN (fun b wb =>
+    let rb := get rkm 0 b in
     first_err (fun c =>
-      first_err (fun (y : N * N * list N * list N) => let '(a, ra, _, sa) := y in
-        if mem c sa then (if ra <? rb then None else Some (CErr_cycle a b ra rb)) else None) tb)
-      wb) tb.
+      match tfind (nkey c) mm with
+      | Some (a, ra) => if ra <? rb then None else Some (CErr_cycle a b ra rb)
+      | None => None
+      end) wb) 0 (cp_waits p).
 
 (** Ranks increase along each queue (consecutive pairs). *)
-Fixpoint check_chain (p : cplan) (q : list N) : option counter_error :=
+Fixpoint check_chain (rkm : trie N) (q : list N) : option counter_error :=
   match q with
   | a :: ((b :: _) as q') =>
-      orelse (if rank_of p a <? rank_of p b then None
-              else Some (CErr_cycle a b (rank_of p a) (rank_of p b)))
-             (check_chain p q')
+      let ra := get rkm 0 a in
+      let rb := get rkm 0 b in
+      if ra <? rb then check_chain rkm q' else Some (CErr_cycle a b ra rb)
   | _ => None
   end.
 
-Definition check_queue_ranks (p : cplan) : option counter_error :=
-  first_err (check_chain p) (cp_queues p).
+Definition check_queue_ranks (p : cplan) (rkm : trie N) : option counter_error :=
+  first_err (check_chain rkm) (cp_queues p).
 
+(** All checks, each run only when the previous ones passed; the maps are
+    built once. *)
 Definition check_all (p : cplan) : option counter_error :=
-  orelse (check_lengths p)
-  (orelse (check_queue_entries p)
-  (orelse (check_occurrences p)
-  (orelse (check_counter_refs p)
-  (orelse (check_thresholds p)
-  (orelse (check_edges p)
-  (orelse (check_gate_ranks p)
-          (check_queue_ranks p))))))).
+  match check_lengths p with Some e => Some e | None =>
+  match check_queue_entries p (index_map (cp_workers p)) (lengthN (cp_signals p)) with
+  | Some e => Some e | None =>
+  match check_occurrences p (occ_map (cp_queues p)) with Some e => Some e | None =>
+  match check_counter_refs p (lengthN (cp_thresholds p)) with Some e => Some e | None =>
+  match check_thresholds p (sig_count_map (cp_signals p)) with Some e => Some e | None =>
+  match check_edges p (index_map (cp_waits p)) (index_map (cp_signals p))
+                      (pos_map (cp_queues p)) with
+  | Some e => Some e | None =>
+  let rkm := index_map (cp_ranks p) in
+  match check_gate_ranks p rkm (max_map p) with Some e => Some e | None =>
+  check_queue_ranks p rkm
+  end end end end end end end.
 
 (** The checkpoint D checker. *)
 Definition check_counters (p : cplan) : verdict counter_error :=

@@ -5,22 +5,23 @@ Import ListNotations.
 
 (** ** Generic list lemmas *)
 
-Lemma find_err_none {A E} (f : nat -> A -> option E) :
-  forall l i, find_err f i l = None ->
-  forall j x, nth_error l j = Some x -> f (i + j)%nat x = None.
+Lemma find_errN_none {A E} (f : N -> A -> option E) :
+  forall l i, find_errN f i l = None ->
+  forall k x, nth_error l k = Some x -> f (i + N.of_nat k)%N x = None.
 Proof.
-  induction l as [|y l IH]; intros i H j x Hj; [destruct j; discriminate|].
+  induction l as [|y l IH]; intros i H k x Hk; [destruct k; discriminate|].
   simpl in H. destruct (f i y) eqn:Ef; [discriminate|].
-  destruct j as [|j]; simpl in Hj.
-  - inversion Hj; subst. rewrite Nat.add_0_r. exact Ef.
-  - rewrite <- Nat.add_succ_comm. exact (IH (S i) H j x Hj).
+  destruct k as [|k]; simpl in Hk.
+  - inversion Hk; subst. rewrite N.add_0_r. exact Ef.
+  - replace (i + N.of_nat (S k))%N with (N.succ i + N.of_nat k)%N by lia.
+    exact (IH (N.succ i) H k x Hk).
 Qed.
 
 Lemma first_err_none {A E} (f : A -> option E) l :
   first_err f l = None -> forall x, In x l -> f x = None.
 Proof.
   intros H x Hx. apply In_nth_error in Hx as [j Hj].
-  exact (find_err_none (fun _ x => f x) l 0 H j x Hj).
+  exact (find_errN_none (fun _ x => f x) l 0 H j x Hj).
 Qed.
 
 Lemma orelse_none {E} (a b : option E) : orelse a b = None -> a = None /\ b = None.
@@ -339,41 +340,302 @@ Proof. intros Hrk a H. apply (ranked_acyclic p rk Hrk) in H. lia. Qed.
 
 (** ** C3: the checker is sound *)
 
+(** *** Maps *)
+
+Lemma nkey_inj a b : nkey a = nkey b -> a = b.
+Proof.
+  unfold nkey. intros H. apply N.succ_inj.
+  rewrite <- !N.succ_pos_spec, H. reflexivity.
+Qed.
+
+Lemma tfind_leaf {A} (i : positive) : tfind i (@Leaf A) = None.
+Proof. destruct i; reflexivity. Qed.
+
+Lemma tfind_add_eq {A} (i : positive) (v : A) m : tfind i (tadd i v m) = Some v.
+Proof. revert m; induction i as [i IH|i IH|]; intros [|l o r]; simpl; auto. Qed.
+
+Lemma tfind_add_neq {A} (i j : positive) (v : A) m : i <> j -> tfind i (tadd j v m) = tfind i m.
+Proof.
+  revert j m; induction i as [i IH|i IH|]; intros [j|j|] [|l o r] H; simpl;
+    try rewrite IH by congruence; try (destruct i; reflexivity); try reflexivity; try congruence.
+Qed.
+
+Lemma find_add_eq {A} (m : trie A) n x : tfind (nkey n) (tadd (nkey n) x m) = Some x.
+Proof. apply tfind_add_eq. Qed.
+
+Lemma find_add_neq {A} (m : trie A) n n' x :
+  n <> n' -> tfind (nkey n) (tadd (nkey n') x m) = tfind (nkey n) m.
+Proof. intros Hne. apply tfind_add_neq. intros H. apply Hne, nkey_inj, H. Qed.
+
+Lemma index_from_lt {A} (l : list A) :
+  forall i m n, (n < i)%N -> tfind (nkey n) (index_from i l m) = tfind (nkey n) m.
+Proof.
+  induction l as [|x l IH]; intros i m n Hn; simpl; auto.
+  rewrite IH by lia. apply find_add_neq. lia.
+Qed.
+
+Lemma index_from_at {A} (l : list A) :
+  forall i m k, tfind (nkey (i + N.of_nat k)) (index_from i l m) =
+    match nth_error l k with Some x => Some x | None => tfind (nkey (i + N.of_nat k)) m end.
+Proof.
+  induction l as [|x l IH]; intros i m k.
+  - destruct k; reflexivity.
+  - destruct k as [|k].
+    + cbn [nth_error index_from].
+      rewrite N.add_0_r, index_from_lt by lia. apply find_add_eq.
+    + cbn [nth_error index_from].
+      replace (i + N.of_nat (S k))%N with (N.succ i + N.of_nat k)%N by lia.
+      rewrite IH. destruct (nth_error l k); auto. apply find_add_neq. lia.
+Qed.
+
+Lemma find_index_map {A} (l : list A) n :
+  tfind (nkey n) (index_map l) = nth_error l (N.to_nat n).
+Proof.
+  unfold index_map. pose proof (index_from_at l 0 Leaf (N.to_nat n)) as H.
+  rewrite N.add_0_l, N2Nat.id in H. rewrite H.
+  destruct (nth_error l (N.to_nat n)); auto. apply tfind_leaf.
+Qed.
+
+Lemma get_index_map {A} (l : list A) d n : get (index_map l) d n = nth (N.to_nat n) l d.
+Proof.
+  unfold get. rewrite find_index_map. destruct (nth_error l (N.to_nat n)) eqn:E.
+  - symmetry. apply nth_error_nth. exact E.
+  - apply nth_error_None in E. rewrite nth_overflow; auto.
+Qed.
+
+Lemma lengthN_spec {A} (l : list A) : lengthN l = N.of_nat (length l).
+Proof.
+  unfold lengthN. assert (H : forall k, fold_left (fun n _ => N.succ n) l k = (k + N.of_nat (length l))%N).
+  { induction l as [|x l IH]; intros k; simpl; [lia|]. rewrite IH. lia. }
+  rewrite H. lia.
+Qed.
+
+Lemma get_add_eq m x v : get (tadd (nkey x) v m) 0%N x = v.
+Proof. unfold get. rewrite find_add_eq. reflexivity. Qed.
+
+Lemma get_add_neq m x y v : y <> x -> get (tadd (nkey y) v m) 0%N x = get m 0%N x.
+Proof. intros H. unfold get. rewrite find_add_neq; auto. Qed.
+
+Lemma count_into_get l :
+  forall m x, get (count_into m l) 0%N x = (get m 0%N x + N.of_nat (count_occ N.eq_dec l x))%N.
+Proof.
+  induction l as [|y l IH]; intros m x; [simpl; lia|].
+  change (count_into m (y :: l)) with (count_into (tadd (nkey y) (N.succ (get m 0%N y)) m) l).
+  rewrite IH. simpl count_occ.
+  destruct (N.eq_dec y x) as [->|Hne].
+  - rewrite get_add_eq. lia.
+  - rewrite get_add_neq by auto. reflexivity.
+Qed.
+
+Lemma count_occ_app' (l1 l2 : list N) x :
+  count_occ N.eq_dec (l1 ++ l2) x = (count_occ N.eq_dec l1 x + count_occ N.eq_dec l2 x)%nat.
+Proof.
+  induction l1 as [|y l1 IH]; simpl; auto. destruct (N.eq_dec y x); rewrite IH; auto.
+Qed.
+
+Lemma occ_map_get qs x :
+  get (occ_map qs) 0%N x = N.of_nat (count_occ N.eq_dec (concat qs) x).
+Proof.
+  unfold occ_map.
+  assert (H : forall qs m, get (fold_left count_into qs m) 0%N x =
+                           (get m 0%N x + N.of_nat (count_occ N.eq_dec (concat qs) x))%N).
+  { induction qs0 as [|q qs0 IH]; intros m; simpl; [lia|].
+    rewrite IH, count_into_get, count_occ_app'. lia. }
+  rewrite H. unfold get at 1. rewrite tfind_leaf. lia.
+Qed.
+
+Lemma undup_in l x : In x (undup l) <-> In x l.
+Proof.
+  induction l as [|y l IH]; simpl; [tauto|].
+  destruct (mem y l) eqn:E; simpl; rewrite IH; [|tauto].
+  apply mem_spec in E. split; [auto|]. intros [<-|]; auto.
+Qed.
+
+Lemma undup_nodup l : NoDup (undup l).
+Proof.
+  induction l as [|y l IH]; simpl; [constructor|].
+  destruct (mem y l) eqn:E; auto. constructor; auto.
+  rewrite undup_in. intros H. apply mem_spec in H. congruence.
+Qed.
+
+Lemma count_undup l c :
+  count_occ N.eq_dec (undup l) c = if mem c l then 1%nat else 0%nat.
+Proof.
+  destruct (mem c l) eqn:E.
+  - apply mem_spec in E. apply (NoDup_count_occ' N.eq_dec); [apply undup_nodup|].
+    apply undup_in. exact E.
+  - apply count_occ_not_In. rewrite undup_in, <- mem_spec. congruence.
+Qed.
+
+Lemma sig_count_map_get sgs c :
+  get (sig_count_map sgs) 0%N c = N.of_nat (length (filter (mem c) sgs)).
+Proof.
+  unfold sig_count_map.
+  assert (H : forall sgs m,
+    get (fold_left (fun m s => count_into m (undup s)) sgs m) 0%N c =
+    (get m 0%N c + N.of_nat (length (filter (mem c) sgs)))%N).
+  { induction sgs0 as [|s sgs0 IH]; intros m; simpl; [lia|].
+    rewrite IH, count_into_get, count_undup. destruct (mem c s); simpl; lia. }
+  rewrite H. unfold get at 1. rewrite tfind_leaf. lia.
+Qed.
+
+(** [pos_map] records true positions. *)
+Section PosMap.
+Variable qs : list (list N).
+
+Definition pos_ok (m : trie (N * N)) : Prop :=
+  forall x w i, tfind (nkey x) m = Some (w, i) ->
+  nth_error (nth (N.to_nat w) qs []) (N.to_nat i) = Some x.
+
+Lemma pos_queue_ok w q :
+  forall i m, pos_ok m ->
+  (forall k y, nth_error q k = Some y ->
+     nth_error (nth (N.to_nat w) qs []) (N.to_nat i + k) = Some y) ->
+  pos_ok (pos_queue w i q m).
+Proof.
+  induction q as [|x q IH]; intros i m Hm Hq; simpl; auto.
+  apply IH.
+  - intros y w' i' Hf. destruct (N.eq_dec y x) as [->|Hne].
+    + rewrite find_add_eq in Hf. inversion Hf; subst.
+      specialize (Hq 0%nat x eq_refl). rewrite Nat.add_0_r in Hq. exact Hq.
+    + rewrite find_add_neq in Hf by auto. apply Hm. exact Hf.
+  - intros k y Hk. specialize (Hq (S k) y Hk).
+    replace (N.to_nat (N.succ i) + k)%nat with (N.to_nat i + S k)%nat by lia. exact Hq.
+Qed.
+
+Lemma pos_queues_ok qs' :
+  forall w m, pos_ok m ->
+  (forall k q, nth_error qs' k = Some q -> nth (N.to_nat w + k) qs [] = q) ->
+  pos_ok (pos_queues w qs' m).
+Proof.
+  induction qs' as [|q qs' IH]; intros w m Hm Hqs; simpl; auto.
+  apply IH.
+  - apply pos_queue_ok; auto. intros k y Hk.
+    specialize (Hqs 0%nat q eq_refl). rewrite Nat.add_0_r in Hqs. rewrite Hqs. exact Hk.
+  - intros k q' Hk. specialize (Hqs (S k) q' Hk).
+    replace (N.to_nat (N.succ w) + k)%nat with (N.to_nat w + S k)%nat by lia. exact Hqs.
+Qed.
+
+Lemma pos_map_ok : pos_ok (pos_map qs).
+Proof.
+  apply pos_queues_ok.
+  - intros x w i H. rewrite tfind_leaf in H. discriminate.
+  - intros k q Hk. apply nth_error_nth. exact Hk.
+Qed.
+End PosMap.
+
+Lemma qbefore_spec p u t :
+  qbefore (pos_map (cp_queues p)) u t = true -> queue_before p u t.
+Proof.
+  unfold qbefore.
+  destruct (tfind (nkey u) _) as [[wu iu]|] eqn:Eu; [|discriminate].
+  destruct (tfind (nkey t) _) as [[wt it]|] eqn:Et; [|discriminate].
+  intros H. apply andb_prop in H as [Hw Hi]. apply N.eqb_eq in Hw. apply N.ltb_lt in Hi. subst wt.
+  apply pos_map_ok in Eu. apply pos_map_ok in Et.
+  exists (N.to_nat wu), (N.to_nat iu), (N.to_nat it). unfold queue. repeat split; auto. lia.
+Qed.
+
+(** [max_map]: for each signalled counter, an entry whose rank bounds every signaller's. *)
+Definition dom (m : trie (N * N)) (c r : N) : Prop :=
+  exists a r', tfind (nkey c) m = Some (a, r') /\ (r <= r')%N.
+
+Lemma upd_max_mono a ra m c' c r : dom m c r -> dom (upd_max a ra m c') c r.
+Proof.
+  intros [a0 [r0 [Hf Hle]]]. unfold upd_max.
+  destruct (tfind (nkey c') m) as [[a1 r1]|] eqn:E.
+  - destruct (N.ltb_spec r1 ra); [|exists a0, r0; auto].
+    destruct (N.eq_dec c c') as [->|Hne].
+    + rewrite E in Hf. inversion Hf; subst. exists a, ra. rewrite find_add_eq. split; [reflexivity | lia].
+    + exists a0, r0. rewrite find_add_neq by auto. auto.
+  - destruct (N.eq_dec c c') as [->|Hne]; [congruence|].
+    exists a0, r0. rewrite find_add_neq by auto. auto.
+Qed.
+
+Lemma upd_max_self a ra m c : dom (upd_max a ra m c) c ra.
+Proof.
+  unfold upd_max. destruct (tfind (nkey c) m) as [[a1 r1]|] eqn:E.
+  - destruct (N.ltb_spec r1 ra).
+    + exists a, ra. rewrite find_add_eq. split; [reflexivity | lia].
+    + exists a1, r1. split; [exact E | lia].
+  - exists a, ra. rewrite find_add_eq. split; [reflexivity | lia].
+Qed.
+
+Lemma fold_upd_mono a ra c r s : forall m, dom m c r -> dom (fold_left (upd_max a ra) s m) c r.
+Proof. induction s as [|c' s IH]; intros m H; simpl; auto. apply IH, upd_max_mono, H. Qed.
+
+Lemma fold_upd_self a ra c s : forall m, In c s -> dom (fold_left (upd_max a ra) s m) c ra.
+Proof.
+  induction s as [|c' s IH]; intros m H; simpl; [destruct H|].
+  destruct H as [->|H]; [apply fold_upd_mono, upd_max_self | auto].
+Qed.
+
+Lemma max_from_mono c r sgs : forall rks a m, dom m c r -> dom (max_from a sgs rks m) c r.
+Proof.
+  induction sgs as [|s sgs IH]; intros [|r' rks] a m H; simpl; auto.
+  apply IH, fold_upd_mono, H.
+Qed.
+
+Lemma max_from_at c sgs : forall rks a m k s r,
+  nth_error sgs k = Some s -> nth_error rks k = Some r -> In c s ->
+  dom (max_from a sgs rks m) c r.
+Proof.
+  induction sgs as [|s0 sgs IH]; intros [|r0 rks] a m k s r Hs Hr Hc;
+    [destruct k; discriminate .. |].
+  simpl. destruct k as [|k]; simpl in Hs, Hr.
+  - inversion Hs; inversion Hr; subst. apply max_from_mono, fold_upd_self, Hc.
+  - eapply IH; eauto.
+Qed.
+
+(** *** The checks *)
+
 Lemma check_lengths_ok p :
   check_lengths p = None ->
   length (cp_workers p) = ntasks p /\ length (cp_waits p) = ntasks p /\
   length (cp_ranks p) = ntasks p.
 Proof.
-  unfold check_lengths, ntasks.
-  destruct (Nat.eqb_spec (length (cp_workers p)) (length (cp_signals p))),
-           (Nat.eqb_spec (length (cp_waits p)) (length (cp_signals p))),
-           (Nat.eqb_spec (length (cp_ranks p)) (length (cp_signals p)));
-    simpl; intros H; try discriminate; auto.
+  unfold check_lengths, ntasks. rewrite !lengthN_spec.
+  destruct (N.eqb_spec (N.of_nat (length (cp_workers p))) (N.of_nat (length (cp_signals p)))),
+           (N.eqb_spec (N.of_nat (length (cp_waits p))) (N.of_nat (length (cp_signals p)))),
+           (N.eqb_spec (N.of_nat (length (cp_ranks p))) (N.of_nat (length (cp_signals p))));
+    simpl; intros H; try discriminate. repeat split; apply Nat2N.inj; auto.
 Qed.
 
-Lemma check_queue_entries_ok p :
-  check_queue_entries p = None -> forall x, In x (concat (cp_queues p)) -> is_task p x.
+Lemma nth_error_lt {A} (l : list A) d i :
+  (i < length l)%nat -> nth_error l i = Some (nth i l d).
+Proof.
+  intros Hi. destruct (nth_error l i) eqn:E.
+  - apply nth_error_nth with (d := d) in E as E'. congruence.
+  - apply nth_error_None in E. lia.
+Qed.
+
+Lemma check_queue_entries_ok p wm :
+  check_queue_entries p wm (lengthN (cp_signals p)) = None ->
+  forall x, In x (concat (cp_queues p)) -> is_task p x.
 Proof.
   unfold check_queue_entries. intros H x Hx.
   apply in_concat_pos in Hx as [w [i Hi]].
   assert (Hw : nth_error (cp_queues p) w = Some (nth w (cp_queues p) [])).
-  { destruct (nth_error (cp_queues p) w) eqn:E.
-    - apply nth_error_nth with (d := []) in E as E'. congruence.
-    - apply nth_error_None in E. rewrite nth_overflow in Hi by exact E. destruct i; discriminate. }
-  pose proof (find_err_none _ _ _ H w _ Hw) as H1. simpl in H1.
-  pose proof (find_err_none _ _ _ H1 i _ Hi) as H2. simpl in H2.
-  destruct (N.ltb_spec x (N.of_nat (ntasks p))) as [Hlt|]; [|discriminate].
-  unfold is_task. lia.
+  { apply nth_error_lt. destruct (Nat.lt_ge_cases w (length (cp_queues p))); auto.
+    rewrite nth_overflow in Hi by auto. destruct i; discriminate. }
+  pose proof (find_errN_none _ _ _ H w _ Hw) as H1. simpl in H1.
+  pose proof (find_errN_none _ _ _ H1 i _ Hi) as H2. simpl in H2.
+  rewrite lengthN_spec in H2.
+  destruct (N.ltb_spec x (N.of_nat (length (cp_signals p)))) as [Hlt|]; [|discriminate].
+  unfold is_task, ntasks. lia.
 Qed.
 
 Lemma check_occurrences_ok p :
-  check_occurrences p = None -> (forall x, In x (concat (cp_queues p)) -> is_task p x) ->
+  check_occurrences p (occ_map (cp_queues p)) = None ->
+  (forall x, In x (concat (cp_queues p)) -> is_task p x) ->
   queues_partition p.
 Proof.
   unfold check_occurrences. intros H Hin.
   assert (Hone : forall t, is_task p t -> count_occ N.eq_dec (concat (cp_queues p)) t = 1%nat).
-  { intros t Ht. apply in_tasks in Ht. apply (first_err_none _ _ H) in Ht.
-    destruct (Nat.eqb_spec (count_occ N.eq_dec (concat (cp_queues p)) t) 1); auto. discriminate. }
+  { intros t Ht. unfold is_task, ntasks in Ht.
+    pose proof (find_errN_none _ _ _ H _ _ (nth_error_lt _ [] _ Ht)) as H1. simpl in H1.
+    rewrite N2Nat.id, occ_map_get in H1.
+    destruct (N.eqb_spec (N.of_nat (count_occ N.eq_dec (concat (cp_queues p)) t)) 1);
+      [lia | discriminate]. }
   split.
   - apply (NoDup_count_occ N.eq_dec). intros x.
     destruct (in_dec N.eq_dec x (concat (cp_queues p))) as [Hx|Hx].
@@ -389,23 +651,15 @@ Proof.
   rewrite nth_overflow in H by exact Hge. destruct H.
 Qed.
 
-Lemma nth_error_lt {A} (l : list A) d i :
-  (i < length l)%nat -> nth_error l i = Some (nth i l d).
-Proof.
-  intros Hi. destruct (nth_error l i) eqn:E.
-  - apply nth_error_nth with (d := d) in E as E'. congruence.
-  - apply nth_error_None in E. lia.
-Qed.
-
 Lemma check_counter_refs_ok p :
-  check_counter_refs p = None -> length (cp_waits p) = ntasks p ->
+  check_counter_refs p (lengthN (cp_thresholds p)) = None -> length (cp_waits p) = ntasks p ->
   forall t c, In c (waits_of p t) -> (N.to_nat c < length (cp_thresholds p))%nat.
 Proof.
   unfold check_counter_refs. intros H Hl t c Hc.
-  apply orelse_none in H as [H _].
+  destruct (find_errN _ 0 (cp_waits p)) eqn:H0; [discriminate|]. clear H.
   assert (Ht : (N.to_nat t < length (cp_waits p))%nat) by (rewrite Hl; eapply waits_is_task; eauto).
-  pose proof (find_err_none _ _ _ H _ _ (nth_error_lt _ [] _ Ht)) as H1. simpl in H1.
-  pose proof (first_err_none _ _ H1 c Hc) as H2. simpl in H2.
+  pose proof (find_errN_none _ _ _ H0 _ _ (nth_error_lt _ [] _ Ht)) as H1. simpl in H1.
+  pose proof (first_err_none _ _ H1 c Hc) as H2. simpl in H2. rewrite lengthN_spec in H2.
   destruct (N.ltb_spec c (N.of_nat (length (cp_thresholds p)))); [lia | discriminate].
 Qed.
 
@@ -430,51 +684,46 @@ Proof.
 Qed.
 
 Lemma check_thresholds_ok p :
-  check_thresholds p = None ->
+  check_thresholds p (sig_count_map (cp_signals p)) = None ->
   forall c, (N.to_nat c < length (cp_thresholds p))%nat ->
   threshold p c = N.of_nat (length (signallers p c)).
 Proof.
   unfold check_thresholds. intros H c Hc.
-  pose proof (find_err_none _ _ _ H _ _ (nth_error_lt _ 0%N _ Hc)) as H1. simpl in H1.
-  rewrite N2Nat.id in H1. rewrite signallers_length. unfold threshold.
+  pose proof (find_errN_none _ _ _ H _ _ (nth_error_lt _ 0%N _ Hc)) as H1. simpl in H1.
+  rewrite N2Nat.id, sig_count_map_get in H1. rewrite signallers_length. unfold threshold.
   destruct (N.eqb_spec (N.of_nat (length (filter (mem c) (cp_signals p))))
                        (nth (N.to_nat c) (cp_thresholds p) 0%N)); [auto | discriminate].
 Qed.
 
-Lemma check_edges_ok p : check_edges p = None -> edges_covered p.
+Lemma check_edges_ok p :
+  check_edges p (index_map (cp_waits p)) (index_map (cp_signals p)) (pos_map (cp_queues p)) = None ->
+  edges_covered p.
 Proof.
   unfold check_edges. intros H u t Hut.
   apply In_nth_error in Hut as [e He].
-  pose proof (find_err_none _ _ _ H _ _ He) as H1. simpl in H1.
+  pose proof (find_errN_none _ _ _ H _ _ He) as H1. simpl in H1.
+  rewrite !get_index_map in H1. fold (waits_of p t) (signals_of p u) in H1.
   destruct (existsb (fun c => mem c (signals_of p u)) (waits_of p t)) eqn:E1.
   - left. apply existsb_exists in E1 as [c [Hc Hs]]. exists c. split; auto. apply mem_spec. auto.
-  - destruct (existsb (before u t) (cp_queues p)) eqn:E2; [|discriminate].
-    right. apply existsb_exists in E2 as [q [Hq Hb]].
-    apply before_spec in Hb as [i [j [Hij [Hi Hj]]]].
-    apply In_nth_error in Hq as [w Hw]. apply nth_error_nth with (d := []) in Hw.
-    exists w, i, j. unfold queue. rewrite Hw. auto.
-Qed.
-
-Lemma in_table p t :
-  length (cp_waits p) = ntasks p -> length (cp_ranks p) = ntasks p -> is_task p t ->
-  In (t, rank_of p t, waits_of p t, signals_of p t) (table p).
-Proof.
-  intros _ _ Ht. unfold table. apply in_map_iff. exists (N.to_nat t).
-  rewrite N2Nat.id. split; [reflexivity|]. apply in_seq. unfold is_task in Ht. lia.
+  - destruct (qbefore (pos_map (cp_queues p)) u t) eqn:E2; [|discriminate].
+    right. apply qbefore_spec. exact E2.
 Qed.
 
 Lemma check_chain_ok p q :
-  check_chain p q = None ->
+  check_chain (index_map (cp_ranks p)) q = None ->
   forall i j x y, (i < j)%nat -> nth_error q i = Some x -> nth_error q j = Some y ->
   (rank_of p x < rank_of p y)%N.
 Proof.
   induction q as [|a q IH]; intros H i j x y Hij Hi Hj; [destruct i; discriminate|].
   destruct q as [|b q2].
   - destruct j as [|[|j]]; try lia; discriminate.
-  - simpl in H. apply orelse_none in H as [Hab Hrest].
-    assert (Hlt : (rank_of p a < rank_of p b)%N).
-    { destruct (N.ltb_spec (rank_of p a) (rank_of p b)); [auto | discriminate]. }
-    specialize (IH Hrest).
+  - assert (E : check_chain (index_map (cp_ranks p)) (a :: b :: q2) =
+      if (rank_of p a <? rank_of p b)%N then check_chain (index_map (cp_ranks p)) (b :: q2)
+      else Some (CErr_cycle a b (rank_of p a) (rank_of p b))).
+    { unfold rank_of. rewrite <- !get_index_map. reflexivity. }
+    rewrite E in H. clear E.
+    destruct (N.ltb_spec (rank_of p a) (rank_of p b)) as [Hlt|]; [|discriminate].
+    specialize (IH H).
     destruct i as [|i], j as [|j]; try lia; simpl in Hi, Hj.
     + inversion Hi; subst x. destruct j as [|j].
       * inversion Hj. subst. exact Hlt.
@@ -484,17 +733,26 @@ Qed.
 
 Lemma check_ranks_ok p :
   length (cp_waits p) = ntasks p -> length (cp_ranks p) = ntasks p ->
-  check_gate_ranks p = None -> check_queue_ranks p = None -> ranked p (rank_of p).
+  check_gate_ranks p (index_map (cp_ranks p)) (max_map p) = None ->
+  check_queue_ranks p (index_map (cp_ranks p)) = None -> ranked p (rank_of p).
 Proof.
   intros Hw Hr Hg Hq a b [[c [Hc Hs]] | [w [i [j [Hij [Hi Hj]]]]]].
   - assert (Ha : is_task p a) by (eapply signals_is_task; eauto).
     assert (Hb : is_task p b) by (eapply waits_is_task; eauto).
+    unfold is_task, ntasks in Ha, Hb.
+    assert (Hd : dom (max_map p) c (rank_of p a)).
+    { apply (max_from_at c _ _ 0 _ (N.to_nat a) (signals_of p a)).
+      - apply nth_error_lt. exact Ha.
+      - apply nth_error_lt. unfold ntasks in Hr. lia.
+      - exact Hs. }
+    destruct Hd as [a' [r' [Hf Hle]]].
     unfold check_gate_ranks in Hg.
-    pose proof (first_err_none _ _ Hg _ (in_table p b Hw Hr Hb)) as H1. simpl in H1.
+    assert (Hb' : (N.to_nat b < length (cp_waits p))%nat) by (unfold ntasks in Hw; lia).
+    pose proof (find_errN_none _ _ _ Hg _ _ (nth_error_lt _ [] _ Hb')) as H1.
+    simpl in H1. rewrite N2Nat.id in H1.
     pose proof (first_err_none _ _ H1 c Hc) as H2. simpl in H2.
-    pose proof (first_err_none _ _ H2 _ (in_table p a Hw Hr Ha)) as H3. simpl in H3.
-    apply mem_spec in Hs. rewrite Hs in H3.
-    destruct (N.ltb_spec (rank_of p a) (rank_of p b)); [auto | discriminate].
+    rewrite Hf, get_index_map in H2. fold (rank_of p b) in H2.
+    destruct (N.ltb_spec r' (rank_of p b)); [lia | discriminate].
   - unfold check_queue_ranks in Hq.
     assert (Hin : In (queue p w) (cp_queues p)).
     { unfold queue. apply nth_In. destruct (Nat.lt_ge_cases w (length (cp_queues p))); auto.
@@ -509,14 +767,18 @@ Definition counter_hypotheses (p : cplan) : Prop :=
 Theorem check_counters_sound p :
   check_counters p = Accept -> counter_hypotheses p.
 Proof.
-  unfold check_counters, check_all. destruct (orelse _ _) eqn:H; [discriminate|]. intros _.
-  apply orelse_none in H as [H1 H]. apply orelse_none in H as [H2 H].
-  apply orelse_none in H as [H3 H]. apply orelse_none in H as [H4 H].
-  apply orelse_none in H as [H5 H]. apply orelse_none in H as [H6 H].
-  apply orelse_none in H as [H7 H8].
+  unfold check_counters, check_all.
+  destruct (check_lengths p) eqn:H1; [discriminate|].
+  destruct (check_queue_entries _ _ _) eqn:H2; [discriminate|].
+  destruct (check_occurrences _ _) eqn:H3; [discriminate|].
+  destruct (check_counter_refs _ _) eqn:H4; [discriminate|].
+  destruct (check_thresholds _ _) eqn:H5; [discriminate|].
+  destruct (check_edges _ _ _ _) eqn:H6; [discriminate|].
+  destruct (check_gate_ranks _ _ _) eqn:H7; [discriminate|].
+  destruct (check_queue_ranks _ _) eqn:H8; [discriminate|]. intros _.
   destruct (check_lengths_ok p H1) as [Hlw [Hlwt Hlr]].
   split; [|split; [|split]].
-  - apply check_occurrences_ok; auto. apply check_queue_entries_ok; auto.
+  - apply check_occurrences_ok; auto. eapply check_queue_entries_ok; eauto.
   - apply check_edges_ok; auto.
   - intros t c Hc. apply check_thresholds_ok; auto.
     eapply check_counter_refs_ok; eauto.

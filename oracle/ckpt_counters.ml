@@ -12,7 +12,11 @@ open Checkers
 type task = { name : string; worker : int; waits : int list; signals : int list }
 type counter = { cname : string; threshold : int; scope : string }
 
-let ints what j = List.map (Jnum.to_int what) (Jnum.to_list what j)
+(* Tail-recursive map: a 12B plan has ~470,000 edges, deeper than the stack allows
+   for OCaml 4.13's List.map. *)
+let map f l = List.rev (List.rev_map f l)
+
+let ints what j = map (Jnum.to_int what) (Jnum.to_list what j)
 
 let read_task j =
   { name = Jnum.str_field "name" j; worker = Jnum.int_field "worker" j;
@@ -31,13 +35,13 @@ let theorems =
     "Plow.Countersproof.counters_safety"; "Plow.Countersproof.counters_progress";
     "Plow.Countersproof.counters_maximal_runs_all" ]
 
-let nl = List.map Jnum.n_of_int
+let nl = map Jnum.n_of_int
 
 let check (payload : Yojson.Safe.t) : Verdict.t =
-  let tasks = Array.of_list (List.map read_task (Jnum.list_field "tasks" payload)) in
-  let queues = List.map (ints "queues") (Jnum.list_field "queues" payload) in
-  let counters = Array.of_list (List.map read_counter (Jnum.list_field "counters" payload)) in
-  let edges = Array.of_list (List.map read_edge (Jnum.list_field "edges" payload)) in
+  let tasks = Array.of_list (map read_task (Jnum.list_field "tasks" payload)) in
+  let queues = map (ints "queues") (Jnum.list_field "queues" payload) in
+  let counters = Array.of_list (map read_counter (Jnum.list_field "counters" payload)) in
+  let edges = Array.of_list (map read_edge (Jnum.list_field "edges" payload)) in
   let ranks =
     match Jnum.field "ranks" payload with
     | `Null -> Verdict.bad "field \"ranks\" is null: fill it with plow.oracle.payloads.counters.with_ranks"
@@ -45,12 +49,12 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
   in
   let tl = Array.to_list tasks in
   let plan =
-    { cp_workers = nl (List.map (fun t -> t.worker) tl);
-      cp_queues = List.map nl queues;
-      cp_thresholds = nl (List.map (fun c -> c.threshold) (Array.to_list counters));
-      cp_waits = List.map (fun t -> nl t.waits) tl;
-      cp_signals = List.map (fun t -> nl t.signals) tl;
-      cp_edges = List.map (fun (u, t) -> (Jnum.n_of_int u, Jnum.n_of_int t)) (Array.to_list edges);
+    { cp_workers = nl (map (fun t -> t.worker) tl);
+      cp_queues = map nl queues;
+      cp_thresholds = nl (map (fun c -> c.threshold) (Array.to_list counters));
+      cp_waits = map (fun t -> nl t.waits) tl;
+      cp_signals = map (fun t -> nl t.signals) tl;
+      cp_edges = map (fun (u, t) -> (Jnum.n_of_int u, Jnum.n_of_int t)) (Array.to_list edges);
       cp_ranks = nl ranks }
   in
   let i = Jnum.int_of_n in
