@@ -24,6 +24,7 @@ from plow.checkpoint import ModelSpec, load_spec
 from plow.errors import PlanRejected, PlowError
 from plow.graph import Bucket, OpGraph, build_graph
 from plow.oracle import Certificate
+from plow.oracle.payloads.counters import D_ORACLE_MAX_TASKS
 from plow.oracle.payloads.tiles import TilePayload
 from plow.profile import CompileProfile
 from plow.schedule import Schedule, build_schedule, certify_schedule, protocol_errors
@@ -44,10 +45,6 @@ _T = TypeVar("_T")
 # Stage names, in order, per bucket (the import stage runs once, before them).
 STAGES = ("graph", "tile", "bounds", "checkpoint B", "schedule", "checkpoint D")
 
-# Checkpoint D's extracted checker is O((tasks + edges + list entries) log) (docs/oracle.md): the
-# full 12B plan (~62k tasks, ~470k edges) takes ~3 s. Above this many tasks the compile checks
-# the same hypotheses in Python only and records no D certificate.
-D_ORACLE_MAX_TASKS = 1_000_000
 
 # on_stage(stage, bucket name or "", "start" | "done") drives a progress display.
 StageCallback = Callable[[str, str, str], None]

@@ -12,7 +12,7 @@ Nothing comes from the compiler's memory. Per bucket:
   file order; the edges are the schedule file's. A counter waited on with two different
   thresholds becomes one payload counter per threshold (each must equal the number of
   signallers). Above `D_ORACLE_MAX_TASKS` tasks the same conditions are checked in Python
-  (the oracle's D checker is quadratic) and the row says so;
+  (a size limit far above real plans) and the row says so;
 - E from the plan file's record bytes against the packets re-emitted from the schedule
   file and the op table (`emit_packets`): an edited byte shows up as a located mismatch;
 - F from the schedule file's arena map, with sizes from the op table's shapes and dtypes
@@ -53,6 +53,7 @@ from plow.memory.arena import alloc_payload, live_ranges
 from plow.memory.onchip import TaskPages, page_windows, split_timeline
 from plow.oracle import Certificate, run_checkpoint
 from plow.oracle.payloads.counters import (
+    D_ORACLE_MAX_TASKS,
     Counter,
     CounterPayload,
     Edge,
@@ -62,7 +63,6 @@ from plow.oracle.payloads.counters import (
 from plow.oracle.payloads.tiles import TileAxis, TileOp, TilePayload, TileTarget
 from plow.target.model import dtype_bytes
 
-D_ORACLE_MAX_TASKS = 6000
 CHECKPOINTS = ("B", "C", "D", "E", "F")
 
 
