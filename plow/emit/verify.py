@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from plow.emit.bundle import MANIFEST, WEIGHTS, Manifest, sha256_file
+from plow.emit.bundle import MANIFEST, WEIGHTS, Manifest, gc_paused, sha256_file
 from plow.emit.emit import emit_packets
 from plow.emit.files import OpTable, ScheduleFile
 from plow.emit.wire import (
@@ -449,6 +449,11 @@ def _row(ck: str, bucket: str, cert: Certificate) -> Row:
 
 def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -> VerifyReport:
     """Verify a bundle directory; raises `MalformedBundle` (exit 2) when it cannot be read."""
+    with gc_paused():
+        return _verify_bundle(Path(bundle), checkpoints)
+
+
+def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
     bundle = Path(bundle)
     m = read_manifest(bundle)
     report = VerifyReport(bundle)

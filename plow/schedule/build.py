@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from plow.errors import GraphError
 from plow.graph.ops import OpGraph
@@ -48,7 +49,7 @@ from plow.schedule.passes import (
     rescope,
 )
 from plow.schedule.protocol import simulate
-from plow.schedule.regions import Box, Regions, Unit, is_split
+from plow.schedule.regions import Box, Regions, UnitArrays, is_split, run_bboxes
 from plow.target.model import Target, dtype_bytes
 from plow.tiles.ir import TiledOp, TileGraph
 
@@ -97,15 +98,6 @@ def _groups(n: int, total_ns: float, cap: int, min_task_ns: float) -> list[tuple
         out.append((a, b))
         a = b
     return out
-
-
-def _bbox(boxes: list[Box]) -> Box:
-    return (
-        min(b[0] for b in boxes),
-        max(b[1] for b in boxes),
-        min(b[2] for b in boxes),
-        max(b[3] for b in boxes),
-    )
 
 
 @dataclass(slots=True)
@@ -183,30 +175,29 @@ def build_schedule(
         merge_total = 0.0
         if is_split(top):
             merge_total = max(0.0, top.time_ns - top.choice.waves * tile_ns - overhead)
-        compute, merges = regions.units(top, tile_ns, merge_total, W, overhead)
+        compute, merges = regions.unit_arrays(top, tile_ns, merge_total, W, overhead)
         ids: list[int] = []
-        stages: list[tuple[list[Unit], TaskKind, str]] = [
+        stages: list[tuple[UnitArrays | None, TaskKind, str]] = [
             (compute, TaskKind.compute, top.name + (".partial" if merges else ""))
         ]
         if merges:
             kind = TaskKind.allreduce if top.name in rowpar else TaskKind.merge
             stages.append((merges, kind, top.name))
         for units, kind, stage in stages:
-            total = sum(u.est_ns for u in units)
-            runs = _groups(len(units), total, cap, min_task)
+            if units is None:
+                continue
+            runs = _groups(units.n, sum(units.est_ns), cap, min_task)
+            starts = [a for a, _ in runs]
+            rboxes = {tn: run_bboxes(arr, starts) for tn, arr in units.reads.items()}
+            wboxes = run_bboxes(units.write, starts)
+            suffix = "" if kind is TaskKind.compute else f".{kind.value}"
+            use_k = kind is TaskKind.compute and top.name in rowpar
+            keys = units.k_stripe if use_k else units.stripe
             for k, (a, b) in enumerate(runs):
-                run = units[a:b]
-                reads: dict[str, list[Box]] = defaultdict(list)
-                for un in run:
-                    for tn, bx in un.reads:
-                        reads[tn].append(bx)
-                wname = run[0].write[0]
-                wbox = _bbox([un.write[1] for un in run])
-                suffix = "" if kind is TaskKind.compute else f".{kind.value}"
-                use_k = kind is TaskKind.compute and top.name in rowpar
-                key = sum((un.k_stripe if use_k else un.stripe) for un in run) / len(run)
-                wbytes = sum(un.weight_bytes for un in run)
-                est: float = sum(un.est_ns for un in run)
+                key = sum(keys[a:b]) / (b - a)
+                wbytes = sum(units.weight_bytes[a:b])
+                est: float = sum(units.est_ns[a:b])
+                run_units = tuple(units.index[a:b])
                 if opt.loads and wbytes:
                     lns = wbytes * load_ns_per_byte
                     ids.append(len(drafts))
@@ -215,7 +206,7 @@ def build_schedule(
                             f"{top.name}.load#{k}",
                             top.name,
                             TaskKind.load,
-                            tuple(un.index for un in run),
+                            run_units,
                             f"{top.name}.load",
                             {},
                             None,
@@ -225,19 +216,19 @@ def build_schedule(
                             key,
                         )
                     )
-                    est = max(overhead * len(run), est - lns)
+                    est = max(overhead * (b - a), est - lns)
                 ids.append(len(drafts))
                 drafts.append(
                     _Draft(
                         f"{top.name}{suffix}#{k}",
                         top.name,
                         kind,
-                        tuple(un.index for un in run),
+                        run_units,
                         stage,
-                        {tn: _bbox(bs) for tn, bs in reads.items()},
-                        (wname, wbox),
+                        {tn: bx[k] for tn, bx in rboxes.items()},
+                        (units.write_name, wboxes[k]),
                         est,
-                        run[0].partial,
+                        units.partial,
                         0 if opt.loads else wbytes,
                         key,
                     )
@@ -278,6 +269,7 @@ def build_schedule(
 
     # -- 4. edges from box overlap -----------------------------------------------------------
     act_b = dtype_bytes(tg.activation_dtype)
+    n_d = len(drafts)
     by_tensor: dict[str, list[int]] = defaultdict(list)
     for i, d in enumerate(drafts):
         if d.write is not None:
@@ -289,12 +281,14 @@ def build_schedule(
         tn: (np.array([drafts[i].write[1] for i in ids], dtype=np.int64), np.array(ids))  # type: ignore[index]
         for tn, ids in by_tensor.items()
     }
-    edges: list[tuple[int, int]] = []
-    edge_bytes: list[int] = []
+    e_u: list[npt.NDArray[np.int64]] = []
+    e_t: list[npt.NDArray[np.int64]] = []
+    e_b: list[npt.NDArray[np.int64]] = []
     for _stage, cids in stage_ids.items():
         first = drafts[cids[0]]
         if first.kind is TaskKind.load:
             continue
+        carr = np.array(cids, dtype=np.int64)
         for tn in first.reads:
             if tn not in prod_boxes:
                 continue
@@ -308,36 +302,78 @@ def build_schedule(
             )
             ci, pi = np.nonzero((ov_r > 0) & (ov_c > 0))
             esize = 4 if tn.endswith("#partial") else act_b
-            area = (ov_r[ci, pi] * ov_c[ci, pi] * esize).tolist()
-            edges.extend(zip(pids[pi].tolist(), np.array(cids)[ci].tolist(), strict=True))
-            edge_bytes.extend(area)
-        for t in cids:
-            if t > 0 and drafts[t - 1].kind is TaskKind.load and drafts[t - 1].op == first.op:
-                edges.append((t - 1, t))  # the slab its load brought in (queue order covers it)
-                edge_bytes.append(0)
-    # Dedupe (a task may read two tensors of one producer) keeping the larger byte count.
-    eb: dict[tuple[int, int], int] = {}
-    for e, b in zip(edges, edge_bytes, strict=True):
-        eb[e] = max(b, eb.get(e, 0))
-    edge_list = sorted(eb)
+            e_b.append(ov_r[ci, pi] * ov_c[ci, pi] * esize)
+            e_u.append(pids[pi])
+            e_t.append(carr[ci])
+        lt = [
+            t
+            for t in cids
+            if t > 0 and drafts[t - 1].kind is TaskKind.load and drafts[t - 1].op == first.op
+        ]
+        if lt:  # the slab its load brought in (queue order covers it)
+            e_t.append(np.array(lt, dtype=np.int64))
+            e_u.append(e_t[-1] - 1)
+            e_b.append(np.zeros(len(lt), dtype=np.int64))
+    # Dedupe (a task may read two tensors of one producer) keeping the larger byte count;
+    # edges sorted by (producer, consumer).
+    eu_all = np.concatenate([*e_u, np.zeros(0, dtype=np.int64)]).astype(np.int64)
+    et_all = np.concatenate([*e_t, np.zeros(0, dtype=np.int64)]).astype(np.int64)
+    eb_all = np.concatenate([*e_b, np.zeros(0, dtype=np.int64)]).astype(np.int64)
+    ekey = eu_all * max(1, n_d) + et_all
+    order = np.lexsort((eb_all, ekey))
+    ekey, eb_all = ekey[order], eb_all[order]
+    last = np.ones(len(ekey), dtype=bool)
+    last[:-1] = ekey[1:] != ekey[:-1]  # the last of equal keys holds the largest byte count
+    ekey, eb_all = ekey[last], eb_all[last]
+    eu, et = ekey // max(1, n_d), ekey % max(1, n_d)
+    edge_list = list(zip(eu.tolist(), et.tolist(), strict=True))
 
     # -- 5. counters: coarse per producer stage, fine where the collapse decision says so -----
     stage_tasks: dict[str, list[int]] = defaultdict(list)
     for i, d in enumerate(drafts):
         stage_tasks[d.stage].append(i)
-    consumers: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for u, t in edge_list:
-        du, dt = drafts[u], drafts[t]
-        if du.kind is TaskKind.load:
-            continue  # covered by queue order (load right before its task, same worker)
-        consumers[(du.stage, dt.stage)][t].append(u)
+    stage_names = list(stage_tasks)
+    stage_no = {st: k for k, st in enumerate(stage_names)}
+    stage_of = np.array([stage_no[d.stage] for d in drafts], dtype=np.int64)
+    is_load = np.array([d.kind is TaskKind.load for d in drafts], dtype=bool)
+    # Edges from a load are covered by queue order (load right before its task, same worker).
+    keep = ~is_load[eu]
+    cu, ct = eu[keep], et[keep]
+    ns = max(1, len(stage_names))
+    gkey = stage_of[cu] * ns + stage_of[ct]
+    # Group (producer stage, consumer stage) pairs in order of their first edge; within a
+    # pair, by consumer then producer.
+    _, gfirst, ginv = np.unique(gkey, return_index=True, return_inverse=True)
+    grank = np.empty(len(gfirst), dtype=np.int64)
+    grank[np.argsort(gfirst, kind="stable")] = np.arange(len(gfirst))
+    gr = grank[ginv.reshape(-1)]
+    o = np.lexsort((cu, ct, gr))
+    gr, cu, ct = gr[o], cu[o], ct[o]
+    gcuts = np.flatnonzero(np.diff(gr)) + 1
+    gstart = [0, *gcuts.tolist()]
+    gend = [*gcuts.tolist(), len(gr)]
+    est_round = [int(round(d.est_ns)) for d in drafts]
+    groups: list[tuple[str, str, list[int], list[list[int]]]] = []
+    for g0, g1 in zip(gstart, gend, strict=True):
+        if g0 == g1:
+            continue
+        ts_g, us_g = ct[g0:g1], cu[g0:g1]
+        tcuts = (np.flatnonzero(np.diff(ts_g)) + 1).tolist()
+        ts = ts_g[[0, *tcuts]].tolist()
+        us_l = us_g.tolist()
+        bounds = [0, *tcuts, len(us_l)]
+        us = [us_l[bounds[j] : bounds[j + 1]] for j in range(len(ts))]
+        groups.append((stage_names[int(stage_of[us_l[0]])], "", ts, us))
     decisions: list[EdgeDecision] = []
     fine_pairs: set[tuple[str, str]] = set()
-    for (ps, cs), per_t in consumers.items():
-        costs = tuple(int(round(drafts[t].est_ns)) for t in sorted(per_t))
+    named: list[tuple[str, str, list[int], list[list[int]]]] = []
+    for ps, _, ts, us in groups:
+        cs = drafts[ts[0]].stage
+        named.append((ps, cs, ts, us))
+        costs = tuple(est_round[t] for t in ts)
         unequal = len(set(costs)) > 1  # Plow.Collapse.slices_unequal
         nprod = len(stage_tasks[ps])
-        all_full = all(len(set(v)) == nprod for v in per_t.values())
+        all_full = all(len(v) == nprod for v in us)
         if opt.fine == "never":
             fine, why = False, "coarse forced (fine='never')"
         elif opt.fine == "always":
@@ -384,23 +420,25 @@ def build_schedule(
                 signals[u].append(coarse_id[stage])
         return coarse_id[stage]
 
-    for (ps, cs), per_t in consumers.items():
-        for t, us in sorted(per_t.items()):
-            if (ps, cs) in fine_pairs:
+    for ps, cs, ts, us in named:
+        if (ps, cs) in fine_pairs:
+            for t, ul in zip(ts, us, strict=True):
                 cid = len(counters)
                 counters.append(
                     fresh_counter(cid, f"{ps}->{drafts[t].name}", ps, True, drafts[t].name)
                 )
-                for u in sorted(set(us)):
+                for u in ul:
                     signals[u].append(cid)
                 waits[t].append(cid)
-            else:
-                c = coarse(ps)
-                if c not in waits[t]:
-                    waits[t].append(c)
+        else:
+            c = coarse(ps)
+            for t in ts:
+                wt = waits[t]
+                if c not in wt:
+                    wt.append(c)
     # Stages nobody reads still get their op's counter (the seed's one counter per op; a
     # dead counter when no task waits on it — C4 drops it).
-    read_stages = {ps for ps, _ in consumers}
+    read_stages = {ps for ps, _, _, _ in named}
     for stage in stage_tasks:
         if not stage.endswith(".load") and stage not in read_stages:
             coarse(stage)
@@ -424,13 +462,12 @@ def build_schedule(
         )
         for i, d in enumerate(drafts)
     )
-    xpart = xgpu = 0
-    for (u, t), b in eb.items():
-        wu, wt = tasks[u].worker, tasks[t].worker
-        if wu // W != wt // W:
-            xgpu += b
-        elif (wu % W) * P // W != (wt % W) * P // W:
-            xpart += b
+    wk = np.array([d.worker for d in drafts], dtype=np.int64)
+    wu, wt = wk[eu], wk[et]
+    other_gpu = wu // W != wt // W
+    other_part = ~other_gpu & ((wu % W) * P // W != (wt % W) * P // W)
+    xgpu = int(eb_all[other_gpu].sum())
+    xpart = int(eb_all[other_part].sum())
     sched = Schedule(
         bucket=tg.bucket,
         target=target.name,

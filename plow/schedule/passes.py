@@ -16,10 +16,46 @@ After each pass counters are renumbered densely (ids = positions) and scopes rec
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
-from plow.schedule.ir import Counter, PassReport, Schedule, Scope, TaskKind
-from plow.schedule.protocol import positions, signallers, waiters
+from plow.schedule.ir import Counter, PassReport, Schedule, Scope, Task, TaskKind
+from plow.schedule.protocol import positions, sig_wai
+
+_TASK_FIELDS = (
+    "index",
+    "name",
+    "op",
+    "kind",
+    "units",
+    "worker",
+    "gpu",
+    "partition",
+    "waits",
+    "signals",
+    "est_ns",
+    "partial",
+    "weight_bytes",
+)
+assert tuple(f.name for f in fields(Task)) == _TASK_FIELDS, "update _relabel"
+
+
+def _relabel(t: Task, waits: tuple[int, ...], signals: tuple[int, ...]) -> Task:
+    """`replace(t, waits=waits, signals=signals)`, without `replace`'s per-call overhead."""
+    return Task(
+        t.index,
+        t.name,
+        t.op,
+        t.kind,
+        t.units,
+        t.worker,
+        t.gpu,
+        t.partition,
+        waits,
+        signals,
+        t.est_ns,
+        t.partial,
+        t.weight_bytes,
+    )
 
 
 def choose_scope(s: Schedule, workers: set[int]) -> Scope:
@@ -33,11 +69,21 @@ def choose_scope(s: Schedule, workers: set[int]) -> Scope:
 
 def rescope(s: Schedule) -> Schedule:
     """Recompute every counter's scope and threshold from its current signallers/waiters."""
-    sig, wai = signallers(s), waiters(s)
+    sig, wai = sig_wai(s)
+    wk = [t.worker for t in s.tasks]
+    per_gpu = s.workers_per_gpu
     counters = []
     for c in s.counters:
-        ws = {s.tasks[t].worker for t in (*sig.get(c.id, []), *wai.get(c.id, []))}
-        scope, th = choose_scope(s, ws), len(sig.get(c.id, []))
+        ss, ws = sig.get(c.id, []), wai.get(c.id, [])
+        workers = {wk[t] for t in ss}
+        workers.update(wk[t] for t in ws)
+        if len(workers) <= 1:
+            scope: Scope = "cta"
+        elif len({w // per_gpu for w in workers}) == 1:
+            scope = "device"
+        else:
+            scope = "system"
+        th = len(ss)
         counters.append(
             c if (c.scope, c.threshold) == (scope, th) else replace(c, scope=scope, threshold=th)
         )
@@ -46,18 +92,23 @@ def rescope(s: Schedule) -> Schedule:
 
 def compact(s: Schedule) -> Schedule:
     """Remove counters no task uses and renumber the rest densely; recompute scopes."""
-    used = sorted({c for t in s.tasks for c in (*t.waits, *t.signals)})
+    seen: set[int] = set()
+    for t in s.tasks:
+        seen.update(t.waits)
+        seen.update(t.signals)
+    used = sorted(seen)
     if used == list(range(len(s.counters))):
         return rescope(s)
     remap = {old: new for new, old in enumerate(used)}
     counters = tuple(replace(s.counters[old], id=new) for old, new in remap.items())
+    moved = {old for old, new in remap.items() if old != new}
     tasks = tuple(
         t
-        if not (t.waits or t.signals)
-        else replace(
+        if moved.isdisjoint(t.waits) and moved.isdisjoint(t.signals)
+        else _relabel(
             t,
-            waits=tuple(remap[c] for c in t.waits),
-            signals=tuple(remap[c] for c in t.signals),
+            tuple(remap[c] for c in t.waits),
+            tuple(remap[c] for c in t.signals),
         )
         for t in s.tasks
     )
@@ -66,7 +117,7 @@ def compact(s: Schedule) -> Schedule:
 
 def drop_implied_counters(s: Schedule) -> tuple[Schedule, PassReport]:
     """C4: drop counters whose every (signaller, waiter) pair is ordered by one queue."""
-    sig, wai = signallers(s), waiters(s)
+    sig, wai = sig_wai(s)
     pos = positions(s)
     drop: set[int] = set()
     changes: list[str] = []
@@ -89,10 +140,10 @@ def drop_implied_counters(s: Schedule) -> tuple[Schedule, PassReport]:
     tasks = tuple(
         t
         if drop.isdisjoint(t.waits) and drop.isdisjoint(t.signals)
-        else replace(
+        else _relabel(
             t,
-            waits=tuple(c for c in t.waits if c not in drop),
-            signals=tuple(c for c in t.signals if c not in drop),
+            tuple(c for c in t.waits if c not in drop),
+            tuple(c for c in t.signals if c not in drop),
         )
         for t in s.tasks
     )
@@ -109,7 +160,7 @@ def drop_implied_counters(s: Schedule) -> tuple[Schedule, PassReport]:
 
 def merge_same_dependency(s: Schedule) -> tuple[Schedule, PassReport]:
     """C5: merge counters with the same signalling tasks and threshold."""
-    sig = signallers(s)
+    sig, _ = sig_wai(s)
     keep: dict[tuple[tuple[int, ...], int], int] = {}
     rename: dict[int, int] = {}
     changes: list[str] = []
@@ -128,10 +179,10 @@ def merge_same_dependency(s: Schedule) -> tuple[Schedule, PassReport]:
     tasks = tuple(
         t
         if rename.keys().isdisjoint(t.waits) and rename.keys().isdisjoint(t.signals)
-        else replace(
+        else _relabel(
             t,
-            waits=tuple(dict.fromkeys(rename.get(c, c) for c in t.waits)),
-            signals=tuple(c for c in t.signals if c not in rename),
+            tuple(dict.fromkeys(rename.get(c, c) for c in t.waits)),
+            tuple(c for c in t.signals if c not in rename),
         )
         for t in s.tasks
     )

@@ -26,7 +26,11 @@ partials and writes the box of the real output.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
 
 from plow.graph.ops import Op, OpGraph, TensorRole
 from plow.tiles.ir import TiledOp
@@ -75,6 +79,105 @@ class Unit:
     weight_bytes: int
     stripe: float  # column position of the output box in [0, 1): placement striping
     k_stripe: float  # column position of the reduction slice read (split linears), else stripe
+
+
+BoxArray = npt.NDArray[np.int64]  # (n, 4): one box (r0, r1, c0, c1) per row
+
+
+@dataclass(frozen=True, slots=True)
+class UnitArrays:
+    """The units of one stage of an op (`Regions.units`' compute or merge list) as columns:
+    unit `i` has index `index[i]`, reads box `reads[t][i]` of each tensor `t` (every unit of
+    a stage reads the same tensors), writes box `write[i]` of `write_name`."""
+
+    n: int
+    index: list[int]
+    reads: dict[str, BoxArray]
+    write_name: str
+    write: BoxArray
+    est_ns: list[float]
+    partial: bool
+    weight_bytes: list[int]
+    stripe: list[float]
+    k_stripe: list[float]
+
+    @staticmethod
+    def of(units: list[Unit]) -> UnitArrays | None:
+        """Columns of a `Unit` list (None when empty)."""
+        if not units:
+            return None
+        names = [tn for tn, _ in units[0].reads]
+        if any([tn for tn, _ in u.reads] != names for u in units) or any(
+            u.write[0] != units[0].write[0] or u.partial != units[0].partial for u in units
+        ):
+            raise ValueError(f"units of {units[0].op} read different tensors")
+        reads: dict[str, BoxArray] = {}
+        for j, tn in enumerate(names):
+            arr = np.array([u.reads[j][1] for u in units], dtype=np.int64)
+            if tn in reads:  # the same tensor read twice: the union of both boxes
+                arr = _union(reads[tn], arr)
+            reads[tn] = arr
+        return UnitArrays(
+            len(units),
+            [u.index for u in units],
+            reads,
+            units[0].write[0],
+            np.array([u.write[1] for u in units], dtype=np.int64),
+            [u.est_ns for u in units],
+            units[0].partial,
+            [u.weight_bytes for u in units],
+            [u.stripe for u in units],
+            [u.k_stripe for u in units],
+        )
+
+
+def _union(a: BoxArray, b: BoxArray) -> BoxArray:
+    return np.stack(
+        [
+            np.minimum(a[:, 0], b[:, 0]),
+            np.maximum(a[:, 1], b[:, 1]),
+            np.minimum(a[:, 2], b[:, 2]),
+            np.maximum(a[:, 3], b[:, 3]),
+        ],
+        axis=1,
+    )
+
+
+def run_bboxes(arr: BoxArray, starts: list[int]) -> list[Box]:
+    """The bounding box of each run `arr[starts[k]:starts[k + 1]]` (runs cover `arr`)."""
+    out = np.stack(
+        [
+            np.minimum.reduceat(arr[:, 0], starts),
+            np.maximum.reduceat(arr[:, 1], starts),
+            np.minimum.reduceat(arr[:, 2], starts),
+            np.maximum.reduceat(arr[:, 3], starts),
+        ],
+        axis=1,
+    ).tolist()
+    return [(r[0], r[1], r[2], r[3]) for r in out]
+
+
+def tile_ranges(top: TiledOp) -> npt.NDArray[np.int64] | None:
+    """`[t.ranges for t in top.tiles]` as an `(tiles, axes, 2)` array, computed from the
+    axes when the tiles are the tiler's row-major enumeration (tile `i` has index `i`);
+    None otherwise."""
+    axes = top.axes
+    steps = [a.steps for a in axes]
+    n = math.prod(steps)
+    tiles = top.tiles
+    if not axes or n == 0 or len(tiles) != n:
+        return None
+    if tiles[0].index != 0 or tiles[-1].index != n - 1:
+        return None
+    idx = np.indices(steps, dtype=np.int64).reshape(len(steps), -1).T
+    size = np.array([a.tile for a in axes], dtype=np.int64)
+    ext = np.array([a.extent for a in axes], dtype=np.int64)
+    start = idx * size
+    r = np.stack([start, np.minimum(start + size, ext)], axis=-1)
+    for k in (0, n - 1):
+        if [tuple(x) for x in r[k].tolist()] != list(tiles[k].ranges):
+            return None
+    return r
 
 
 def _rows_to_box(a: int, b: int, c0: int, c1: int, per: int, g: int, ncols: int) -> Box:
@@ -164,6 +267,183 @@ class Regions:
             qbox = (*rows, 0, heads * hd)
             kvbox = (*rows, 0, kvh * hd)
         return [(q, qbox), (kk, kvbox), (v, kvbox)], qbox
+
+    def _box_arrays(
+        self, top: TiledOp, r: npt.NDArray[np.int64]
+    ) -> tuple[list[tuple[str, BoxArray]], BoxArray] | None:
+        """`tile_boxes` of every tile at once (`r`: `tile_ranges`); None for a kind or
+        axis count the vectorised rules do not cover (the caller uses `units`)."""
+        op = self.ops[top.name]
+        k = top.kind
+        out = op.outputs[0]
+        na = r.shape[1]
+
+        def box(*cols: npt.NDArray[np.int64] | int) -> BoxArray:
+            n = r.shape[0]
+            return np.stack(
+                [np.broadcast_to(np.asarray(c, dtype=np.int64), (n,)) for c in cols], axis=1
+            )
+
+        if k in ("linear", "lm_head") and na == 3:
+            m0, m1, n0, n1, k0, k1 = (r[:, i // 2, i % 2] for i in range(6))
+            return [(op.inputs[0], box(m0, m1, k0, k1))], box(m0, m1, n0, n1)
+        if na != 2 and k != "attention":
+            return None
+        a, b = r[:, 0, 0], r[:, 0, 1]
+        if k == "attention":
+            return self._attention_arrays(op, a, b, box)
+        c0, c1 = r[:, 1, 0], r[:, 1, 1]
+        if k == "rmsnorm":
+            ncols = view(self.shape(out))[1]
+            g = int(op.attrs.get("group", ncols))
+            per = ncols // g
+            r0, r1 = a // per, (b - 1) // per + 1
+            one = r1 - r0 == 1
+            wb = box(
+                r0,
+                r1,
+                np.where(one, (a % per) * g + c0, 0),
+                np.where(one, ((b - 1) % per) * g + c1, ncols),
+            )
+            return [(op.inputs[0], wb)], wb
+        if k == "rope":
+            hd = int(op.attrs["head_dim"])
+            ncols = view(self.shape(out))[1]
+            lo, hi = (c0 // hd) * hd, np.minimum(ncols, -(-c1 // hd) * hd)
+            return [(op.inputs[0], box(a, b, lo, hi))], box(a, b, c0, c1)
+        if k in ("gated_mlp", "residual_add"):
+            wb = box(a, b, c0, c1)
+            return [(t, wb) for t in op.inputs], wb
+        if k == "embedding":
+            return [], box(a, b, c0, c1)
+        if k == "sample":
+            t = self.shape(op.inputs[0])[1]
+            return [(op.inputs[0], box(a * t, b * t, c0, c1))], box(a, b, 0, 1)
+        return None
+
+    def _attention_arrays(
+        self,
+        op: Op,
+        a: npt.NDArray[np.int64],
+        b: npt.NDArray[np.int64],
+        box: Callable[..., BoxArray],
+    ) -> tuple[list[tuple[str, BoxArray]], BoxArray]:
+        """`_attention` of every tile at once (row ranges `[a, b)`)."""
+        q, kk, v = op.inputs[0], op.inputs[1], op.inputs[2]
+        b_, t = self.shape(q)[0], self.shape(q)[1]
+        heads, kvh, hd = (
+            int(op.attrs["heads"]),
+            int(op.attrs["kv_heads"]),
+            int(op.attrs["head_dim"]),
+        )
+        grp = heads // kvh
+        per_batch = t * heads
+        block = t * grp
+        b0, b1 = a // per_batch, (b - 1) // per_batch
+        same = b0 == b1
+        kv0 = (a % per_batch) // block
+        kv1 = ((b - 1) % per_batch) // block
+        r0 = b0 * t
+        r1 = np.where(same, (b0 + 1) * t, np.minimum(b_, b1 + 1) * t)
+        qbox = box(
+            r0,
+            r1,
+            np.where(same, kv0 * grp * hd, 0),
+            np.where(same, (kv1 + 1) * grp * hd, heads * hd),
+        )
+        kvbox = box(r0, r1, np.where(same, kv0 * hd, 0), np.where(same, (kv1 + 1) * hd, kvh * hd))
+        return [(q, qbox), (kk, kvbox), (v, kvbox)], qbox
+
+    def unit_arrays(
+        self,
+        top: TiledOp,
+        tile_ns: float,
+        merge_total_ns: float = 0.0,
+        merge_units: int = 1,
+        overhead_ns: float = 0.0,
+    ) -> tuple[UnitArrays | None, UnitArrays | None]:
+        """`units(...)` as columns (None for an empty list), computed without a Python loop
+        over the tiles when the tiles are the tiler's enumeration; the same values."""
+        r = tile_ranges(top)
+        boxes = self._box_arrays(top, r) if r is not None else None
+        if r is None or boxes is None:
+            cu, mu = self.units(top, tile_ns, merge_total_ns, merge_units, overhead_ns)
+            return UnitArrays.of(cu), UnitArrays.of(mu)
+        op = self.ops[top.name]
+        out = op.outputs[0]
+        n = r.shape[0]
+        ncols = max(1, view(self.shape(out))[1])
+        split = is_split(top)
+        red = REDUCTION_AXIS.get(top.kind)
+        wb = top.weight_bytes // max(1, n) if top.kind in ("linear", "lm_head") else 0
+        reads_l, wbox = boxes
+        reads_l = [(tn, bx) for tn, bx in reads_l if self.activation(tn)]
+        reads: dict[str, BoxArray] = {}
+        for tn, bx in reads_l:
+            reads[tn] = _union(reads[tn], bx) if tn in reads else bx
+        stripe_a = np.minimum(((wbox[:, 2] + wbox[:, 3]) / 2) / ncols, 0.999999)
+        k_stripe_a = stripe_a
+        if split and top.kind in ("linear", "lm_head") and reads_l:
+            kb = reads_l[0][1]
+            kcols = view(self.shape(reads_l[0][0]))[1]
+            k_stripe_a = np.minimum(((kb[:, 2] + kb[:, 3]) / 2) / max(1, kcols), 0.999999)
+        stripe = stripe_a.tolist()
+        compute = UnitArrays(
+            n,
+            list(range(n)),
+            reads,
+            partial_name(top.name) if split else out,
+            wbox,
+            [tile_ns] * n,
+            split,
+            [wb] * n,
+            stripe,
+            stripe if k_stripe_a is stripe_a else k_stripe_a.tolist(),
+        )
+        if not (split and red is not None):
+            return compute, None
+        # Output blocks in order of first appearance (key: the ranges off the reduction
+        # axis), each the bounding box of its tiles' write boxes.
+        key = np.delete(r, red, axis=1).reshape(n, -1)
+        _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        order = np.argsort(first, kind="stable")
+        nb = len(first)
+        lo = np.full((nb, 2), np.iinfo(np.int64).max, dtype=np.int64)
+        hi = np.full((nb, 2), np.iinfo(np.int64).min, dtype=np.int64)
+        np.minimum.at(lo, inv, wbox[:, [0, 2]])
+        np.maximum.at(hi, inv, wbox[:, [1, 3]])
+        blocks = np.stack([lo[:, 0], hi[:, 0], lo[:, 1], hi[:, 1]], axis=1)[order].tolist()
+        per_block = max(1, merge_units // max(1, nb))
+        mreads: list[Box] = []
+        mwrites: list[Box] = []
+        mstripe: list[float] = []
+        for bx in blocks:
+            width = bx[3] - bx[2]
+            kk = max(1, min(per_block, width // 16))
+            step = -(-width // kk)
+            for c0 in range(bx[2], bx[3], step):
+                chunk = (bx[0], bx[1], c0, min(bx[3], c0 + step))
+                mreads.append((bx[0], bx[1], bx[2], bx[3]) if top.kind == "rmsnorm" else chunk)
+                mwrites.append(chunk)
+                mstripe.append(min(((chunk[2] + chunk[3]) / 2) / ncols, 0.999999))
+        m = len(mwrites)
+        if not m:
+            return compute, None
+        each = merge_total_ns * merge_units / m + overhead_ns
+        merges = UnitArrays(
+            m,
+            list(range(m)),
+            {partial_name(top.name): np.array(mreads, dtype=np.int64)},
+            out,
+            np.array(mwrites, dtype=np.int64),
+            [each] * m,
+            False,
+            [0] * m,
+            mstripe,
+            mstripe,
+        )
+        return compute, merges
 
     def units(
         self,
