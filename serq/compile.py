@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from serq import ast as A
 from serq.checker import Info
 from serq.errors import SerqError
@@ -304,22 +306,10 @@ def build(
         ]
 
     def finish(t: str) -> list[str]:
-        body = [
-            "n_res -= 1",
-            f"if {t} <= H:",
-            "    n_done += 1",
-            f"    if {t} >= W:",
-            "        n_done_w += 1",
-            "    if arr_t[rid] >= W:",
-            f"        resp.append({t} - arr_t[rid])",
-            "        _g = dtot[rid] if hasp[rid] else dtot[rid] - 1",
-            "        if _g > 0:",
-            f"            tbt.append(({t} - first_t[rid]) / _g)",
-        ]
-        obs = observe("done")
-        if obs:
-            body += [f"        _t = {t}"] + ["        " + o for o in obs]
-        return body
+        # what a completion adds to the statistics is worked out after the loop (`post`)
+        return ["n_res -= 1", f"fr.append(rid); ft.append({t})"]
+
+    done_obs = observe("done")
 
     def first_token(t: str, remaining: str) -> list[str]:
         body = [
@@ -355,7 +345,7 @@ def build(
         "if _d < 0:",
         "    _d = 0",
         "arr_t.append(_ta); prem.append(_p); dtot.append(_d); first_t.append(-1.0)",
-        "hasp.append(_p > 0)",
+        "gden.append(_d if _p > 0 else _d - 1)",
     ]
     arr_obs = observe("arrive")
     if arr_obs:
@@ -385,12 +375,14 @@ def build(
     trace_mode = adv_mode if adv_mode is not None else (adm_mode or "None")
     # when `advance` would take a chunk of at least b_tok of a request alone in `pre`
     adm_after: str | None = None
+    chain_dec: tuple[str, str] | None = None  # (decode selector, its bound) for chaining runs
     form += ["b_tok = 0", "b_req = 0", "adv = 0", "pdone = None", "adone = None", "pa = -1"]
     if advance is not None:
         each = (
             _fold(f"_floor({gen(advance.each, eng_env)})") if advance.each is not None else "_INF"
         )
         sel_dec = adv_mode or "True"
+        chain_dec = (sel_dec, each)
         # prefill amounts are ints: a chunk is one unless the cap or the bound is a float
         to_int = "" if _int_literal(cap_code) and _int_literal(each) else "c = int(c); "
         sel_pre = f"not {adv_mode}" if adv_mode is not None else "True"
@@ -532,7 +524,57 @@ def build(
     admitted: str | None = None
     if adm_after is not None and not any("len(waiting)" in ln for ln in form):
         admitted = adm_after
-    fast_block = _fast_block(chk, exec_code, finish, first_token, admitted) if fast_ok else []
+    # a claim that reads neither the clock nor the tokens served holds on every iteration of a
+    # run if it holds on the first (everything else it can read is constant during a run)
+    chk_run: list[str] = []
+    chk_first: list[str] = []
+    for i, spec in enumerate(claims):
+        lines = chk[2 * i : 2 * i + 2]
+        if reads_time.search(spec.body):
+            chk_run += lines
+        else:
+            chk_first += lines
+    # after a run, the batch the general loop would form next when the queues are empty and
+    # the clock has not reached the next event: the decoders alone, or nothing to chain
+    chain: list[str] | None = None
+    if chain_dec is not None:
+        sel, each = chain_dec
+        chain = [
+            *form[:reset],
+            f"if not (n_dec and {sel}):",
+            "    break",
+            "if n_dec > cap:"
+            if each == "_INF" or (_int_literal(each) and int(each) >= 1)
+            else f"if {each} < 1 or n_dec > cap:",
+            "    break",
+            "b_tok = n_dec; b_req = n_dec",
+        ]
+    fast_block = (
+        _fast_block(chk_run, chk_first, exec_code, finish, first_token, admitted, chain)
+        if fast_ok
+        else []
+    )
+
+    # completions, in order: request `fr[j]` finished at `ft[j]`; those within the horizon
+    # count, and those of requests that arrived after the warm-up give a response time, a time
+    # between tokens (over the tokens after the first; `gden`) and the `observe`d values
+    post = [
+        "FT = _np.array(ft, dtype=float); FR = _np.array(fr, dtype=_np.int64)",
+        "ok = FT <= H",
+        "n_done = int(_np.count_nonzero(ok)); n_done_w = int(_np.count_nonzero(ok & (FT >= W)))",
+        "AT = _np.array(arr_t, dtype=float)[FR]",
+        "sel = ok & (AT >= W)",
+        "FT = FT[sel]; FR = FR[sel]",
+        "resp = FT - AT[sel]",
+        "G = _np.array(gden, dtype=float)[FR]",
+        "pos = G > 0",
+        "tbt = (FT[pos] - _np.array(first_t, dtype=float)[FR[pos]]) / G[pos]",
+    ]
+    if done_obs:
+        post += [
+            "for rid, _t in zip(FR.tolist(), FT.tolist()):",
+            *_ind(done_obs, 1),
+        ]
 
     claim_init = []
     for i in range(len(claims)):
@@ -546,11 +588,12 @@ def build(
         "    _U = U; _X = X; _IA = IA",
         "    now = 0.0; served = 0; it = 0",
         "    waiting = deque(); pre = deque()",
-        "    prem = []; dtot = []; arr_t = []; first_t = []; hasp = []",
+        "    prem = []; dtot = []; arr_t = []; first_t = []; gden = []; fr = []; ft = []",
         "    dec = {}; buckets = {}; K = 0; kh = []",
         "    n_dec = 0; n_res = 0; n_pre = 0",
         "    nreq = 0; n_done = 0; n_done_w = 0",
         "    ttft = []; tbt = []; resp = []; bc = _defaultdict(int)",
+        "    bcd = _defaultdict(int); bcp = _defaultdict(int); FDUR = {}",
         "    samples = []; si = 0; s_next = SAMPLES[0]",
         "    trace = deque(maxlen=TRACE_LEN); FAST = not TR",
         *_ind(claim_init, 1),
@@ -598,6 +641,11 @@ def build(
         "        if now >= W:",
         "            bc[b_req, b_tok] += 1",
         "        served += b_tok; now = end; it += 1",
+        "    for k, n in bcd.items():",
+        "        bc[k, k] += n",
+        "    for k, n in bcp.items():",
+        "        bc[1, k] += n",
+        *_ind(post, 1),
         "    while s_next <= H:",
         "        samples.append((s_next, n_res, len(waiting), n_dec)); si += 1",
         "        s_next = SAMPLES[si]",
@@ -619,6 +667,7 @@ def build(
         "_NegativeDuration": NegativeDuration,
         "_heappush": heapq.heappush,
         "_defaultdict": defaultdict,
+        "_np": np,
         "_heappop": heapq.heappop,
     }
     from collections import deque
@@ -641,11 +690,13 @@ def build(
 
 
 def _fast_block(
-    chk: list[str],
+    chk_run: list[str],
+    chk_first: list[str],
     exec_code: str,
     finish: Callable[[str], list[str]],
     first_token: Callable[[str, str], list[str]],
     admitted: str | None,
+    chain: list[str] | None,
 ) -> list[str]:
     """Code run after a batch is formed: step the run of identical iterations it starts.
 
@@ -668,76 +719,124 @@ def _fast_block(
 
     A run also ends before the next arrival, backlog sample, the warm-up boundary and the
     horizon, where the general loop takes over again. Every iteration of a run is checked
-    against every claim, with its own ``it``, ``now`` and ``served``; ``now`` advances by
-    repeated addition as in the general loop, so times are bit-identical. The batch statistics
-    of a run are recorded once, as ``(requests, tokens, count)``. Not used when tracing.
+    against every claim, with its own ``it``, ``now`` and ``served``: claims that read ``now``
+    or ``served`` (``chk_run``) inside the loop, the others (``chk_first``), which read only
+    state that is constant during the run, once for its first iteration. ``now`` advances by
+    repeated addition as in the general loop, so times are bit-identical. The batch
+    statistics of a run are recorded once, as ``(requests, tokens, count)``.
+
+    When a run ends before the next event (arrival, sample, warm-up boundary, horizon) with the
+    waiting and prefill queues empty, the general loop would do nothing but form the next
+    batch from the decoders alone; ``chain`` forms it here (modes, cap, the decode bound) and
+    starts the next decode run directly, or leaves it to the general loop when it would not
+    be a decode run. Not used when tracing.
     """
-    head = [
+    # the duration of a batch, remembered per token count when that is all `execute` reads
+    dur_lines = [
         f"dur = {exec_code}",
         "if dur < 0:",
         "    raise _NegativeDuration(it, now, dur)",
         "fdur = float(dur)  # what `now + dur` adds",
+    ]
+    free = set(re.findall(r"\b[A-Za-z_]\w*\b", exec_code)) - {"b_tok", *_PURE}
+    if not free:
+        dur_lines = [
+            "fdur = FDUR.get(b_tok)",
+            "if fdur is None:",
+            *_ind(dur_lines, 1),
+            "    FDUR[b_tok] = fdur",
+        ]
+    head = [
+        *dur_lines,
         "if now >= W:",
         "    stop = tstop; rec = True",
         "else:",
         "    stop = W if W < tstop else tstop; rec = False",
+    ]
+    if chk_first:
+        head += ["if now < stop:", *_ind(chk_first, 1)]
+    head += [
         "i0 = it",
         "for it in range(it, lim):",
         "    if now >= stop:",
         "        break",
-        *_ind(chk, 1),
+        *_ind(chk_run, 1),
         "    served += b_tok; now += fdur",
         "else:",
         "    it = lim",
         "n = it - i0",
         "if rec:",
-        "    bc[b_req, b_tok] += n",
     ]
+    # batch sizes of runs counted by token count alone (a decode run's batch has `b_tok`
+    # requests, a prefill run's one), merged into `bc` after the loop
     decode = [
         "kmin = kh[0]",
         "lim = it + kmin - K",
         *head,
+        "    bcd[b_tok] += n",
         "K += n",
         "if K == kmin:",
         "    _heappop(kh)",
-        "    for rid in buckets.pop(K):",
+        "    fl = buckets.pop(K)",
+        "    for rid in fl:",
         "        del dec[rid]",
-        "        n_dec -= 1",
-        *_ind(finish("now"), 2),
-        "continue",
+        "    _n = len(fl); n_dec -= _n; n_res -= _n",
+        "    fr += fl; ft += [now] * _n",
     ]
     prefill = [
         "p = prem[rid]",
         "lim = it + 1 + p // b_tok",
         *head,
+        "    bcp[b_tok] += n",
         "p -= (n - 1) * b_tok",
         "prem[rid] = p",
         "if p == 0:",
         "    pre.popleft()",
         *_ind(first_token("now", "dtot[rid]"), 1),
-        "continue",
     ]
     out = [
         "if FAST:",
+        "    run = 0",
         "    if adv == 1:",
         "        if b_tok == n_dec:",
-        *_ind(decode, 3),
+        "            run = 1",
         "    elif adv == 0 and b_req == 1 and b_tok == cap and pdone is None:",
         "        if pa >= 0:",
-        "            rid = pa",
+        "            rid = pa; run = 2",
     ]
     if admitted is not None:
         out += [
             f"        elif adone is None and len(pre) == 1 and {admitted}:",
-            "            rid = pre[0]",
+            "            rid = pre[0]; run = 2",
         ]
+    body = [
+        "if run == 1:",
+        *_ind(decode, 1),
+        "else:",
+        *_ind(prefill, 1),
+    ]
+    if chain is not None:
+        loop = [
+            "while True:",
+            *_ind(body, 1),
+            "    if now >= stop or waiting or pre:",
+            "        break",
+            *_ind(chain, 1),
+            "    run = 1",
+        ]
+    else:
+        loop = body
     out += [
-        "        else:",
-        "            rid = -1",
-        "        if rid >= 0:",
-        *_ind(prefill, 3),
+        "    if run:",
+        *_ind(loop, 2),
+        "        continue",
     ]
     return out
+
+
+#: names in generated expressions that are functions or constants, not state
+_PURE = {"_ceil", "_floor", "_min", "_max", "_INF", "True", "False"}
+_PURE |= {"and", "or", "not", "if", "else"}
 
 
 class NegativeDuration(Exception):

@@ -34,6 +34,12 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "odd_prompts": [(VP, "set vp = 1 + 100 * floor(~uniform(1, vpmax + 1));")],
     "no_decode": [("set vd = min(floor(~exp(200)) + 1, vdmax);", "set vd = floor(~exp(3));")],
     "no_prefill": [(VP, "set vp = bcol * floor(~uniform(0, 2));")],
+    "observe_ints": [
+        (
+            "observe response = now - t0;",
+            "observe response = now - t0;\n    observe work = vp + vd / 3;",
+        )
+    ],
 }
 
 
@@ -57,3 +63,12 @@ def test_fast_path_matches_plain_loop(rad_text: str, name: str) -> None:
         a = _strip(simulate(fast, horizon, warmup, 3).as_dict())
         b = _strip(simulate(plain, horizon, warmup, 3).as_dict())
         assert a == b
+
+
+def test_fast_path_chains_runs_and_hoists_invariant_claims() -> None:
+    """RAD's fast loop chains decode runs and checks the clock-free claim once per run."""
+    src = load("examples/papers/bari_rad.sq").source
+    fast = src[src.index("if FAST:") : src.index("if TR:")]
+    assert "while True:" in fast
+    loop = fast[fast.index("for it in range") : fast.index("n = it - i0")]
+    assert "served" in loop and "n_dec == n_res" not in loop
