@@ -22,6 +22,7 @@ worker's queue is a contiguous run of the plan file). Conventions (docs/wire.md
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from plow.emit.files import (
+    FORMAT,
     ArenaBuffer,
     ArenaMap,
     AxisEntry,
@@ -161,65 +163,76 @@ def op_table(
 def schedule_file(
     s: Schedule, graph: OpGraph, tg: TileGraph, pages: PagePlan, arena: Arena
 ) -> ScheduleFile:
-    """The schedule in stream order (tasks renumbered queue by queue)."""
+    """The schedule in stream order (tasks renumbered queue by queue).
+
+    Built from values of the right types, so the models are constructed without
+    re-validating hundreds of thousands of list entries (`model_construct`)."""
     order = [t for q in s.queues for t in q]
-    new = {old: i for i, old in enumerate(order)}
     op_index = {op.name: i for i, op in enumerate(graph.ops)}
-    tops = {o.name: o for o in tg.ops}
-    cols: dict[str, list[Any]] = {k: [] for k in TaskColumns.model_fields}
-    for old in order:
-        t = s.tasks[old]
+    # Per op, the running count of masked tiles: a run [u0, u0 + n) holds a masked tile
+    # when the count grows across it.
+    masked_upto = {
+        o.name: [0, *np.cumsum([tl.masked for tl in o.tiles], dtype=np.int64).tolist()]
+        for o in tg.ops
+    }
+    tasks = [s.tasks[old] for old in order]
+    for t in tasks:
         u0, n = t.units[0], len(t.units)
         if t.units != tuple(range(u0, u0 + n)):
             raise PlowError(f"task {t.name}", f"units {t.units[:4]}... are not one contiguous run")
-        masked = t.kind in (TaskKind.compute, TaskKind.load) and any(
-            tops[t.op].tiles[u].masked for u in t.units
-        )
-        for k, v in (
-            ("name", t.name),
-            ("op", op_index[t.op]),
-            ("kind", t.kind.value),
-            ("unit_start", u0),
-            ("unit_count", n),
-            ("worker", t.worker),
-            ("waits", list(t.waits)),
-            ("signals", list(t.signals)),
-            ("est_ns", round(t.est_ns)),
-            ("partial", t.partial),
-            ("masked", masked),
-        ):
-            cols[k].append(v)
+    tiled = (TaskKind.compute, TaskKind.load)
+    masked = [
+        t.kind in tiled and masked_upto[t.op][t.units[-1] + 1] > masked_upto[t.op][t.units[0]]
+        for t in tasks
+    ]
+    cols = TaskColumns.model_construct(
+        name=[t.name for t in tasks],
+        op=[op_index[t.op] for t in tasks],
+        kind=[t.kind.value for t in tasks],
+        unit_start=[t.units[0] for t in tasks],
+        unit_count=[len(t.units) for t in tasks],
+        worker=[t.worker for t in tasks],
+        waits=[list(t.waits) for t in tasks],
+        signals=[list(t.signals) for t in tasks],
+        est_ns=[round(t.est_ns) for t in tasks],
+        partial=[t.partial for t in tasks],
+        masked=masked,
+    )
     p = pages.tasks
-    edges: list[int] = []
-    for pu, ct in s.edges:
-        edges += (new[pu], new[ct])
-    return ScheduleFile(
+    new = np.empty(len(s.tasks), dtype=np.int64)
+    new[np.asarray(order, dtype=np.int64)] = np.arange(len(order), dtype=np.int64)
+    edges: list[int] = new[np.asarray(s.edges, dtype=np.int64).reshape(-1)].tolist()
+    pt = [p[o] for o in order]
+    return ScheduleFile.model_construct(
+        format=FORMAT,
         bucket=s.bucket,
         workers=s.workers,
         gpus=s.gpus,
         workers_per_gpu=s.workers_per_gpu,
         makespan_ns=float(s.makespan_ns),
-        tasks=TaskColumns(**cols),
-        counters=CounterColumns(
+        tasks=cols,
+        counters=CounterColumns.model_construct(
             name=[c.name for c in s.counters],
             threshold=[c.threshold for c in s.counters],
             scope=[c.scope for c in s.counters],
         ),
         edges=edges,
-        pages=PageColumns(
+        pages=PageColumns.model_construct(
             budget_pages=pages.budget_pages,
             page_bytes=pages.page_bytes,
-            start=[p[o].start for o in order],
-            finish=[p[o].finish for o in order],
-            load=[p[o].load for o in order],
-            weight_pages=[p[o].weight_pages for o in order],
-            act_pages=[p[o].act_pages for o in order],
+            start=[x.start for x in pt],
+            finish=[x.finish for x in pt],
+            load=[x.load for x in pt],
+            weight_pages=[x.weight_pages for x in pt],
+            act_pages=[x.act_pages for x in pt],
         ),
-        arena=ArenaMap(
+        arena=ArenaMap.model_construct(
             arena_bytes=arena.arena_bytes,
             align=arena.align,
             buffers=[
-                ArenaBuffer(name=b.name, region=b.region, offset=b.offset, size=b.size)
+                ArenaBuffer.model_construct(
+                    name=b.name, region=b.region, offset=b.offset, size=b.size
+                )
                 for b in arena.buffers
             ],
         ),
@@ -269,64 +282,99 @@ def emit_packets(sf: ScheduleFile, ot: OpTable) -> PacketArray:
                 off(op.partial) if op.partial else None,
             )
         )
-    thr = sf.counters.threshold
-    scope = [SCOPE_CODE[x] for x in sf.counters.scope]
+    thr = np.asarray(sf.counters.threshold, dtype=np.int64).reshape(-1)
+    scope = np.asarray([SCOPE_CODE[x] for x in sf.counters.scope], dtype=np.int64).reshape(-1)
     ncount = len(thr)
-    cols: dict[str, list[int]] = {f: [] for f in _FIELDS}
     t = sf.tasks
-
-    def add(*vals: int) -> None:
-        for f, v in zip(_FIELDS, vals, strict=True):
-            cols[f].append(v)
-
-    for i in range(len(t.name)):
-        opi, kind, w = t.op[i], t.kind[i], t.worker[i]
-        if not 0 <= opi < len(per_op):
-            raise PlowError(f"task {t.name[i]}", f"op index {opi} outside the op table")
-        code, a_in, a_w, a_out, a_part = per_op[opi]
-        for c in (*t.waits[i], *t.signals[i]):
-            if not 0 <= c < ncount:
-                raise PlowError(f"task {t.name[i]}", f"counter {c} does not exist ({ncount})")
-        flags = 0
-        if kind == "load":
-            code, a_in, a_out = int(Opcode.LOAD), 0, 0
-        elif kind in ("merge", "allreduce"):
-            if kind == "allreduce":
-                code = int(Opcode.ALLREDUCE)
-            elif code == Opcode.ATTENTION:
-                code = int(Opcode.ATTENTION_MERGE)
-            a_in = a_part if a_part is not None else a_in
-            flags |= Flag.ACCUMULATE
-        elif t.partial[i] and a_part is not None:
-            a_out = a_part
-        if t.masked[i]:
-            flags |= Flag.MASKED
-        waits, sigs = t.waits[i], t.signals[i]
-        for c in waits[:-1]:
-            add(0, 0, 0, w, opi, c, thr[c], NO_COUNTER, 0, 0, 0, 0, 0)
-        wc = waits[-1] if waits else NO_COUNTER
-        wt = thr[wc] if waits else 0
-        sc = sigs[0] if sigs else NO_COUNTER
-        add(
-            code,
-            flags,
-            scope[sc] if sigs else 0,
-            w,
-            opi,
-            wc,
-            wt,
-            sc,
-            t.unit_start[i],
-            t.unit_count[i],
-            a_in,
-            a_w,
-            a_out,
-        )
-        for c in sigs[1:]:
-            add(0, 0, scope[c], w, opi, NO_COUNTER, 0, c, 0, 0, 0, 0, 0)
-    arr = np.zeros(len(cols["opcode"]), dtype=PACKET_DTYPE)
+    n = len(t.name)
+    i64 = np.int64
+    opi = np.asarray(t.op, dtype=i64).reshape(-1)
+    bad = np.flatnonzero((opi < 0) | (opi >= len(per_op)))
+    nw = np.fromiter(map(len, t.waits), dtype=i64, count=n)
+    ns = np.fromiter(map(len, t.signals), dtype=i64, count=n)
+    wflat = np.fromiter(itertools.chain.from_iterable(t.waits), dtype=i64, count=int(nw.sum()))
+    sflat = np.fromiter(itertools.chain.from_iterable(t.signals), dtype=i64, count=int(ns.sum()))
+    wtask = np.repeat(np.arange(n, dtype=i64), nw)
+    stask = np.repeat(np.arange(n, dtype=i64), ns)
+    badc = np.concatenate(
+        [wtask[(wflat < 0) | (wflat >= ncount)], stask[(sflat < 0) | (sflat >= ncount)]]
+    )
+    if len(bad) or len(badc):  # the first offending task, in stream order
+        i = int(min([*bad.tolist(), *badc.tolist()]))
+        if not 0 <= t.op[i] < len(per_op):
+            raise PlowError(f"task {t.name[i]}", f"op index {t.op[i]} outside the op table")
+        c = next(c for c in (*t.waits[i], *t.signals[i]) if not 0 <= c < ncount)
+        raise PlowError(f"task {t.name[i]}", f"counter {c} does not exist ({ncount})")
+    ops = np.array([(*x[:4], -1 if x[4] is None else x[4]) for x in per_op], dtype=i64).reshape(
+        -1, 5
+    )
+    code, a_in, a_w, a_out, a_part = (ops[opi, j] for j in range(5))
+    kind = np.asarray(t.kind, dtype=object)
+    is_load = kind == "load"
+    is_all = kind == "allreduce"
+    is_merge = (kind == "merge") | is_all
+    has_part = a_part >= 0
+    flags = np.where(is_merge, int(Flag.ACCUMULATE), 0) | np.where(
+        np.asarray(t.masked, dtype=bool), int(Flag.MASKED), 0
+    )
+    code = np.where(
+        is_load,
+        int(Opcode.LOAD),
+        np.where(
+            is_all,
+            int(Opcode.ALLREDUCE),
+            np.where(is_merge & (code == int(Opcode.ATTENTION)), int(Opcode.ATTENTION_MERGE), code),
+        ),
+    )
+    a_in = np.where(is_load, 0, np.where(is_merge & has_part, a_part, a_in))
+    part = np.asarray(t.partial, dtype=bool)
+    a_out = np.where(is_load, 0, np.where(~is_merge & part & has_part, a_part, a_out))
+    # Stream layout per task: max(w-1, 0) wait nops, the task packet, max(s-1, 0) signal nops.
+    lead = np.maximum(nw - 1, 0)
+    size = lead + 1 + np.maximum(ns - 1, 0)
+    first = np.cumsum(size) - size
+    main = first + lead
+    total = int(size.sum())
+    cols = {f: np.zeros(total, dtype=i64) for f in _FIELDS}
+    worker = np.asarray(t.worker, dtype=i64).reshape(-1)
+    tw = np.repeat(np.arange(n, dtype=i64), size)
+    cols["worker"] = worker[tw]
+    cols["op_index"] = opi[tw]
+    cols["wait_counter"][:] = NO_COUNTER
+    cols["signal_counter"][:] = NO_COUNTER
+    # the task packets
+    last_w = np.cumsum(nw) - 1  # index into wflat of each task's last wait
+    has_w = nw > 0
+    wc = np.where(has_w, wflat[np.where(has_w, last_w, 0)] if len(wflat) else 0, NO_COUNTER)
+    has_s = ns > 0
+    first_s = np.cumsum(ns) - ns
+    sc = np.where(has_s, sflat[np.where(has_s, first_s, 0)] if len(sflat) else 0, NO_COUNTER)
+    cols["opcode"][main] = code
+    cols["flags"][main] = flags
+    cols["scope"][main] = np.where(has_s, scope[np.where(has_s, sc, 0)] if ncount else 0, 0)
+    cols["wait_counter"][main] = wc
+    cols["wait_threshold"][main] = np.where(has_w, thr[np.where(has_w, wc, 0)] if ncount else 0, 0)
+    cols["signal_counter"][main] = sc
+    cols["row_start"][main] = np.asarray(t.unit_start, dtype=i64).reshape(-1)
+    cols["rows"][main] = np.asarray(t.unit_count, dtype=i64).reshape(-1)
+    cols["in_offset"][main] = a_in
+    cols["weight_offset"][main] = a_w
+    cols["out_offset"][main] = a_out
+    # wait nops: every wait but the last, before the task packet
+    wpos = np.arange(len(wflat), dtype=i64) - np.repeat(np.cumsum(nw) - nw, nw)
+    wk = wpos < nw[wtask] - 1
+    at = first[wtask[wk]] + wpos[wk]
+    cols["wait_counter"][at] = wflat[wk]
+    cols["wait_threshold"][at] = thr[wflat[wk]]
+    # signal nops: every signal but the first, after the task packet
+    spos = np.arange(len(sflat), dtype=i64) - np.repeat(first_s, ns)
+    sk = spos > 0
+    at = main[stask[sk]] + spos[sk]
+    cols["signal_counter"][at] = sflat[sk]
+    cols["scope"][at] = scope[sflat[sk]]
+    arr = np.zeros(total, dtype=PACKET_DTYPE)
     for f in _FIELDS:
-        arr[f] = np.asarray(cols[f], dtype=np.uint64).astype(PACKET_DTYPE[f])
+        arr[f] = cols[f].astype(np.uint64).astype(PACKET_DTYPE[f])
     return arr
 
 
