@@ -1,39 +1,88 @@
-"""Step (a) of a study: compile the workload's buckets and certify them.
+"""Step (a) of a study: compile the workload's decode buckets into bundles and certify them.
 
-Today the compile pipeline is tiling + checkpoint B (plow.tiles, the extracted oracle): every
-decode bucket the study measures is built into an operator graph, tiled against the target,
-its makespan lower bounds checked against the step budget, and its payload certified by the
-oracle. A bound over budget or a rejected certificate stops the study (exit 1). When the full
-pipeline (schedule, emit, bundle, checkpoints A-F) lands, this is the one place to call it.
+This is plow's own pipeline, the one `plow compile SOURCE -o OUT --verify` runs: per key-value
+context the study needs, `plow.emit.bundle.compile_bundle` (import -> graph -> tile -> bounds
+-> schedule -> pages -> arena -> emit -> write; `plow.compile.compile_plan` underneath) writes a
+plan-only bundle holding one decode bucket per batch size, then `plow.emit.verify.verify_bundle`
+re-derives checkpoints B-F from the bundle's own files and runs the oracle on each
+(docs/bundle.md "Verify"), and the certificates are written into the bundle. A bound over the
+step budget or any rejected checkpoint stops the study: `compile.json` and `report.md` are
+published, exit 1.
+
+A checkpoint checked in Python instead of the oracle (checkpoint D above
+`plow.emit.verify.D_ORACLE_MAX_TASKS` tasks) is recorded with `checked_by: python` and no
+theorems, and the report says so.
+
+The bundles go to `$PLOW_CACHE/bundles/<study>-<key>/kv<N>/` (not under `results/`: plan files
+are megabytes); `compile.json` records each bundle's path and manifest digest. The in-memory
+plans the bundles were emitted from are kept (`CompiledStudy.plans`) so the executor can run
+exactly the certified plans.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import BaseModel
 
 from harness.environment import Calibration
 from harness.workload import Workload
-from plow.checkpoint import ModelSpec
+from plow.compile import BucketPlan
 from plow.errors import PlanRejected, PlowError
-from plow.graph import Bucket, build_graph
-from plow.oracle import Certificate
+from plow.graph import Bucket
+from plow.target import Target
+
+CHECKPOINTS = ("B", "C", "D", "E", "F")
+
+
+class CheckRow(BaseModel):
+    """One certificate-table row: a checkpoint's verdict on one bucket."""
+
+    checkpoint: str
+    verdict: str  # accept / reject / accept (python)
+    checked_by: str  # oracle / python
+    theorems: list[str]
+    reason: str = ""
+    payload_sha256: str | None = None
 
 
 class BucketReport(BaseModel):
     bucket: str
     batch: int
-    context: int
+    context: int | None  # the study context this bucket measures (None: gate/serving only)
+    kv_positions: int  # key-value positions the bucket holds (context + measured steps)
+    bundle: str
     budget_ms: float
     estimated_ms: float
     bandwidth_bound_ms: float
     compute_bound_ms: float
+    makespan_ms: float | None = None
     tiles: int
-    certificate: Certificate | None
+    tasks: int | None = None
+    packets: int | None = None
+    checks: list[CheckRow] = []
     rejected: str | None = None
+
+    def check(self, checkpoint: str) -> CheckRow | None:
+        return next((c for c in self.checks if c.checkpoint == checkpoint), None)
+
+
+class BundleReport(BaseModel):
+    path: str
+    kv_positions: int
+    buckets: list[str]
+    plan_only: bool
+    manifest_sha256: str | None
+    check: str  # the bundle-level row: hashes and cross-references
+    accepted: bool
+    seconds: float
 
 
 class CompileReport(BaseModel):
@@ -43,7 +92,10 @@ class CompileReport(BaseModel):
     target_peak_flops_per_s: int
     target_calibrated: bool
     budget_rule: str
+    bundles: list[BundleReport] = []
     buckets: list[BucketReport]
+    python_checked: list[str] = []  # "checkpoint D, bucket X: why" (not the oracle)
+    launches: dict[str, PlanUse] = {}  # bucket -> launches the executor made (cpu executor)
     seconds: float
     accepted: bool
     reason: str | None = None
@@ -52,10 +104,19 @@ class CompileReport(BaseModel):
     def theorems(self) -> list[str]:
         seen: dict[str, None] = {}
         for b in self.buckets:
-            if b.certificate is not None:
-                for t in b.certificate.theorems:
+            for c in b.checks:
+                for t in c.theorems:
                     seen.setdefault(t, None)
         return list(seen)
+
+    def theorems_by_checkpoint(self) -> dict[str, list[str]]:
+        out: dict[str, dict[str, None]] = {}
+        for b in self.buckets:
+            for c in b.checks:
+                d = out.setdefault(c.checkpoint, {})
+                for t in c.theorems:
+                    d.setdefault(t, None)
+        return {k: list(v) for k, v in out.items()}
 
     def bound_ms(self, batch: int, context: int) -> float | None:
         for b in self.buckets:
@@ -64,104 +125,250 @@ class CompileReport(BaseModel):
         return None
 
 
+class PlanUse(BaseModel):
+    """Launches of one bucket's plan by the executor, and whether step (a) certified it."""
+
+    launches: int = 0
+    certified: bool = False
+
+
+@dataclass
+class CompiledStudy:
+    """What the executor needs from step (a): the (calibrated) target and the certified plans
+    by bucket; `usage` (the report's `launches`) counts the launches of every plan the
+    executor ran, certified or not (the executor fills it)."""
+
+    report: CompileReport
+    target: Target
+    plans: dict[Bucket, BucketPlan]
+
+    @property
+    def usage(self) -> dict[str, PlanUse]:
+        return self.report.launches
+
+    def plans_for(self, kv_positions: int) -> list[BucketPlan]:
+        return [p for b, p in self.plans.items() if b.context == kv_positions]
+
+    def record(self, bucket: Bucket) -> None:
+        u = self.usage.setdefault(bucket.name, PlanUse(certified=bucket in self.plans))
+        u.launches += 1
+
+    def uncertified_runs(self) -> dict[str, int]:
+        return {k: u.launches for k, u in self.usage.items() if not u.certified}
+
+
 def measured_positions(wl: Workload) -> int:
     """Key-value positions a measured decode step can reach beyond the context it starts at."""
     return wl.measure.warmup_steps + wl.measure.decode_steps + 1
 
 
-def compile_study(
-    spec: ModelSpec,
-    wl: Workload,
-    calibration: Calibration | None,
-    on_bucket: Callable[[str], None] | None = None,
-) -> CompileReport:
-    """Tile and certify every (batch, context) decode bucket of the study; raises
-    `PlanRejected` (with the report attached as `.report`) when any bucket is rejected."""
-    try:
-        from plow.target import load_target
-        from plow.tiles import certify_tiles, check_bounds, plan_bounds, tile_graph
-    except ImportError as e:  # pragma: no cover - the pipeline ships with plow
-        raise PlowError("compile", f"the compile pipeline is not importable: {e}") from e
+def study_target(wl: Workload, calibration: Calibration | None) -> tuple[Target, bool]:
+    """The workload's target; `cpu` takes this run's measured bandwidth and matmul rate."""
+    from plow.target import load_target
 
-    t0 = time.perf_counter()
     target = load_target(wl.target)
-    calibrated = False
-    if calibration is not None and target.name == "cpu":
-        rate = calibration.matmul_flops_per_s
-        target = target.model_copy(
+    if calibration is None or target.name != "cpu":
+        return target, False
+    rate = calibration.matmul_flops_per_s
+    return (
+        target.model_copy(
             update={
                 "bandwidth_bytes_per_s": calibration.bandwidth_bytes_per_s,
                 "peak_flops_per_s": dict.fromkeys(target.peak_flops_per_s, rate),
             }
-        )
-        calibrated = True
+        ),
+        True,
+    )
+
+
+def bundle_root(wl: Workload, model_dir: Path) -> Path:
+    """Where this study's bundles go: one folder per (study, model, workload), reused by
+    re-runs (each bundle is replaced atomically)."""
+    from plow.default_model import cache_dir
+
+    key = hashlib.sha256(
+        json.dumps([str(model_dir), wl.model_dump(mode="json")], sort_keys=True).encode()
+    ).hexdigest()[:12]
+    return cache_dir() / "bundles" / f"{wl.study}-{key}"
+
+
+def _estimate_ns(bucket: Bucket, spec_source: Path, target: Target) -> float:
+    from plow.checkpoint import load_spec
+    from plow.graph import build_graph
+    from plow.tiles import plan_bounds, tile_graph
+
+    tg = tile_graph(build_graph(load_spec(spec_source), bucket), target)
+    return float(plan_bounds(tg, 1, target.launch_overhead_ns).estimated_ns)
+
+
+def _checked_by(verdict: str) -> str:
+    return "python" if "python" in verdict else "oracle"
+
+
+def compile_study(
+    model_dir: Path,
+    wl: Workload,
+    calibration: Calibration | None,
+    *,
+    kv_contexts: list[int] | None = None,
+    out_root: Path | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> CompiledStudy:
+    """Compile and certify every decode bucket of the study (a bundle per key-value context:
+    each `context + measured steps`, plus `kv_contexts` — the gate's runner — when larger).
+    Raises `CompileRejected` (report attached) when a bound or a checkpoint rejects a bucket."""
+    try:
+        from plow.emit.bundle import compile_bundle, sha256_file
+        from plow.emit.verify import verify_bundle, write_certificates
+        from plow.profile import CompileProfile
+    except ImportError as e:  # pragma: no cover - the pipeline ships with plow
+        raise PlowError("compile", f"the compile pipeline is not importable: {e}") from e
+
+    t0 = time.perf_counter()
+    target, calibrated = study_target(wl, calibration)
+    extra = measured_positions(wl)
+    by_kv: dict[int, int | None] = {c + extra: c for c in wl.context_lengths}
+    for kv in kv_contexts or []:
+        by_kv.setdefault(kv, None)
+    root = out_root or bundle_root(wl, model_dir)
     budget_ms = wl.compile.step_budget_ms
     rule = (
         f"{budget_ms:g} ms per step (workload)"
         if budget_ms is not None
-        else "twice the cost model's sequential estimate (the workload sets no latency target)"
+        else "twice the cost model's sequential estimate of the bundle's largest bucket "
+        "(the workload sets no latency target)"
     )
-    extra = measured_positions(wl)
-    reports: list[BucketReport] = []
-    reason: str | None = None
-    for batch in wl.batch_sizes:
-        for context in wl.context_lengths:
-            bucket = Bucket.decode(batch, context + extra)
-            if on_bucket:
-                on_bucket(bucket.name)
-            tg = tile_graph(build_graph(spec, bucket), target)
-            estimate = plan_bounds(tg, 1, target.launch_overhead_ns).estimated_ns
-            budget_ns = (
-                math.ceil(budget_ms * 1e6) if budget_ms is not None else math.ceil(2 * estimate)
-            )
-            bounds = plan_bounds(tg, budget_ns, target.launch_overhead_ns)
-            rejected: str | None = None
-            cert: Certificate | None = None
-            try:
-                check_bounds(bounds)
-                _, cert = certify_tiles(tg, target, budget_ns)
-                if not cert.accepted:
-                    rejected = f"checkpoint B rejected bucket {bucket.name}: {cert.reason}"
-            except PlanRejected as e:
-                rejected = str(e)
-            reports.append(
-                BucketReport(
-                    bucket=bucket.name,
-                    batch=batch,
-                    context=context,
-                    budget_ms=budget_ns / 1e6,
-                    estimated_ms=bounds.estimated_ns / 1e6,
-                    bandwidth_bound_ms=bounds.bandwidth_bound_ns / 1e6,
-                    compute_bound_ms=bounds.compute_bound_ns / 1e6,
-                    tiles=tg.num_tiles,
-                    certificate=cert,
-                    rejected=rejected,
-                )
-            )
-            if rejected is not None:
-                reason = rejected
-                break
-        if reason is not None:
-            break
     report = CompileReport(
         pipeline=(
-            "build_graph -> tile_graph -> plan bounds -> oracle checkpoint B (per decode bucket)"
+            "plow compile --plan-only --verify per key-value context: import -> graph -> tile "
+            "-> bounds -> schedule -> pages -> arena -> emit -> write bundle, then verify: "
+            "checkpoints B-F re-derived from the bundle's files and checked by the oracle"
         ),
         target=target.name,
         target_bandwidth_bytes_per_s=target.bandwidth_bytes_per_s,
         target_peak_flops_per_s=max(target.peak_flops_per_s.values()),
         target_calibrated=calibrated,
         budget_rule=rule,
-        buckets=reports,
-        seconds=round(time.perf_counter() - t0, 3),
-        accepted=reason is None,
-        reason=reason,
+        buckets=[],
+        seconds=0.0,
+        accepted=True,
     )
-    if reason is not None:
+    plans: dict[Bucket, BucketPlan] = {}
+
+    def reject(reason: str) -> CompileRejected:
+        report.accepted = False
+        report.reason = reason
+        report.seconds = round(time.perf_counter() - t0, 3)
         err = CompileRejected("compile", reason)
         err.report = report
-        raise err
-    return report
+        return err
+
+    for kv in sorted(by_kv):
+        study_ctx = by_kv[kv]
+        buckets = [Bucket.decode(b, kv) for b in wl.batch_sizes]
+        if budget_ms is not None:
+            budget_ns = math.ceil(budget_ms * 1e6)
+        else:
+            budget_ns = math.ceil(2 * max(_estimate_ns(b, model_dir, target) for b in buckets))
+        profile = CompileProfile(
+            name=f"{wl.study}-kv{kv}",
+            decode_batches=tuple(wl.batch_sizes),
+            context=kv,
+            decode_budget_ns=budget_ns,
+        )
+        out = root / f"kv{kv}"
+        tb = time.perf_counter()
+
+        def stage(name: str, bucket: str, phase: str, kv: int = kv) -> None:
+            if on_stage and phase == "start":
+                on_stage(f"kv {kv}: {name} {bucket}".strip())
+
+        try:
+            res = compile_bundle(
+                model_dir, out, target, profile, verify=False, plan_only=True, on_stage=stage
+            )
+        except PlanRejected as e:  # a bound over the budget: nothing written
+            raise reject(str(e)) from e
+        if on_stage:
+            on_stage(f"kv {kv}: verify (oracle B-F)")
+        ver = verify_bundle(out)
+        by_bucket = {r.name: r for r in res.manifest.ladder}
+        for bp in res.plan.buckets:
+            name = bp.bucket.name
+            rung = by_bucket.get(name)
+            checks = [
+                CheckRow(
+                    checkpoint=r.checkpoint,
+                    verdict=r.verdict,
+                    checked_by=_checked_by(r.verdict),
+                    theorems=list(r.theorems),
+                    reason=r.reason,
+                    payload_sha256=r.certificate.payload_sha256 if r.certificate else None,
+                )
+                for r in ver.rows
+                if r.bucket == name
+            ]
+            bad = next((c for c in checks if c.verdict == "reject"), None)
+            for c in checks:
+                if c.checked_by == "python":
+                    report.python_checked.append(
+                        f"checkpoint {c.checkpoint}, bucket {name}: {c.reason}"
+                    )
+            report.buckets.append(
+                BucketReport(
+                    bucket=name,
+                    batch=bp.bucket.batch,
+                    context=study_ctx,
+                    kv_positions=kv,
+                    bundle=out.name,
+                    budget_ms=bp.budget_ns / 1e6,
+                    estimated_ms=bp.bounds.estimated_ns / 1e6,
+                    bandwidth_bound_ms=bp.bounds.bandwidth_bound_ns / 1e6,
+                    compute_bound_ms=bp.bounds.compute_bound_ns / 1e6,
+                    makespan_ms=rung.cost.makespan_ns / 1e6 if rung else None,
+                    tiles=bp.tiles.num_tiles,
+                    tasks=rung.tasks if rung else None,
+                    packets=rung.packets if rung else None,
+                    checks=checks,
+                    rejected=(
+                        f"checkpoint {bad.checkpoint} rejected bucket {name}: {bad.reason}"
+                        if bad
+                        else None
+                    ),
+                )
+            )
+            plans[bp.bucket] = bp
+        bundle_row = next((r for r in ver.rows if r.checkpoint == "bundle"), None)
+        report.bundles.append(
+            BundleReport(
+                path=str(out),
+                kv_positions=kv,
+                buckets=[b.bucket.name for b in res.plan.buckets],
+                plan_only=True,
+                manifest_sha256=sha256_file(out / "manifest.json"),
+                check=f"{bundle_row.verdict}: {bundle_row.reason}" if bundle_row else "",
+                accepted=ver.accepted,
+                seconds=round(time.perf_counter() - tb, 3),
+            )
+        )
+        first = ver.first_rejection()
+        if first is not None:
+            shutil.rmtree(out, ignore_errors=True)  # never leave a rejected plan to be run
+            where = f"checkpoint {first.checkpoint}" + (
+                f", bucket {first.bucket}" if first.bucket else " (bundle)"
+            )
+            raise reject(f"{where}: {first.reason or 'rejected'}")
+        write_certificates(ver)
+        missing = [
+            f"{b}: {ck}"
+            for b in by_bucket
+            for ck in CHECKPOINTS
+            if not any(r.checkpoint == ck and r.bucket == b for r in ver.rows)
+        ]
+        if missing:
+            raise reject(f"no verdict for {', '.join(missing)}")
+    report.seconds = round(time.perf_counter() - t0, 3)
+    return CompiledStudy(report, target, plans)
 
 
 class CompileRejected(PlanRejected):

@@ -12,9 +12,14 @@ own measurement of the last call (a device timer); None means the harness's host
 (`time.perf_counter_ns` around the call) is the step time.
 
 `serving_engine` gives the `plow.serve` engine of the same executor (the serving surface runs
-the dispatcher over it), or None. To plug in an executor (the compiled CPU executor of issue 6,
-CUDA), implement `Executor` and `Runner` and register it in `EXECUTORS`; nothing else in the
-harness changes.
+the dispatcher over it), or None.
+
+`compiled` (both calls) is step (a)'s `CompiledStudy`: an executor that runs compiled plans
+runs those certified plans for the buckets they cover (and records every launch in
+`compiled.usage`, certified or not); the reference executor ignores it.
+
+To plug in an executor (CUDA), implement `Executor` and `Runner` and register it in
+`EXECUTORS`; nothing else in the harness changes.
 """
 
 from __future__ import annotations
@@ -24,13 +29,19 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from plow.checkpoint import Checkpoint
 from plow.errors import PlowError
+from plow.runtime.cpu.machine import DispatchStats
+from plow.runtime.cpu.model import CpuModel
+from plow.runtime.cpu.plan import Plan
 from plow.runtime.reference import ReferenceSession
+
+if TYPE_CHECKING:
+    from harness.compile_step import CompiledStudy
 
 
 class ExecutorUnavailable(PlowError):
@@ -75,9 +86,23 @@ class Executor(Protocol):
         """None when this machine can run the executor; else why not (one line)."""
         ...
 
-    def open(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Runner: ...
+    def open(
+        self,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int,
+        max_context: int,
+        compiled: CompiledStudy | None = None,
+    ) -> Runner: ...
 
-    def serving_engine(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Any:
+    def serving_engine(
+        self,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int,
+        max_context: int,
+        compiled: CompiledStudy | None = None,
+    ) -> Any:
         """A `plow.serve.engine.Engine` for the serving surface (the dispatcher drives it),
         or None when the executor has none yet (the harness's own loop is measured then)."""
         ...
@@ -157,13 +182,71 @@ class ReferenceExecutor:
     def unavailable_reason(self) -> str | None:
         return None
 
-    def open(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Runner:
+    def open(
+        self,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int,
+        max_context: int,
+        compiled: CompiledStudy | None = None,
+    ) -> Runner:
         return ReferenceRunner(ckpt, max_batch, max_context)
 
-    def serving_engine(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Any:
+    def serving_engine(
+        self,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int,
+        max_context: int,
+        compiled: CompiledStudy | None = None,
+    ) -> Any:
         from plow.serve.engine import ReferenceEngine
 
         return ReferenceEngine.from_checkpoint(ckpt, max_batch=max_batch, max_context=max_context)
+
+
+class _CpuModel(CpuModel):
+    """A `CpuModel` that reports every launch to the study (which plan ran, certified or not)."""
+
+    study: CompiledStudy | None = None
+
+    def dispatch(self, plan: Plan, **kw: object) -> DispatchStats:
+        st = super().dispatch(plan, **kw)
+        if self.study is not None:
+            self.study.record(plan.bucket)
+        return st
+
+
+def cpu_model(
+    ckpt: Checkpoint, *, max_batch: int, max_context: int, compiled: CompiledStudy | None
+) -> CpuModel:
+    """The CPU executor's model for one runner. With `compiled`: planned for its (calibrated)
+    target, and the certified plans of this context installed as they are (the objects the
+    verified bundle was emitted from), so those buckets are never re-planned; buckets outside
+    the study's compile (prefill) are planned in memory on first use, as without it."""
+    from plow.runtime.cpu.plan import plan_from_parts
+
+    if max_batch < 1:
+        raise ValueError("max_batch must be at least 1")
+    if not 1 <= max_context <= ckpt.spec.max_position:
+        raise ValueError(f"max_context must be in 1..{ckpt.spec.max_position}, got {max_context}")
+    model = _CpuModel(
+        ckpt.spec,
+        ckpt.weights,
+        target=compiled.target if compiled is not None else "cpu",
+        max_batch=max_batch,
+        max_context=max_context,
+    )
+    model.study = compiled
+    if compiled is not None:
+        for bp in compiled.plans_for(model.context):
+            if bp.bucket.batch in model.decode_batches and bp.schedule is not None:
+                model.add_plan(
+                    plan_from_parts(
+                        bp.bucket, bp.graph, bp.tiles, bp.schedule, model.arena.kv_shape, model.ring
+                    )
+                )
+    return model
 
 
 class CpuExecutor:
@@ -171,20 +254,40 @@ class CpuExecutor:
     on virtual workers, counters as the only synchronisation (`plow.runtime.cpu`)."""
 
     name = "cpu"
-    description = "the compiled plan's packet stream on the CPU persistent-kernel emulation"
+    description = (
+        "the compiled plan's packet stream on the CPU persistent-kernel emulation "
+        "(plow.runtime.cpu: virtual workers, counters, numpy tile kernels)"
+    )
 
     def unavailable_reason(self) -> str | None:
         return None
 
-    def open(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Runner:
-        from plow.runtime.cpu.engine import CpuRunner
+    def open(
+        self,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int,
+        max_context: int,
+        compiled: CompiledStudy | None = None,
+    ) -> Runner:
+        from plow.runtime.cpu.engine import CpuEngine, CpuRunner
 
-        return CpuRunner.open(ckpt, max_batch=max_batch, max_context=max_context)
+        model = cpu_model(ckpt, max_batch=max_batch, max_context=max_context, compiled=compiled)
+        return CpuRunner(CpuEngine(model))
 
-    def serving_engine(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Any:
+    def serving_engine(
+        self,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int,
+        max_context: int,
+        compiled: CompiledStudy | None = None,
+    ) -> Any:
         from plow.runtime.cpu.engine import CpuEngine
 
-        return CpuEngine.from_checkpoint(ckpt, max_batch=max_batch, max_context=max_context)
+        return CpuEngine(
+            cpu_model(ckpt, max_batch=max_batch, max_context=max_context, compiled=compiled)
+        )
 
 
 def gpu_present() -> bool:
@@ -203,10 +306,24 @@ class CudaExecutor:
             return "no GPU on this machine (this workload needs an NVIDIA GPU)"
         return "the CUDA executor is not built yet in this version"
 
-    def open(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Runner:
+    def open(
+        self,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int,
+        max_context: int,
+        compiled: CompiledStudy | None = None,
+    ) -> Runner:
         raise ExecutorUnavailable("executor cuda", self.unavailable_reason() or "")
 
-    def serving_engine(self, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> Any:
+    def serving_engine(
+        self,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int,
+        max_context: int,
+        compiled: CompiledStudy | None = None,
+    ) -> Any:
         raise ExecutorUnavailable("executor cuda", self.unavailable_reason() or "")
 
 

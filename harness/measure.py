@@ -25,6 +25,7 @@ from functools import partial
 
 import numpy as np
 
+from harness.compile_step import CompiledStudy
 from harness.executors import Executor, Runner
 from plow.checkpoint import Checkpoint, load_checkpoint
 
@@ -102,7 +103,7 @@ def filler(vocab: int, length: int, seed: int) -> list[int]:
 
 
 def decode_sweep(
-    runner: Runner,
+    open_runner: Callable[[int], Runner],
     vocab: int,
     contexts: Sequence[int],
     batches: Sequence[int],
@@ -111,12 +112,16 @@ def decode_sweep(
     seed: int,
     on_step: Callable[[str], None] | None = None,
 ) -> list[Metric]:
-    """Raw decode step time and host utilisation per (context, batch). Every row of a batch
-    starts from the same filler prompt (so the prefill is computed once per context)."""
-    ex = runner.executor
+    """Raw decode step time and host utilisation per (context, batch). `open_runner(ctx)` gives
+    the runner for context `ctx` (sized to it: the plan a step runs is the one compiled for
+    that context). Every row of a batch starts from the same filler prompt (a repeated prompt
+    is prefilled once where the executor shares prefixes)."""
+    ex = ""
     out: list[Metric] = []
     for ctx in contexts:
         prompt = filler(vocab, ctx, seed)
+        runner = open_runner(ctx)
+        ex = runner.executor
         for b in batches:
             logits = runner.prefill([prompt] * b)
             if on_step:
@@ -201,12 +206,16 @@ def serving_overhead(
 
 
 def cold_start(
-    executor: Executor, path: str, prompt: list[int], max_context: int
+    executor: Executor,
+    path: str,
+    prompt: list[int],
+    max_context: int,
+    compiled: CompiledStudy | None = None,
 ) -> tuple[list[Metric], Checkpoint]:
     """Checkpoint load (memory-mapped) + executor open, then prefill and the first token."""
     t0 = time.perf_counter()
     ckpt = load_checkpoint(path)
-    runner = executor.open(ckpt, max_batch=1, max_context=max_context)
+    runner = executor.open(ckpt, max_batch=1, max_context=max_context, compiled=compiled)
     t1 = time.perf_counter()
     logits = runner.prefill([prompt])
     _ = int(np.argmax(logits[0]))

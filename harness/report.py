@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.compile_step import CompileReport
+from harness.compile_step import CHECKPOINTS, CompileReport
 from harness.environment import Environment
 from harness.gate import GateReport
 from harness.measure import Metric
@@ -86,10 +86,9 @@ def limits(info: RunInfo) -> list[str]:
     out: list[str] = []
     if info.executor == "reference":
         out.append(
-            "**Executor: `reference`** — the plain numpy per-op forward, not the compiled plan. "
-            "The compiled CPU executor (issue 6) is not in yet, so these numbers measure the "
-            "reference path on this machine, not plow's execution path; the certificates above "
-            "are for the plan the compiled executor will run."
+            "**Executor: `reference`** — the plain numpy per-op forward, not the compiled plan: "
+            "these numbers measure the reference path on this machine, not plow's execution "
+            "path; the certificates above are for the plans the compiled executor (`cpu`) runs."
         )
         out.append(
             "Untuned path: the reference runs the rows of a batch one after another (a batch of "
@@ -98,6 +97,45 @@ def limits(info: RunInfo) -> list[str]:
         )
     else:
         out.append(f"Executor: `{info.executor}` ({info.executor_description}).")
+    if info.executor == "cpu":
+        out.append(
+            "Plan provenance: the CPU executor ran the certified decode plans **in memory** — "
+            "the very plan objects (graph, tiles, schedule) the verified bundles were emitted "
+            "from, installed into the executor for the buckets they cover — not loaded from the "
+            "bundle on disk: the CPU executor has no bundle loader yet. The bundles are "
+            "plan-only (no weights copied); weights come from the checkpoint."
+        )
+        usage = info.compile.launches if info.compile is not None else {}
+        if usage:
+            cert = sum(u.launches for u in usage.values() if u.certified)
+            unc = {k: u.launches for k, u in usage.items() if not u.certified}
+            dec = [k for k in unc if k.startswith("decode")]
+            text = f"Launches on certified plans: {cert}."
+            if unc:
+                text += (
+                    " Launches on plans outside the study's compile (planned in memory on first "
+                    "use for the same target, not verified by the oracle): "
+                    + ", ".join(f"`{k}` x{n}" for k, n in sorted(unc.items()))
+                    + (
+                        " — the prefill buckets (the study compiles decode buckets only)."
+                        if not dec
+                        else f" — including decode buckets {', '.join(dec)}."
+                    )
+                )
+            out.append(text)
+        out.append(
+            "Untuned path: the CPU executor emulates the persistent kernel — every task of the "
+            "packet stream is dispatched from Python onto numpy tile kernels over virtual "
+            "workers, one at a time (round-robin), with counters as the only synchronisation; "
+            "its step time measures that emulation on this CPU (dominated by per-task dispatch), "
+            "not a native kernel. Prefill runs the same way and is slow for long contexts."
+        )
+    if info.compile is not None and info.compile.python_checked:
+        out.append(
+            "Not by the oracle: "
+            + "; ".join(info.compile.python_checked)
+            + " (the same conditions checked in Python; no theorem applies to those rows)."
+        )
     if info.compile is not None and info.gate is not None and info.gate.passed:
         b0, c0 = wl.batch_sizes[0], wl.context_lengths[0]
         bound = info.compile.bound_ms(b0, c0)
@@ -152,8 +190,9 @@ def limits(info: RunInfo) -> list[str]:
     )
     out.append(
         "Workload shortcuts: a decode point starts from seeded random token ids filling the "
-        "context, and every row of a batch holds the same prompt (its prefill is computed once "
-        "and the key-value cache copied); decode steps compute every row. Cold start is measured "
+        "context, and every row of a batch holds the same prompt (its prefill is computed once: "
+        "the reference copies the key-value cache, the CPU executor's prefix cache shares it); "
+        "decode steps compute every row. Cold start is measured "
         "in this process with the checkpoint already in the OS page cache (no interpreter "
         "start-up, imports or disk reads)."
     )
@@ -203,21 +242,42 @@ def render(info: RunInfo) -> str:
             f"Pipeline: {c.pipeline}. Target `{c.target}` "
             f"({'calibrated this run: ' if c.target_calibrated else ''}"
             f"{c.target_bandwidth_bytes_per_s / 1e9:.3g} GB/s, "
-            f"{c.target_peak_flops_per_s / 1e9:.3g} GFLOP/s); step budget: {c.budget_rule}.",
+            f"{c.target_peak_flops_per_s / 1e9:.3g} GFLOP/s); step budget: {c.budget_rule}; "
+            f"{c.seconds:.1f} s.",
             "",
-            "| bucket | tiles | estimate (ms) | bandwidth bound (ms) | compute bound (ms) "
-            "| budget (ms) | checkpoint B |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| bucket | context | tiles | tasks | estimate (ms) | bandwidth bound (ms) "
+            "| compute bound (ms) | budget (ms) | " + " | ".join(CHECKPOINTS) + " |",
+            "| --- |" * 1 + " --- |" * (7 + len(CHECKPOINTS)),
         ]
         for bk in c.buckets:
-            v = bk.rejected or (bk.certificate.verdict.value if bk.certificate else "")
+            cells = []
+            for ck in CHECKPOINTS:
+                row = bk.check(ck)
+                cells.append(row.verdict if row else ("" if not bk.rejected else "-"))
             L.append(
-                f"| {bk.bucket} | {bk.tiles} | {_fmt(bk.estimated_ms)} | "
-                f"{_fmt(bk.bandwidth_bound_ms)} | "
-                f"{_fmt(bk.compute_bound_ms)} | {_fmt(bk.budget_ms)} | {v} |"
+                f"| {bk.bucket} | {bk.context if bk.context is not None else 'gate'} | "
+                f"{bk.tiles} | {bk.tasks if bk.tasks is not None else ''} | "
+                f"{_fmt(bk.estimated_ms)} | {_fmt(bk.bandwidth_bound_ms)} | "
+                f"{_fmt(bk.compute_bound_ms)} | {_fmt(bk.budget_ms)} | " + " | ".join(cells) + " |"
             )
-        if c.theorems:
-            L += ["", "Theorems applied: " + ", ".join(f"`{t}`" for t in c.theorems) + "."]
+        rejected = [bk.rejected for bk in c.buckets if bk.rejected]
+        if not c.accepted:
+            L += ["", f"**Rejected:** {c.reason or (rejected[0] if rejected else '')}"]
+        by_ck = c.theorems_by_checkpoint()
+        if by_ck:
+            L += ["", "Theorems whose hypotheses the oracle established, per checkpoint:", ""]
+            for ck in CHECKPOINTS:
+                if by_ck.get(ck):
+                    L.append(f"- {ck}: " + ", ".join(f"`{t}`" for t in by_ck[ck]))
+        if c.python_checked:
+            L += ["", "Checked in Python, not by the oracle: " + "; ".join(c.python_checked)]
+        if c.bundles:
+            L += ["", "Bundles (plan-only; certificates in `certificates/`):", ""]
+            for bd in c.bundles:
+                L.append(
+                    f"- `{bd.path}` — {', '.join(bd.buckets)}; manifest sha256 "
+                    f"`{(bd.manifest_sha256 or '')[:16]}`; {bd.check}"
+                )
         L.append("")
     if gate is not None:
         L += [

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness import measure
-from harness.compile_step import CompileRejected, compile_study, measured_positions
+from harness.compile_step import CompiledStudy, CompileRejected, compile_study, measured_positions
 from harness.environment import calibrate, environment
 from harness.executors import ExecutorUnavailable, get_executor
 from harness.gate import PromptResult, run_gate
@@ -191,25 +191,35 @@ def run_study(
         return Outcome(exit_code, run_dir, message)
 
     # (a) compile with certificates
-    n_buckets = len(wl.batch_sizes) * len(wl.context_lengths)
+    n_bundles = len({c + measured_positions(wl) for c in wl.context_lengths} | {max_context})
+    compiled: CompiledStudy | None = None
     with _progress(console) as prog:
-        task = prog.add_task("compile + certify", total=n_buckets, detail="")
+        task = prog.add_task("compile + certify (B-F)", total=None, detail="")
         try:
-            info.compile = compile_study(
-                ckpt.spec,
+            compiled = compile_study(
+                model_dir,
                 wl,
                 env.calibration,
-                on_bucket=lambda name: prog.update(task, advance=1, detail=name),
+                kv_contexts=[max_context],
+                on_stage=lambda what: prog.update(task, detail=what),
             )
         except CompileRejected as e:
             info.compile = e.report
             out = publish(1, f"compile rejected: {e}")
             console.print(f"[bold red]compile rejected[/]: {e.problem}")
             return out
-        prog.update(task, completed=n_buckets, detail=f"{n_buckets} buckets accepted")
+        info.compile = compiled.report
+        prog.update(
+            task,
+            total=1,
+            completed=1,
+            detail=f"{len(compiled.report.buckets)} buckets in {n_bundles} bundles accepted",
+        )
+    for ck in compiled.report.python_checked:
+        console.print(f"[yellow]not by the oracle[/]: {ck}")
 
     # (b) correctness gate
-    runner = ex.open(ckpt, max_batch=wl.batch_sizes[-1], max_context=max_context)
+    runner = ex.open(ckpt, max_batch=wl.batch_sizes[-1], max_context=max_context, compiled=compiled)
     shown: list[PromptResult] = []
 
     def show(r: PromptResult) -> None:
@@ -243,7 +253,12 @@ def run_study(
     with _progress(console) as prog:
         rt = prog.add_task("raw decode steps", total=total, detail="")
         info.metrics += measure.decode_sweep(
-            runner,
+            lambda ctx: ex.open(
+                ckpt,
+                max_batch=wl.batch_sizes[-1],
+                max_context=ctx + measured_positions(wl),
+                compiled=compiled,
+            ),
             ckpt.spec.vocab_size,
             wl.context_lengths,
             wl.batch_sizes,
@@ -258,14 +273,14 @@ def run_study(
             runner, first_ids, ms.serving_tokens, ckpt.tokenizer.decode, ckpt.spec.eos_token_ids
         )
         prog.update(st, advance=1, detail="dispatcher")
-        engine = ex.serving_engine(ckpt, max_batch=1, max_context=max_context)
+        engine = ex.serving_engine(ckpt, max_batch=1, max_context=max_context, compiled=compiled)
         if engine is not None:
             info.metrics += dispatcher_overhead(
                 engine, [ids for _, ids in prompts], ms.serving_tokens, ckpt.tokenizer.decode,
                 ex.name,
             )  # fmt: skip
         prog.update(st, advance=1, detail="cold start")
-        cold, _ = measure.cold_start(ex, str(model_dir), first_ids, max_context)
+        cold, _ = measure.cold_start(ex, str(model_dir), first_ids, max_context, compiled)
         info.metrics += cold
         prog.update(st, advance=1, detail="end to end")
         info.metrics += measure.end_to_end(

@@ -1,6 +1,7 @@
-"""The harness end to end on a tiny fixture checkpoint: publish on a passed gate, no
-performance data on a failed one, a stop on a rejected plan, one-line workload errors, and the
-GPU workloads' no-GPU stop."""
+"""The harness end to end on a tiny fixture checkpoint (on the compiled CPU executor): publish
+on a passed gate with certificates B-F per bucket, no performance data on a failed one, a stop
+on a rejected plan (a bound or an oracle verdict), checkpoints checked in Python reported as
+such, one-line workload errors, and the GPU workloads' no-GPU stop."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from harness.compile_step import CHECKPOINTS, compile_study
 from harness.executors import EXECUTORS, ExecutorUnavailable, get_executor
 from harness.measure import METRIC_COLUMNS
 from harness.publish import regenerate_index
@@ -23,6 +25,9 @@ from harness.workload import load_workload, parse_workload, shipped_workloads
 from plow.checkpoint import load_checkpoint
 from plow.checkpoint.weights import read_header
 from plow.errors import ConfigError, PlowError
+from plow.graph import Bucket
+from plow.oracle import Certificate
+from plow.oracle.models import Verdict
 from plow.testing import make_tiny_checkpoint
 
 CONTEXTS = [8, 32]
@@ -30,10 +35,10 @@ BATCHES = [1, 2]
 
 
 def _workload(path: Path, model: Path, **extra: object) -> Path:
-    body = {
+    body: dict[str, object] = {
         "study": "tiny",
         "model": {"path": str(model)},
-        "executor": "reference",
+        "executor": "cpu",
         "context_lengths": CONTEXTS,
         "batch_sizes": BATCHES,
         "prompts": ["the quick brown fox", "a b c"],
@@ -47,6 +52,14 @@ def _workload(path: Path, model: Path, **extra: object) -> Path:
 
 def _quiet() -> Console:
     return Console(file=io.StringIO(), width=120)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """Bundles (and anything else cached) go to a temporary cache, not the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PLOW_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +86,42 @@ def test_passed_gate_publishes_everything(passed_run: tuple[int, Path, Path]) ->
     gate = json.loads((run_dir / "gate.json").read_text())
     assert gate["passed"] is True
     assert all(p["tokens_match"] for p in gate["prompts"])
-    compiled = json.loads((run_dir / "compile.json").read_text())
-    assert compiled["accepted"] and len(compiled["buckets"]) == len(CONTEXTS) * len(BATCHES)
-    assert all(b["certificate"]["verdict"] == "accept" for b in compiled["buckets"])
     wl = json.loads((run_dir / "workload.json").read_text())
     assert wl["environment"]["packages"]["numpy"] == np.__version__
-    assert wl["executor"]["name"] == "reference"
+    assert wl["executor"]["name"] == "cpu"
+
+
+def test_compile_json_has_oracle_certificates_b_to_f(passed_run: tuple[int, Path, Path]) -> None:
+    _, run_dir, _ = passed_run
+    compiled = json.loads((run_dir / "compile.json").read_text())
+    assert compiled["accepted"] and compiled["python_checked"] == []
+    extra = 1 + 2 + 1  # warm-up + decode steps + 1
+    assert sorted((b["batch"], b["kv_positions"]) for b in compiled["buckets"]) == sorted(
+        (b, c + extra) for c in CONTEXTS for b in BATCHES
+    )
+    for b in compiled["buckets"]:
+        rows = {c["checkpoint"]: c for c in b["checks"]}
+        assert sorted(rows) == list(CHECKPOINTS), b["bucket"]
+        for ck, row in rows.items():
+            assert row["verdict"] == "accept" and row["checked_by"] == "oracle", (b["bucket"], ck)
+            assert row["theorems"] and len(row["payload_sha256"]) == 64
+        assert b["tasks"] > 0 and b["bandwidth_bound_ms"] > 0
+    # one verified bundle per key-value context, its certificates written next to its plans
+    assert len(compiled["bundles"]) == len(CONTEXTS)
+    for bd in compiled["bundles"]:
+        path = Path(bd["path"])
+        assert (path / "manifest.json").is_file() and bd["accepted"]
+        for ck in CHECKPOINTS:
+            doc = json.loads((path / "certificates" / f"{ck}.json").read_text())
+            assert doc["accepted"] and set(doc["buckets"]) == set(bd["buckets"])
+    # every decode step ran a certified plan; only prefill plans were planned outside step (a)
+    launches = compiled["launches"]
+    decode = {k: v for k, v in launches.items() if k.startswith("decode")}
+    assert decode and all(v["certified"] for v in decode.values())
+    assert sum(v["launches"] for v in decode.values()) >= len(CONTEXTS) * len(BATCHES) * 3
+    assert all(not v["certified"] for k, v in launches.items() if k.startswith("prefill"))
+    report = (run_dir / "report.md").read_text()
+    assert "| B | C | D | E | F |" in report and "Plow.Countersproof" in report
 
 
 def test_metrics_csv_has_every_surface(passed_run: tuple[int, Path, Path]) -> None:
@@ -104,7 +147,8 @@ def test_report_has_limits_and_plot(passed_run: tuple[int, Path, Path]) -> None:
     report = (run_dir / "report.md").read_text()
     assert "## Limits" in report
     limits = report.split("## Limits", 1)[1]
-    assert "reference" in limits and "issue 6" in limits and "Noise" in limits
+    assert "in memory" in limits and "no bundle loader" in limits and "Noise" in limits
+    assert "Launches on certified plans" in limits
     png = run_dir / "decode_latency.png"
     assert png.stat().st_size > 1000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -133,8 +177,9 @@ def test_weights_altered_after_compile_fail_the_gate(ckpt: Path, tmp_path: Path)
     out = run_study(wl, console=_quiet(), root=root)
     assert out.exit_code == 1 and out.run_dir is not None
     gate = json.loads((out.run_dir / "gate.json").read_text())
-    assert gate["passed"] is False
+    assert gate["passed"] is False and gate["executor"] == "cpu"
     assert gate["checks"][1]["value"] > 1e-4  # the log-probabilities moved
+    assert json.loads((out.run_dir / "compile.json").read_text())["accepted"]  # plan was fine
     names = {p.name for p in out.run_dir.iterdir()}
     assert "metrics.csv" not in names and not any(n.endswith(".png") for n in names)
     report = (out.run_dir / "report.md").read_text()
@@ -151,6 +196,84 @@ def test_rejected_plan_stops_before_the_gate(ckpt: Path, tmp_path: Path) -> None
     assert compiled["accepted"] is False and compiled["reason"]
     names = {p.name for p in out.run_dir.iterdir()}
     assert "gate.json" not in names and "metrics.csv" not in names
+
+
+def test_oracle_rejection_stops_the_study(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint the oracle rejects (here E, on the second context's bundle) stops the run
+    with exit 1 and a located reason; the rejected bundle is removed, nothing else runs."""
+    import plow.emit.verify as verify
+
+    real = verify.run_checkpoint
+    kv = CONTEXTS[1] + 4
+
+    def fake(ck: str, payload: object, **kw: object) -> Certificate:
+        cert = real(ck, payload, **kw)  # type: ignore[arg-type]
+        if ck == "E":
+            calls.append(ck)
+        if ck == "E" and len(calls) > 2:
+            return cert.model_copy(
+                update={"verdict": Verdict.reject, "reason": "record 3: opcode", "theorems": []}
+            )
+        return cert
+
+    calls: list[str] = []
+    monkeypatch.setattr(verify, "run_checkpoint", fake)
+    wl = _workload(tmp_path / "w.yaml", ckpt)
+    out = run_study(wl, console=_quiet(), root=tmp_path / "results")
+    assert out.exit_code == 1 and out.run_dir is not None
+    compiled = json.loads((out.run_dir / "compile.json").read_text())
+    assert compiled["accepted"] is False
+    assert compiled["reason"].startswith("checkpoint E, bucket decode_b")
+    assert f"_s{kv}" in compiled["reason"] and "record 3: opcode" in compiled["reason"]
+    assert compiled["bundles"][0]["accepted"] and not compiled["bundles"][1]["accepted"]
+    assert not Path(compiled["bundles"][1]["path"]).exists()
+    names = {p.name for p in out.run_dir.iterdir()}
+    assert "gate.json" not in names and "metrics.csv" not in names
+    assert "**Rejected:** checkpoint E" in (out.run_dir / "report.md").read_text()
+
+
+def test_checkpoint_checked_in_python_is_reported(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import plow.emit.verify as verify
+
+    monkeypatch.setattr(verify, "D_ORACLE_MAX_TASKS", 0)
+    wl, _ = load_workload(_workload(tmp_path / "w.yaml", ckpt))
+    study = compile_study(ckpt, wl, None, out_root=tmp_path / "bundles")
+    rep = study.report
+    assert rep.accepted and len(rep.python_checked) == len(rep.buckets)
+    for b in rep.buckets:
+        d = b.check("D")
+        assert d is not None and d.checked_by == "python" and d.theorems == []
+        assert d.verdict == "accept (python)" and "oracle limit" in d.reason
+        e = b.check("E")
+        assert e is not None and e.checked_by == "oracle" and e.theorems
+
+
+def test_cpu_runner_runs_the_certified_plans(ckpt: Path, tmp_path: Path) -> None:
+    """A runner sized to a compiled context launches the certified plan object; one sized to
+    another context plans in memory, and the study's launch record says which is which."""
+    wl, _ = load_workload(_workload(tmp_path / "w.yaml", ckpt))
+    study = compile_study(ckpt, wl, None, out_root=tmp_path / "bundles")
+    c = load_checkpoint(ckpt)
+    ex = get_executor("cpu")
+    kv = CONTEXTS[0] + 4
+    runner = ex.open(c, max_batch=2, max_context=kv, compiled=study)
+    runner.prefill([[5, 9, 17], [5, 9, 17]])
+    certified = runner.decode([1, 2])
+    assert study.usage[f"decode_b2_s{kv}"].certified
+    assert study.usage[f"decode_b2_s{kv}"].launches == 1
+    other = ex.open(c, max_batch=1, max_context=kv + 1, compiled=study)
+    other.prefill([[5, 9, 17]])
+    other.decode([1])
+    assert not study.usage[f"decode_b1_s{kv + 1}"].certified
+    assert Bucket.decode(2, kv) in study.plans
+    # the same logits as a runner that plans the bucket itself (same target, same plan)
+    plain = ex.open(c, max_batch=2, max_context=kv)
+    plain.prefill([[5, 9, 17], [5, 9, 17]])
+    np.testing.assert_array_equal(plain.decode([1, 2]), certified)
 
 
 MALFORMED = [
