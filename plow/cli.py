@@ -60,7 +60,10 @@ def _parse_ids(text: str) -> list[int]:
 
 @app.command()
 def generate(
-    model: Annotated[Path, typer.Argument(help="A checkpoint directory (or, later, a bundle).")],
+    model: Annotated[
+        Path,
+        typer.Argument(help="A checkpoint directory, or a bundle (runs on --executor cpu)."),
+    ],
     prompt: Annotated[
         str | None, typer.Option(help="Prompt text (tokenized with the model's tokenizer).")
     ] = None,
@@ -84,8 +87,15 @@ def generate(
     top_p: Annotated[float, typer.Option(help="Nucleus mass in (0, 1] (1 = off).")] = 1.0,
     min_p: Annotated[float, typer.Option(help="Drop below min_p x max prob (0 = off).")] = 0.0,
     seed: Annotated[int | None, typer.Option(min=0, help="Sampling seed.")] = None,
+    no_verify: Annotated[
+        bool,
+        typer.Option(
+            "--no-verify", help="Run a bundle whose hashes or certificates do not check out."
+        ),
+    ] = False,
 ) -> None:
-    """Generate tokens from a prompt (greedy unless --temperature > 0)."""
+    """Generate tokens from a prompt (greedy unless --temperature > 0). With --executor cpu a
+    checkpoint is compiled once into a cached, verified bundle; a bundle runs as is."""
     from plow.checkpoint import load_checkpoint
     from plow.runtime.reference import generate_greedy
     from plow.runtime.sampler import SamplingParams
@@ -101,36 +111,43 @@ def generate(
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         if not params.is_greedy and executor is not Executor.cpu:
             raise PlowError("--temperature", "stochastic sampling runs on --executor cpu")
-        if (model / "manifest.json").is_file() and not (model / "config.json").is_file():
-            raise PlowError(model, "bundles cannot be loaded yet; pass the checkpoint directory")
-        ckpt = load_checkpoint(model)
-        ids = (
-            _parse_ids(prompt_ids)
-            if prompt_ids is not None
-            else ckpt.tokenizer.encode(prompt or "")
-        )
+        from plow.runtime.cpu.bundle import Bundle, compile_cached, is_bundle
+
+        bundle = None
+        if is_bundle(model):
+            if executor is not Executor.cpu:
+                raise PlowError(model, "a bundle runs on --executor cpu")
+            bundle = Bundle.open(model, verify=not no_verify)
+            spec, tok = bundle.spec, bundle.tokenizer
+        else:
+            ckpt = load_checkpoint(model)
+            spec, tok = ckpt.spec, ckpt.tokenizer
+            if executor is Executor.cpu:
+                bundle = Bundle.open(compile_cached(model))
+        ids = _parse_ids(prompt_ids) if prompt_ids is not None else tok.encode(prompt or "")
         if not ids:
             raise PlowError("--prompt", "the prompt tokenizes to zero tokens")
-        bad = [i for i in ids if not 0 <= i < ckpt.spec.vocab_size]
+        bad = [i for i in ids if not 0 <= i < spec.vocab_size]
         if bad:
             raise PlowError(
                 "--prompt-ids",
-                f"token id {bad[0]} outside the vocabulary 0..{ckpt.spec.vocab_size - 1}",
+                f"token id {bad[0]} outside the vocabulary 0..{spec.vocab_size - 1}",
             )
-        if len(ids) + max_new_tokens > ckpt.spec.max_position:
+        if len(ids) + max_new_tokens > spec.max_position:
             raise PlowError(
                 "--max-new-tokens",
                 f"prompt {len(ids)} + {max_new_tokens} new tokens exceeds the model's "
-                f"{ckpt.spec.max_position} positions",
+                f"{spec.max_position} positions",
             )
-        stop = () if ignore_eos else ckpt.spec.eos_token_ids
+        stop = () if ignore_eos else spec.eos_token_ids
         if executor is Executor.cpu:
-            from plow.runtime.cpu.engine import generate_one
+            from plow.runtime.cpu.engine import generate_bundle
 
-            out, _ = generate_one(ckpt, ids, max_new_tokens, params=params, stop_ids=stop)
+            assert bundle is not None
+            out, _ = generate_bundle(bundle, ids, max_new_tokens, params=params, stop_ids=stop)
         else:
             out = generate_greedy(ckpt, ids, max_new_tokens, stop_ids=stop)
-        text = ckpt.tokenizer.decode(out)
+        text = tok.decode(out)
     except PlowError as e:
         _fail(e)
     if as_json:

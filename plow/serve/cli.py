@@ -17,15 +17,17 @@ Fail = Callable[[PlowError], NoReturn]
 def _model_dir(path: Path) -> Path:
     if not path.is_dir():
         raise PlowError(path, "not a checkpoint directory")
-    if (path / "manifest.json").is_file() and not (path / "config.json").is_file():
-        raise PlowError(path, "bundles cannot be served yet: pass the checkpoint directory")
-    return path
+    return path  # a checkpoint, or a bundle (manifest.json: served by the CPU executor)
 
 
 def _serve_cmd(fail: Fail) -> Callable[..., None]:
     def serve(
         models: Annotated[
-            list[Path], typer.Argument(help="Checkpoint directories (one model each).")
+            list[Path],
+            typer.Argument(
+                help="Checkpoint directories or bundles (one model each; a bundle runs on "
+                "the CPU executor)."
+            ),
         ],
         host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
         port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,

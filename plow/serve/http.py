@@ -122,11 +122,19 @@ def load_served_model(
 ) -> ServedModel:
     """Load a checkpoint, build its engine, calibrate the step time, start nothing yet."""
     directory = Path(path)
-    ckpt = load_checkpoint(directory)
+    bundle = None
+    if (directory / "manifest.json").is_file():  # a bundle: its packet streams on the CPU executor
+        from plow.runtime.cpu.bundle import Bundle
+
+        bundle = Bundle.open(directory)
+        spec, tok = bundle.spec, bundle.tokenizer
+    else:
+        ckpt = load_checkpoint(directory)
+        spec, tok = ckpt.spec, ckpt.tokenizer
     served = name or directory.name
-    if max_model_len is not None and not 1 <= max_model_len <= ckpt.spec.max_position:
+    if max_model_len is not None and not 1 <= max_model_len <= spec.max_position:
         raise PlowError(
-            "--max-model-len", f"must be in 1..{ckpt.spec.max_position}, got {max_model_len}"
+            "--max-model-len", f"must be in 1..{spec.max_position}, got {max_model_len}"
         )
     if max_num_seqs < 1:
         raise PlowError("--max-num-seqs", "must be at least 1")
@@ -135,26 +143,29 @@ def load_served_model(
             "--max-num-batched-tokens",
             f"must be at least --max-num-seqs ({max_num_seqs}), got {max_num_batched_tokens}",
         )
-    engine = ReferenceEngine.from_checkpoint(
-        ckpt, max_batch=max_num_seqs, max_context=max_model_len
-    )
+    engine: Engine
+    if bundle is not None:
+        from plow.runtime.cpu.engine import CpuEngine
+
+        engine = CpuEngine.from_bundle(bundle, max_batch=max_num_seqs, max_context=max_model_len)
+    else:
+        engine = ReferenceEngine.from_checkpoint(
+            ckpt, max_batch=max_num_seqs, max_context=max_model_len
+        )
     fit = prefill_fit or load_fit(directory) or quick_prefill_fit(engine, served)
     step = calibrate_step_time(engine)
     admission = AdmissionController(QueueModel(step, fit, engine.max_batch), max_queue_wait_s)
-    tok = ckpt.tokenizer
     dispatcher = Dispatcher(
         served,
         engine,
         tok.decode,
-        eos_token_ids=ckpt.spec.eos_token_ids,
+        eos_token_ids=spec.eos_token_ids,
         max_num_batched_tokens=max_num_batched_tokens,
         prefill_fit=fit,
         admission=admission,
         metrics=ModelMetrics(served),
     )
-    return ServedModel(
-        served, str(directory), tok, dispatcher, engine.max_context, ckpt.spec.vocab_size
-    )
+    return ServedModel(served, str(directory), tok, dispatcher, engine.max_context, spec.vocab_size)
 
 
 # ------------------------------------------------------------------------------------- chat

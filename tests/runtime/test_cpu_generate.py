@@ -164,8 +164,12 @@ def test_engine_protocol_matches_the_reference_engine(hf: dict) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-def test_harness_runner_and_cli(hf: dict, tiny_checkpoints: dict[str, Path]) -> None:
+def test_harness_runner_and_cli(
+    hf: dict, tiny_checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from harness.executors import get_executor
+
+    monkeypatch.setenv("PLOW_CACHE", str(tmp_path))  # --executor cpu compiles a cached bundle
 
     ckpt, prompts, refs = hf["llama"]
     runner = get_executor("cpu").open(ckpt, max_batch=2, max_context=CONTEXT)

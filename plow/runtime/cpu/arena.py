@@ -17,8 +17,9 @@ view of the buffer reinterpreted, never a copy. Weights live outside the arena, 
 `Arena.words(name)` is the twin of `view(name)` holding each element's global word index; the
 checking mode applies a kernel's index to it to learn exactly which words the kernel touched.
 
-This is the stand-in for `plow/memory/arena.py` (issue 5): when that lands, `Layout` is built
-from its offset map and nothing else here changes.
+A plan compiled in memory packs its tensors one after another (`LayoutBuilder.add`); a plan
+loaded from a bundle places them at the bundle's arena offsets (`LayoutBuilder.place`,
+`plow/runtime/cpu/bundle.py`), so tensors the arena planner overlaps share words here too.
 """
 
 from __future__ import annotations
@@ -77,6 +78,22 @@ class LayoutBuilder:
         self.slots[name] = Slot(self.top, tuple(int(d) for d in shape), dtype)
         n = math.prod(shape)
         self.top += -(-max(n, 1) // self.ALIGN) * self.ALIGN
+
+    def place(
+        self, name: str, offset: int, shape: tuple[int, ...], dtype: WordDType = "float32"
+    ) -> None:
+        """Put `name` at word `offset` (a layout given from outside, e.g. a bundle's arena
+        map, where tensors whose live ranges are disjoint share words); later `add`s go
+        after everything placed."""
+        if name in self.slots:
+            raise ValueError(f"tensor {name!r} placed twice")
+        self.slots[name] = Slot(offset, tuple(int(d) for d in shape), dtype)
+        end = offset + math.prod(shape)
+        self.top = max(self.top, -(-end // self.ALIGN) * self.ALIGN)
+
+    def reserve(self, words: int) -> None:
+        """Make `top` at least `words` (aligned)."""
+        self.top = max(self.top, -(-words // self.ALIGN) * self.ALIGN)
 
     def alias(self, name: str, target: str) -> None:
         self.aliases[name] = target

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from plow.runtime.cpu.model import CpuModel, RowInput
 from plow.runtime.kv_cache import PageTable
 from plow.runtime.sampler import SamplingParams
 from plow.serve.engine import EngineError, KVUsage, PrefillChunk
+
+if TYPE_CHECKING:
+    from plow.runtime.cpu.bundle import Bundle
 
 
 @dataclass
@@ -61,6 +65,23 @@ class CpuEngine:
             raise ValueError(f"max_context must be in 1..{ckpt.spec.max_position}, got {context}")
         model = CpuModel(
             ckpt.spec, ckpt.weights, max_batch=max_batch, max_context=context, **model_kw
+        )
+        return cls(model, prefix_cache=prefix_cache)
+
+    @classmethod
+    def from_bundle(
+        cls,
+        bundle: Bundle | Path | str,
+        *,
+        max_batch: int | None = None,
+        max_context: int | None = None,
+        prefix_cache: bool = True,
+        verify: bool = True,
+        **model_kw: Any,
+    ) -> CpuEngine:
+        """An engine running a bundle's packet streams (`CpuModel.from_bundle`)."""
+        model = CpuModel.from_bundle(
+            bundle, max_batch=max_batch, max_context=max_context, verify=verify, **model_kw
         )
         return cls(model, prefix_cache=prefix_cache)
 
@@ -119,7 +140,8 @@ class CpuEngine:
             if start < stop:
                 work.append((i, s, start, stop))
         while work:
-            step = [(i, s, a, min(b, a + m.max_prefill_tokens)) for i, s, a, b in work]
+            head, rest = work[: m.max_prefill_batch], work[m.max_prefill_batch :]
+            step = [(i, s, a, min(b, a + m.max_prefill_tokens)) for i, s, a, b in head]
             plan = m.plan(m.prefill_bucket(len(step), max(b - a for _, _, a, b in step)))
             rows: list[RowInput | None] = []
             for _, s, a, b in step:
@@ -129,13 +151,13 @@ class CpuEngine:
             m.dispatch(plan)
             logits = m.logits(plan)
             nxt = []
-            for r, ((i, s, _, b), (_, _, _, stop)) in enumerate(zip(step, work, strict=True)):
+            for r, ((i, s, _, b), (_, _, _, stop)) in enumerate(zip(step, head, strict=True)):
                 s.length = b
                 if b == stop:
                     out[i] = logits[r]
                 else:
                     nxt.append((i, s, b, stop))
-            work = nxt
+            work = nxt + rest
         for c in chunks:
             s = self._slots[c.slot]
             if self.use_prefix and not s.registered and s.length == len(s.prompt):
@@ -191,6 +213,12 @@ class CpuRunner:
     def open(cls, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> CpuRunner:
         return cls(CpuEngine.from_checkpoint(ckpt, max_batch=max_batch, max_context=max_context))
 
+    @classmethod
+    def from_bundle(
+        cls, bundle: Bundle | Path | str, *, max_batch: int | None = None, **kw: Any
+    ) -> CpuRunner:
+        return cls(CpuEngine.from_bundle(bundle, max_batch=max_batch, **kw))
+
     @property
     def executor(self) -> str:
         return "cpu"
@@ -239,6 +267,35 @@ def generate_one(
     model = CpuModel(
         ckpt.spec, ckpt.weights, target=target, max_batch=1, max_context=context, ring=8
     )
+    stats = GenerationStats()
+    req = Request(
+        tuple(int(t) for t in prompt_ids), max_new_tokens, params or SamplingParams(), stop_ids
+    )
+    out = generate(model, [req], multi_step=multi_step, stats=stats)
+    return out[0], stats
+
+
+def generate_bundle(
+    bundle: Bundle | Path | str,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    params: SamplingParams | None = None,
+    stop_ids: tuple[int, ...] = (),
+    multi_step: int = 1,
+    verify: bool = True,
+) -> tuple[list[int], GenerationStats]:
+    """One request through a bundle's packet streams (what `plow generate BUNDLE --executor
+    cpu` runs, and a checkpoint after `compile_cached`)."""
+    if not prompt_ids:
+        raise PlowError("prompt", "empty prompt")
+    model = CpuModel.from_bundle(bundle, max_batch=1, verify=verify)
+    if len(prompt_ids) + max_new_tokens > model.context:
+        raise PlowError(
+            "--max-new-tokens",
+            f"prompt {len(prompt_ids)} + {max_new_tokens} new tokens exceed the bundle's "
+            f"context {model.context}",
+        )
     stats = GenerationStats()
     req = Request(
         tuple(int(t) for t in prompt_ids), max_new_tokens, params or SamplingParams(), stop_ids

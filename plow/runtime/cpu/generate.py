@@ -130,6 +130,17 @@ def _prefill(
     st: GenerationStats,
     emit: Callable[[_Live, int], None],
 ) -> None:
+    k = model.max_prefill_batch  # a bundle's prefill rungs may hold fewer rows
+    for i in range(0, len(rows), k):
+        _prefill_group(model, rows[i : i + k], st, emit)
+
+
+def _prefill_group(
+    model: CpuModel,
+    rows: list[_Live],
+    st: GenerationStats,
+    emit: Callable[[_Live, int], None],
+) -> None:
     chunk = model.max_prefill_tokens
     while True:
         todo = [lv for lv in rows if lv.cursor < len(lv.req.prompt)]

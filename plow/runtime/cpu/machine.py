@@ -45,7 +45,6 @@ from plow.errors import PlowError
 from plow.runtime.cpu.arena import Arena
 from plow.runtime.cpu.kernels import Index, run_packet
 from plow.runtime.cpu.plan import Plan
-from plow.schedule import Schedule
 
 Mode = Literal["round_robin", "random"]
 
@@ -65,7 +64,9 @@ class DeadlockError(PlowError):
 @dataclass(frozen=True, slots=True)
 class DispatchStats:
     tasks: int
-    order: tuple[int, ...]  # task indices in the order they ran
+    order: tuple[int, ...]  # task indices in the order their packets ran
+    entries: int = 0  # queue entries run (task packets and nops)
+    nops: int = 0  # nop packets run (waits / signals only; bundle plans)
 
 
 class _PlainAccess:
@@ -95,45 +96,57 @@ class _PlainAccess:
 
 
 class _Checker:
-    """Per-dispatch happens-before bookkeeping (see the module docstring)."""
+    """Per-dispatch happens-before bookkeeping over the stream's entries (see the module
+    docstring; an entry is a task packet or a nop)."""
 
     def __init__(self, plan: Plan, arena: Arena) -> None:
-        s = plan.schedule
+        st = plan.stream
         self.plan = plan
-        self.s = s
+        self.st = st
         self.arena = arena
-        self.n = len(s.tasks)
+        self.n = len(st.runs)
         self.G: list[int] = [0] * self.n
         self.done = [False] * self.n
         self.writer = np.full(arena.buf.shape[0], -1, dtype=np.int64)
         self.reads: list[tuple[int, int, int, np.ndarray]] = []
-        self.sig: dict[int, list[int]] = {}
-        for task in s.tasks:
-            for c in dict.fromkeys(task.signals):
-                self.sig.setdefault(c, []).append(task.index)
+        self.sig: dict[int, list[int]] = {}  # counter -> signalling entries
+        self.task_sig: dict[int, set[int]] = {}  # counter -> signalling tasks
+        self.task_waits: list[list[tuple[int, int]]] = [[] for _ in st.main]
+        self.task_sigs: list[list[int]] = [[] for _ in st.main]
+        for e in range(self.n):
+            t = st.task_of[e]
+            for c in st.signals[e]:
+                self.sig.setdefault(c, []).append(e)
+                self.task_sig.setdefault(c, set()).add(t)
+                self.task_sigs[t].append(c)
+            self.task_waits[t].extend(st.waits[e])
         self.prev: dict[int, int] = {}
-        for q in s.queues:
+        for q in st.queues:
             for a, b in zip(q, q[1:], strict=False):
                 self.prev[b] = a
         self.edges_in: dict[int, list[int]] = {}
-        self.edge_set = set(s.edges)
-        for u, t in s.edges:
+        self.edge_set = set(st.edges)
+        for u, t in st.edges:
             self.edges_in.setdefault(t, []).append(u)
         self.current = -1
-        self.op_pos = {name: i for i, name in enumerate(s.ops)}
+
+    def _task(self, e: int) -> int:
+        return self.st.task_of[e]
+
+    def _name(self, e: int) -> str:
+        return self.st.task_names[self._task(e)]
 
     # -- happens-before ------------------------------------------------------------------
-    def _cover(self, t: int) -> int:
-        return (self.G[t] | (1 << t)) if self.done[t] else 0
+    def _cover(self, e: int) -> int:
+        return (self.G[e] | (1 << e)) if self.done[e] else 0
 
-    def start(self, t: int) -> None:
+    def start(self, e: int) -> None:
         g = 0
-        p = self.prev.get(t)
+        p = self.prev.get(e)
         if p is not None:
             g |= self._cover(p)
-        for c in dict.fromkeys(self.s.tasks[t].waits):
+        for c, th in self.st.waits[e]:
             sig = self.sig.get(c, [])
-            th = self.s.counters[c].threshold
             covers = [self._cover(x) for x in sig]
             if th >= len(sig):
                 for cv in covers:
@@ -151,102 +164,107 @@ class _Checker:
                     if missing < th:
                         g |= low
                     x ^= low
-        self.G[t] = g
-        self.current = t
+        self.G[e] = g
+        self.current = e
+        if not self.st.runs[e]:
+            return
+        t = self._task(e)
         for u in self.edges_in.get(t, []):
-            if not (g >> u) & 1:
+            if not (g >> self.st.main[u]) & 1:
                 raise RaceError(
-                    self.plan.describe(t),
+                    self.plan.describe(e),
                     f"schedule edge {u} -> {t} is not ordered: {self.explain(u, t)}",
                 )
 
-    def finish(self, t: int) -> None:
-        self.done[t] = True
+    def finish(self, e: int) -> None:
+        self.done[e] = True
         self.current = -1
 
-    def ordered(self, u: int, t: int) -> bool:
-        return u == t or bool((self.G[t] >> u) & 1)
+    def ordered(self, u: int, e: int) -> bool:
+        return u == e or bool((self.G[e] >> u) & 1)
 
     def explain(self, u: int, t: int) -> str:
         """Why the protocol does not order task u before task t (names counter / edge)."""
-        s = self.s
-        tu, tt = s.tasks[u], s.tasks[t]
-        common = [c for c in dict.fromkeys(tt.waits) if c in tu.signals]
-        name_u = f"{tu.name!r} (task {u}, worker {tu.worker})"
-        for c in common:
-            ctr = s.counters[c]
-            n = len(self.sig.get(c, []))
-            if ctr.threshold < n:
+        st = self.st
+        name_u = f"{st.task_names[u]!r} (task {u}, worker {st.task_workers[u]})"
+        for c, th in dict.fromkeys(self.task_waits[t]):
+            if c not in self.task_sigs[u]:
+                continue
+            n = len(self.task_sig.get(c, ()))
+            if th < n:
                 return (
-                    f"counter {c} {ctr.name!r} has threshold {ctr.threshold} but {n} tasks "
+                    f"counter {c} {st.counter_names[c]!r} has threshold {th} but {n} tasks "
                     f"signal it, so it can open before {name_u} signals"
                 )
-        waits = ", ".join(f"{c} {s.counters[c].name!r}" for c in dict.fromkeys(tt.waits))
+        waits = ", ".join(
+            f"{c} {st.counter_names[c]!r}" for c in dict.fromkeys(c for c, _ in self.task_waits[t])
+        )
         edge = (
             f"the schedule has edge {u} -> {t} but no counter covers it (a dropped wait)"
             if (u, t) in self.edge_set
             else f"the schedule has no edge {u} -> {t}"
         )
-        sig_u = ", ".join(f"{c} {s.counters[c].name!r}" for c in dict.fromkeys(tu.signals))
+        sig_u = ", ".join(f"{c} {st.counter_names[c]!r}" for c in dict.fromkeys(self.task_sigs[u]))
         return (
-            f"{tt.name!r} waits on counters [{waits or 'none'}], none of which orders "
+            f"{st.task_names[t]!r} waits on counters [{waits or 'none'}], none of which orders "
             f"{name_u} (it signals [{sig_u or 'none'}]) before it, and it is not earlier on "
-            f"worker {tt.worker}'s queue; {edge}"
+            f"worker {st.task_workers[t]}'s queue; {edge}"
         )
 
-    # -- word tracking -------------------------------------------------------------------
-    def _race(self, t: int, other: int, what: str, words: np.ndarray) -> RaceError:
+    # -- word tracking (entries that run kernels) -----------------------------------------
+    def _race(self, e: int, other: int, what: str, words: np.ndarray) -> RaceError:
         w = int(words.reshape(-1)[0]) if words.size else 0
         tensor = self.arena.owner(w)
         return RaceError(
-            self.plan.describe(t),
-            f"{what} {tensor!r} (arena word {w}) against task {other} "
-            f"{self.s.tasks[other].name!r}: {self.explain(other, t)}",
+            self.plan.describe(e),
+            f"{what} {tensor!r} (arena word {w}) against task {self._task(other)} "
+            f"{self._name(other)!r}: {self.explain(self._task(other), self._task(e))}",
         )
 
     def on_read(self, words: np.ndarray) -> None:
-        t = self.current
+        e = self.current
         flat = words.reshape(-1)
         if flat.size == 0:
             return
         prior = np.unique(self.writer[flat])
         for w in prior.tolist():
-            if w >= 0 and not self.ordered(w, t):
+            if w >= 0 and not self.ordered(w, e):
                 hit = flat[self.writer[flat] == w]
-                raise self._race(t, w, "reads", hit)
-        self.reads.append((t, int(flat.min()), int(flat.max()), flat))
+                raise self._race(e, w, "reads", hit)
+        self.reads.append((e, int(flat.min()), int(flat.max()), flat))
 
     def on_write(self, words: np.ndarray) -> None:
-        t = self.current
+        e = self.current
         flat = words.reshape(-1)
         if flat.size == 0:
             return
         prior = np.unique(self.writer[flat])
         for w in prior.tolist():
-            if w >= 0 and not self.ordered(w, t):
-                raise self._race(t, w, "overwrites (write after write)", flat)
+            if w >= 0 and not self.ordered(w, e):
+                raise self._race(e, w, "overwrites (write after write)", flat)
         lo, hi = int(flat.min()), int(flat.max())
+        t = self._task(e)
         for r, rlo, rhi, rw in self.reads:
-            if r == t or rhi < lo or rlo > hi or self.ordered(r, t):
+            if r == e or rhi < lo or rlo > hi or self.ordered(r, e):
                 continue
             hit = np.intersect1d(rw, flat)
             if hit.size:
                 what = self.arena.owner(int(hit[0]))
-                tr = self.s.tasks[r]
-                if self.op_pos[self.s.tasks[t].op] < self.op_pos[tr.op]:
+                tr = self._task(r)
+                if self.plan.packets[t].op < self.plan.packets[tr].op:
                     # the writer's op comes first: the reader consumed stale bytes
                     raise RaceError(
                         self.plan.describe(r),
                         f"read {what!r} (arena word {int(hit[0])}) before task {t} "
-                        f"{self.s.tasks[t].name!r} wrote it (a stale read): {self.explain(t, r)}",
+                        f"{self._name(e)!r} wrote it (a stale read): {self.explain(t, tr)}",
                     )
                 raise RaceError(
-                    self.plan.describe(t),
-                    f"writes {what!r} (arena word {int(hit[0])}) that task {r} {tr.name!r} "
-                    f"read earlier in this step, and the protocol does not order that read "
-                    f"before this write: {self.explain(r, t)}",
+                    self.plan.describe(e),
+                    f"writes {what!r} (arena word {int(hit[0])}) that task {tr} "
+                    f"{self._name(r)!r} read earlier in this step, and the protocol does not "
+                    f"order that read before this write: {self.explain(tr, t)}",
                 )
-        self.writer[flat] = t
+        self.writer[flat] = e
 
 
 class _CheckedAccess(_PlainAccess):
@@ -272,18 +290,20 @@ class _CheckedAccess(_PlainAccess):
         super().put(name, shape, idx, value)
 
 
-def _blocked_report(s: Schedule, head: list[int], counters: list[int], limit: int = 8) -> str:
+def _blocked_report(plan: Plan, head: list[int], counters: list[int], limit: int = 8) -> str:
+    st = plan.stream
     lines = []
-    blocked = [w for w, q in enumerate(s.queues) if head[w] < len(q)]
+    blocked = [w for w, q in enumerate(st.queues) if head[w] < len(q)]
     for w in blocked[:limit]:
-        t = s.queues[w][head[w]]
-        task = s.tasks[t]
+        e = st.queues[w][head[w]]
+        t = st.task_of[e]
         waits = [
-            f"counter {c} {s.counters[c].name!r} at {counters[c]}/{s.counters[c].threshold}"
-            for c in dict.fromkeys(task.waits)
-            if counters[c] < s.counters[c].threshold
+            f"counter {c} {st.counter_names[c]!r} at {counters[c]}/{th}"
+            for c, th in st.waits[e]
+            if counters[c] < th
         ]
-        lines.append(f"worker {w} at task {t} {task.name!r} waits on {', '.join(waits)}")
+        at = f"task {t}" if st.runs[e] else f"nop packet {st.packet[e]} of task {t}"
+        lines.append(f"worker {w} at {at} {st.task_names[t]!r} waits on {', '.join(waits)}")
     more = f"; and {len(blocked) - limit} more workers" if len(blocked) > limit else ""
     return f"{len(blocked)} workers blocked: " + "; ".join(lines) + more
 
@@ -306,6 +326,8 @@ class Machine:
         self.seed = seed
         self.check = check
         self.dispatches = 0
+        self.entries_run = 0  # queue entries run over all dispatches (task packets + nops)
+        self.nops_run = 0  # nop packets run over all dispatches
         self._access: tuple[int, object, _PlainAccess] | None = None
 
     def _plain(self) -> _PlainAccess:
@@ -332,7 +354,7 @@ class Machine:
         check = self.check if check is None else check
         if self.arena.layout is not plan.layout:
             self.arena.use(plan.layout)
-        s = plan.schedule
+        st = plan.stream
         rng = np.random.default_rng(
             (self.seed if seed is None else seed, self.dispatches) if mode == "random" else 0
         )
@@ -341,31 +363,30 @@ class Machine:
         acc: _PlainAccess = (
             _CheckedAccess(self.arena, self.weights, chk) if chk is not None else self._plain()
         )
-        thr = [c.threshold for c in s.counters]
-        waits = [tuple(dict.fromkeys(t.waits)) for t in s.tasks]
-        sigs = [tuple(dict.fromkeys(t.signals)) for t in s.tasks]
-        counters = [0] * len(thr)
-        head = [0] * len(s.queues)
-        blocked: dict[int, list[int]] = {}
+        waits, sigs, runs, task_of = st.waits, st.signals, st.runs, st.task_of
+        counters = [0] * len(st.counter_names)
+        head = [0] * len(st.queues)
+        blocked: dict[tuple[int, int], list[int]] = {}  # (counter, threshold) -> workers
         ready: deque[int] = deque()
         pool: list[int] = []
 
         def try_ready(w: int) -> None:
-            q = s.queues[w]
+            q = st.queues[w]
             if head[w] >= len(q):
                 return
-            for c in waits[q[head[w]]]:
-                if counters[c] < thr[c]:
-                    blocked.setdefault(c, []).append(w)
+            for c, th in waits[q[head[w]]]:
+                if counters[c] < th:
+                    blocked.setdefault((c, th), []).append(w)
                     return
             if mode == "random":
                 pool.append(w)
             else:
                 ready.append(w)
 
-        for w in range(len(s.queues)):
+        for w in range(len(st.queues)):
             try_ready(w)
         order: list[int] = []
+        ran = 0
         while ready or pool:
             if mode == "random":
                 i = int(rng.integers(len(pool)))
@@ -373,22 +394,26 @@ class Machine:
                 w = pool.pop()
             else:
                 w = ready.popleft()
-            t = s.queues[w][head[w]]
+            e = st.queues[w][head[w]]
             if chk is not None:
-                chk.start(t)
-            run_packet(plan, plan.packets[t], acc)
+                chk.start(e)
+            if runs[e]:
+                t = task_of[e]
+                run_packet(plan, plan.packets[t], acc)
+                order.append(t)
+                if on_task is not None:
+                    on_task(t)
             if chk is not None:
-                chk.finish(t)
-            if on_task is not None:
-                on_task(t)
-            order.append(t)
+                chk.finish(e)
+            ran += 1
             head[w] += 1
-            for c in sigs[t]:
+            for c in sigs[e]:
                 counters[c] += 1
-                if counters[c] == thr[c]:
-                    for w2 in blocked.pop(c, []):
-                        try_ready(w2)
+                for w2 in blocked.pop((c, counters[c]), []):
+                    try_ready(w2)
             try_ready(w)
-        if len(order) < len(s.tasks):
-            raise DeadlockError(f"bucket {plan.bucket.name}", _blocked_report(s, head, counters))
-        return DispatchStats(len(order), tuple(order))
+        if ran < len(runs):
+            raise DeadlockError(f"bucket {plan.bucket.name}", _blocked_report(plan, head, counters))
+        self.entries_run += ran
+        self.nops_run += ran - len(order)
+        return DispatchStats(len(order), tuple(order), ran, ran - len(order))

@@ -14,12 +14,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from plow.checkpoint import ModelSpec
 from plow.errors import PlowError
-from plow.graph import Bucket, build_graph
+from plow.graph import Bucket, Phase, build_graph
 from plow.runtime.cpu.arena import Arena, KVShape
 from plow.runtime.cpu.machine import DispatchStats, Machine, Mode
 from plow.runtime.cpu.plan import PAGE_TABLE, REMAINING, RING, Plan, plan_from_parts
@@ -29,6 +31,9 @@ from plow.runtime.sampler import SamplingParams, sample_row
 from plow.schedule import ScheduleOptions, build_schedule
 from plow.target import Target, load_target
 from plow.tiles import TilingOptions, tile_graph
+
+if TYPE_CHECKING:
+    from plow.runtime.cpu.bundle import ArenaMode, Bundle
 
 F32 = np.float32
 
@@ -118,6 +123,49 @@ class CpuModel:
         self.last_plan: Plan | None = None
         self.steps = 0
         self.tasks_run = 0
+        self.bundle: Bundle | None = None
+        self.bundle_arena: ArenaMode = "bundle"
+
+    @classmethod
+    def from_bundle(
+        cls,
+        bundle: Bundle | Path | str,
+        *,
+        max_batch: int | None = None,
+        max_context: int | None = None,
+        verify: bool = True,
+        arena: ArenaMode = "bundle",
+        **kw: object,
+    ) -> CpuModel:
+        """A model whose plans are the bundle's rungs, loaded from its files (the ladder, the
+        packet streams, the arena offsets, the memory-mapped weights; see
+        `plow.runtime.cpu.bundle`). `verify=False` skips the hash and certificate checks;
+        `arena="private"` gives every tensor its own words (diagnosis; default: the bundle's
+        offsets)."""
+        from plow.emit.ladder import round_up as rung_for
+        from plow.runtime.cpu.bundle import Bundle as _Bundle
+
+        b = bundle if isinstance(bundle, _Bundle) else _Bundle.open(bundle, verify=verify)
+        decode = [r for r in b.ladder if r.phase is Phase.decode]
+        if not decode:
+            raise PlowError(b.path, "the bundle has no decode bucket: the executor needs one")
+        top = max(r.batch for r in decode)
+        ctx = max(r.context for r in decode)
+        batch = min(max_batch or top, top)
+        rung_for(b.ladder, Phase.decode, batch, 1)  # some rung covers the batch
+        m = cls(
+            b.spec,
+            b.weights,
+            max_batch=batch,
+            max_context=min(max_context or ctx, ctx),
+            **kw,  # type: ignore[arg-type]
+        )
+        m.bundle = b
+        m.bundle_arena = arena
+        m.decode_batches = tuple(sorted({r.batch for r in decode}))
+        prefill = [r for r in b.ladder if r.phase is Phase.prefill]
+        m.prefill_seqs = tuple(sorted({r.seq for r in prefill})) or (1,)
+        return m
 
     # -- plans ---------------------------------------------------------------------------
     def _weight(self, name: str) -> None:
@@ -125,9 +173,15 @@ class CpuModel:
             self.weights[name] = np.ascontiguousarray(np.asarray(self._raw[name], dtype=F32))
 
     def plan(self, bucket: Bucket) -> Plan:
-        """The compiled plan of `bucket` (compiled on first use, in memory)."""
+        """The plan of `bucket`: loaded from the bundle's files (a bundle model), else
+        compiled on first use, in memory."""
         p = self.plans.get(bucket)
-        if p is None:
+        if p is None and self.bundle is not None:
+            p = self.bundle.plan(
+                bucket, kv=self.arena.kv_shape, ring=self.ring, arena=self.bundle_arena
+            )
+            self.add_plan(p)
+        elif p is None:
             graph = build_graph(self.spec, bucket)
             tg = tile_graph(graph, self.target, TilingOptions())
             sched = build_schedule(tg, graph, self.target, self.schedule_options)
@@ -145,16 +199,42 @@ class CpuModel:
         self.plans[p.bucket] = p
 
     def decode_bucket(self, rows: int) -> Bucket:
+        if self.bundle is not None:
+            from plow.emit.ladder import round_up as rung_for
+
+            return rung_for(self.bundle.ladder, Phase.decode, rows, self.context)
         return Bucket.decode(round_up(rows, self.decode_batches), self.context)
 
     def prefill_bucket(self, rows: int, tokens: int) -> Bucket:
+        """The bucket of a prefill launch of `rows` rows (at most `max_prefill_batch`) of up
+        to `tokens` tokens (at most `max_prefill_tokens`). A bundle without prefill rungs
+        prefills through its decode rungs, one token per row and launch."""
+        if self.bundle is not None:
+            from plow.emit.ladder import round_up as rung_for
+
+            if not self._bundle_prefill:
+                return self.decode_bucket(rows)
+            return rung_for(self.bundle.ladder, Phase.prefill, rows, tokens)
         return Bucket.prefill(
             round_up(rows, self.decode_batches), round_up(tokens, self.prefill_seqs), self.context
         )
 
     @property
+    def _bundle_prefill(self) -> list[Bucket]:
+        assert self.bundle is not None
+        return [r for r in self.bundle.ladder if r.phase is Phase.prefill]
+
+    @property
     def max_prefill_tokens(self) -> int:
         return max(self.prefill_seqs)
+
+    @property
+    def max_prefill_batch(self) -> int:
+        """Rows one prefill launch can hold (a bundle's prefill rungs may be narrower than
+        its decode rungs: callers split their rows)."""
+        if self.bundle is not None and self._bundle_prefill:
+            return min(self.max_batch, max(r.batch for r in self._bundle_prefill))
+        return self.max_batch
 
     # -- one launch ----------------------------------------------------------------------
     def write_inputs(self, plan: Plan, rows: Sequence[RowInput | None]) -> None:

@@ -23,13 +23,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from plow.graph import Bucket, OpGraph, Phase, TensorRole
 from plow.runtime.cpu.arena import KVShape, Layout, LayoutBuilder
 from plow.schedule import Schedule, TaskKind
 from plow.schedule.regions import REDUCTION_AXIS, Regions, partial_name
-from plow.tiles.ir import TileGraph
+from plow.tiles.ir import TiledOp, TileGraph
 
 Ranges = tuple[tuple[int, int], ...]
 Work = Literal["compute", "partial", "merge", "load"]
@@ -79,19 +80,72 @@ class MergeUnit:
     cols: tuple[int, int]
 
 
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """The queue entries the machine runs. An entry is one packet: the task packet (`runs`:
+    it computes its task's units) or a `nop` (waits / signals only). In-memory plans have one
+    entry per task carrying all its waits and signals; a plan loaded from a bundle has one
+    entry per record of the plan file, nops included, each with at most one wait and one
+    signal and the threshold the record carries (docs/wire.md "Emitter conventions").
+
+    Indices: `entries` are numbered in stream (file) order; `queues[w]` lists worker `w`'s
+    entries in queue order; `main[t]` is the entry that runs task `t`; `edges` are the
+    schedule's task-level dependencies (the checking mode requires each to be ordered)."""
+
+    task_of: tuple[int, ...]
+    runs: tuple[bool, ...]
+    waits: tuple[tuple[tuple[int, int], ...], ...]  # (counter, threshold) per entry
+    signals: tuple[tuple[int, ...], ...]
+    packet: tuple[int, ...]  # record index in the plan file (in-memory plans: the task)
+    queues: tuple[tuple[int, ...], ...]
+    main: tuple[int, ...]
+    task_names: tuple[str, ...]
+    task_workers: tuple[int, ...]
+    counter_names: tuple[str, ...]
+    edges: tuple[tuple[int, int], ...]
+    from_packets: bool = False
+
+    @property
+    def nops(self) -> int:
+        return len(self.runs) - len(self.main)
+
+
+def stream_from_schedule(s: Schedule) -> Stream:
+    """One entry per task (the in-memory plan: no nops)."""
+    thr = [c.threshold for c in s.counters]
+    n = len(s.tasks)
+    return Stream(
+        task_of=tuple(range(n)),
+        runs=(True,) * n,
+        waits=tuple(tuple((c, thr[c]) for c in dict.fromkeys(t.waits)) for t in s.tasks),
+        signals=tuple(tuple(dict.fromkeys(t.signals)) for t in s.tasks),
+        packet=tuple(range(n)),
+        queues=tuple(tuple(q) for q in s.queues),
+        main=tuple(range(n)),
+        task_names=tuple(t.name for t in s.tasks),
+        task_workers=tuple(t.worker for t in s.tasks),
+        counter_names=tuple(c.name for c in s.counters),
+        edges=tuple(s.edges),
+    )
+
+
 @dataclass(frozen=True)
 class Plan:
-    """Everything the machine needs to run one step of `bucket`."""
+    """Everything the machine needs to run one step of `bucket`. A plan compiled in memory
+    has `schedule` and `tiles` (its stream is derived from the schedule); a plan loaded from
+    a bundle has `wire`, the stream decoded from the plan file, and `source`, the bundle."""
 
     bucket: Bucket
     graph: OpGraph
-    tiles: TileGraph
-    schedule: Schedule
+    tiles: TileGraph | None
+    schedule: Schedule | None
     ops: tuple[OpEntry, ...]
     packets: tuple[Packet, ...]
     layout: Layout
     kv: KVShape
     ring: int
+    wire: Stream | None = None
+    source: str = ""
 
     @property
     def batch(self) -> int:
@@ -104,9 +158,21 @@ class Plan:
     def op(self, packet: Packet) -> OpEntry:
         return self.ops[packet.op]
 
-    def describe(self, task: int) -> str:
-        t = self.schedule.tasks[task]
-        return f"task {task} {t.name!r} (packet {task}, worker {t.worker})"
+    @cached_property
+    def stream(self) -> Stream:
+        if self.wire is not None:
+            return self.wire
+        assert self.schedule is not None, "a plan needs a schedule or a decoded stream"
+        return stream_from_schedule(self.schedule)
+
+    def describe(self, entry: int) -> str:
+        """An entry for error messages: its task, its packet (record index) and worker."""
+        st = self.stream
+        t = st.task_of[entry]
+        name, w = st.task_names[t], st.task_workers[t]
+        if st.runs[entry]:
+            return f"task {t} {name!r} (packet {st.packet[entry]}, worker {w})"
+        return f"nop packet {st.packet[entry]} of task {t} {name!r} (worker {w})"
 
 
 def _op_table(tg: TileGraph, graph: OpGraph) -> tuple[OpEntry, ...]:
@@ -133,7 +199,7 @@ def _op_table(tg: TileGraph, graph: OpGraph) -> tuple[OpEntry, ...]:
     return tuple(out)
 
 
-def _layout(graph: OpGraph, ops: tuple[OpEntry, ...], kv: KVShape, ring: int) -> Layout:
+def layout_for(graph: OpGraph, ops: tuple[OpEntry, ...], kv: KVShape, ring: int) -> Layout:
     lb = LayoutBuilder()
     bucket_b = graph.tensor("ids").shape[0]
     decode = graph.tensor("ids").shape[1] == 1
@@ -177,14 +243,13 @@ def _context(graph: OpGraph) -> int:
     return 1
 
 
-def _merge_units(graph: OpGraph, tg: TileGraph, op: OpEntry, workers: int) -> list[MergeUnit]:
+def merge_units(graph: OpGraph, top: TiledOp, op: OpEntry, workers: int) -> list[MergeUnit]:
     """The merge units of a split op, in the schedule's numbering: block `j` is the `j`-th
     distinct tile box off the reduction axis (tile order); the schedule may cut a block's
     output box into column chunks (consecutive units). Each unit is (block ranges with the
     reduction axis spanning its extent, columns of the output's 2-D view)."""
     red = op.reduction_axis
     assert red is not None
-    top = tg.op(op.name)
     reg = Regions(graph)
     if "merge_units" in inspect.signature(Regions.units).parameters:
         _, merges = reg.units(top, 0.0, 0.0, workers, 0.0)
@@ -226,7 +291,7 @@ def plan_from_parts(
     index = {o.name: i for i, o in enumerate(ops)}
     tile_ranges = {top.name: [t.ranges for t in top.tiles] for top in tg.ops}
     blocks = {
-        o.name: _merge_units(graph, tg, o, schedule.workers_per_gpu)
+        o.name: merge_units(graph, tg.op(o.name), o, schedule.workers_per_gpu)
         for o in ops
         if o.reduction_axis is not None
     }
@@ -249,5 +314,5 @@ def plan_from_parts(
             packets.append(Packet(task.index, oi, "partial", ranges, steps))
         else:
             packets.append(Packet(task.index, oi, "compute", ranges))
-    layout = _layout(graph, ops, kv, ring)
+    layout = layout_for(graph, ops, kv, ring)
     return Plan(bucket, graph, tg, schedule, ops, tuple(packets), layout, kv, ring)

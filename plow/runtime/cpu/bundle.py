@@ -1,0 +1,650 @@
+"""Loading a bundle (docs/bundle.md) into the CPU executor: the plan of every rung is built
+from the bundle's files alone, and the machine runs the plan file's packet stream.
+
+`Bundle.open(path)` reads the manifest, the model config, the tokenizer and the weights
+(`weights.safetensors`, memory-mapped), and — unless `verify=False` — refuses a bundle that
+is not what was verified:
+
+1. every file hash in the manifest matches (`plow verify`'s own hash and cross-reference
+   check, `verify_bundle(..., checkpoints=())`); a mismatch names the file;
+2. `certificates/<ckpt>.json` exists for B..F, and every rung has an accepted certificate
+   (checkpoint D above the oracle's size limit is re-checked in Python, as `plow verify`
+   does); a rejected one names the checkpoint, the bucket and the oracle's reason;
+3. each certificate is bound to the files: the payload is re-derived from the bundle's files
+   the way `plow verify` derives it and its sha256 compared with the certificate's. A stale
+   certificate (files edited, manifest hashes re-forged) is re-checked by the oracle on the
+   spot: a rejection refuses the bundle naming the checkpoint and the reason.
+
+`Bundle.plan(bucket)` (and `load_bundle_plan`) decodes one rung:
+
+- the packets: the plan file, memory-mapped, decoded by `plow.emit.wire.decode_plan`; tasks
+  are grouped by `plow.emit.verify.group_tasks` (leading wait-only nops, the task packet,
+  trailing signal-only nops). Every record is a queue entry of the machine (`Stream`): nops
+  run as real entries that only wait or only signal, with the threshold the record carries;
+- what a task packet computes: the op table's op `op_index`, the unit range `row_start,
+  rows` (tiles, row-major over the op's axes; merges, flag ACCUMULATE: output blocks of the
+  split reduction, numbered as `plow.schedule.regions` cuts them), partial vs full from the
+  op table's `partial`. The offsets each packet carries are checked against the op table;
+- the graph the kernels read shapes and attributes from: rebuilt from the op table;
+- the arena: every non-weight, non-cache tensor at the bundle's offset (so tensors the
+  arena planner overlaps share words here too, and the checking mode sees the reuse); the
+  weights stay in the memory-mapped weights file; the key-value cache is the executor's
+  paged pool (docs/runtime.md). Executor-private words (page table, token ring, the
+  attention merge's running max/sum) go after the bundle's arena;
+- task names, counter names, the task-level edges and `workers_per_gpu` (merge numbering)
+  come from the schedule file; waits, signals, thresholds and queues only from the packets.
+
+`compile_cached(checkpoint)` is what `--executor cpu` does with a checkpoint: compile it once
+(verified) into `cache_dir()/bundles/<key>`, atomically, and return the bundle's path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import mmap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from plow.checkpoint import ModelSpec
+from plow.checkpoint.loader import spec_from_config
+from plow.checkpoint.tokenizer import Tokenizer
+from plow.checkpoint.weights import WeightStore
+from plow.emit.bundle import WEIGHTS, LadderRung, Manifest
+from plow.emit.files import OpTable, ScheduleFile
+from plow.emit.wire import NO_COUNTER, Flag, Opcode, PacketArray, WireError, decode_plan
+from plow.errors import PlowError
+from plow.graph import Bucket, OpGraph, Phase, TensorRole
+from plow.graph.ops import Op, OpKind, Tensor
+from plow.profile import CompileProfile
+from plow.runtime.cpu.arena import KVShape, Layout, LayoutBuilder, WordDType
+from plow.runtime.cpu.plan import (
+    PAGE_TABLE,
+    REMAINING,
+    RING,
+    OpEntry,
+    Packet,
+    Plan,
+    Ranges,
+    Stream,
+    merge_units,
+)
+from plow.schedule.regions import REDUCTION_AXIS, partial_name
+from plow.target.model import dtype_bytes
+from plow.tiles.ir import Axis, Tile, TiledOp
+
+CHECKPOINTS = ("B", "C", "D", "E", "F")
+ArenaMode = Literal["bundle", "private"]
+
+
+class BundleRefused(PlowError):
+    """The bundle is not what was verified (hash, certificate) or cannot run here."""
+
+    exit_code = 1
+
+
+NO_VERIFY_HINT = "(pass --no-verify to run it anyway)"
+
+
+# ----------------------------------------------------------------------------- verification
+
+
+def _derive_payload(ck: str, bundle: Path, m: Manifest, rung: LadderRung) -> tuple[Any, str | None]:
+    """The payload `plow verify` would send for (checkpoint, rung), from the files; or a
+    rejection string when the files do not even yield one (D: malformed stream)."""
+    from plow.emit.emit import emit_packets
+    from plow.emit.verify import (
+        D_ORACLE_MAX_TASKS,
+        alloc_payload_from_files,
+        check_counters_python,
+        counter_graph_from_packets,
+        page_payload_from_file,
+        tile_payload_from_table,
+        wire_payload_dict,
+    )
+    from plow.emit.wire import HEADER_SIZE
+
+    ot = OpTable.model_validate_json((bundle / rung.ops).read_bytes())
+    if ck == "B":
+        return tile_payload_from_table(ot, m.target), None
+    sf = ScheduleFile.model_validate_json((bundle / rung.schedule).read_bytes())
+    if ck == "C":
+        return page_payload_from_file(sf), None
+    if ck == "F":
+        return alloc_payload_from_files(sf, ot), None
+    data = (bundle / rung.plan).read_bytes()
+    if ck == "E":
+        return wire_payload_dict(data[HEADER_SIZE:], emit_packets(sf, ot)), None
+    try:
+        _, arr = decode_plan(data)
+    except WireError as e:
+        return None, f"cannot read the packets: {e}"
+    g = counter_graph_from_packets(arr, sf)
+    if isinstance(g, str):
+        return None, g
+    if len(g.names) > D_ORACLE_MAX_TASKS:
+        return None, check_counters_python(g) or ""  # "" = accepted in Python
+    return g.payload(), None
+
+
+def check_bundle(bundle: Path, m: Manifest) -> list[str]:
+    """Steps 1-3 of the module docstring; raises `BundleRefused` (one line, naming the file or
+    the checkpoint); returns notes (stale certificates the oracle re-accepted)."""
+    from plow.compile import CheckpointCertificates
+    from plow.emit.verify import D_ORACLE_MAX_TASKS, verify_bundle
+    from plow.oracle import run_checkpoint
+    from plow.oracle.runner import payload_bytes
+
+    row = verify_bundle(bundle, checkpoints=()).rows[0]
+    if row.rejected:
+        raise BundleRefused(bundle, f"{row.reason} {NO_VERIFY_HINT}")
+    notes: list[str] = []
+    for ck in CHECKPOINTS:
+        rel = f"certificates/{ck}.json"
+        p = bundle / rel
+        if not p.is_file():
+            raise BundleRefused(
+                p,
+                "missing: the bundle was not verified (compile with --verify or run "
+                f"`plow verify {bundle}`) {NO_VERIFY_HINT}",
+            )
+        try:
+            doc = CheckpointCertificates.model_validate_json(p.read_bytes())
+        except ValueError as e:
+            raise BundleRefused(p, f"unreadable certificate file: {e}") from e
+        for rung in m.ladder:
+            cert = doc.buckets.get(rung.name)
+            big_d = ck == "D" and rung.tasks > D_ORACLE_MAX_TASKS
+            if cert is None and not big_d:
+                raise BundleRefused(p, f"no certificate for bucket {rung.name} {NO_VERIFY_HINT}")
+            if cert is not None and not cert.accepted:
+                raise BundleRefused(
+                    p,
+                    f"checkpoint {ck} rejected bucket {rung.name}: {cert.reason} {NO_VERIFY_HINT}",
+                )
+            payload, bad = _derive_payload(ck, bundle, m, rung)
+            if bad:
+                raise BundleRefused(
+                    bundle / rung.plan,
+                    f"checkpoint {ck} rejects bucket {rung.name}: {bad} {NO_VERIFY_HINT}",
+                )
+            if payload is None or cert is None:  # big D, accepted in Python
+                continue
+            digest = hashlib.sha256(payload_bytes(ck, payload)).hexdigest()
+            if digest == cert.payload_sha256:
+                continue
+            # The files changed since the certificate was written: ask the oracle again.
+            again = run_checkpoint(ck, payload, timeout_s=600)
+            if not again.accepted:
+                raise BundleRefused(
+                    bundle / rung.plan,
+                    f"checkpoint {ck} rejects bucket {rung.name} (its certificate is stale: "
+                    f"the files changed since verification): {again.reason} {NO_VERIFY_HINT}",
+                )
+            notes.append(f"{rel}: bucket {rung.name} re-checked (stale certificate), accepted")
+    return notes
+
+
+# ----------------------------------------------------------------------------- the bundle
+
+
+def read_manifest(path: Path) -> Manifest:
+    from plow.emit.verify import read_manifest as _read
+
+    return _read(path)
+
+
+def is_bundle(path: Path) -> bool:
+    return (Path(path) / "manifest.json").is_file()
+
+
+def _bucket(r: LadderRung) -> Bucket:
+    return Bucket(Phase(r.phase), r.batch, r.seq, r.context)
+
+
+@dataclass
+class Bundle:
+    """An opened bundle (see the module docstring)."""
+
+    path: Path
+    manifest: Manifest
+    spec: ModelSpec
+    ladder: tuple[Bucket, ...]
+    weights: WeightStore
+    verified: bool
+    notes: list[str] = field(default_factory=list)
+    _tokenizer: Tokenizer | None = None
+
+    @classmethod
+    def open(cls, path: Path | str, *, verify: bool = True) -> Bundle:
+        path = Path(path)
+        m = read_manifest(path)
+        if m.plan_only:
+            raise BundleRefused(path, "a --plan-only bundle has no weights: it cannot run")
+        notes = check_bundle(path, m) if verify else []
+        cfg_path = path / "config.json"
+        try:
+            config = json.loads(cfg_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise BundleRefused(cfg_path, f"unreadable: {e}") from e
+        spec = spec_from_config(config, cfg_path)
+        weights = WeightStore.open([path / WEIGHTS])
+        ladder = tuple(_bucket(r) for r in m.ladder)
+        return cls(path, m, spec, ladder, weights, verify, notes)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer.load(self.path)
+        return self._tokenizer
+
+    def rung(self, bucket: Bucket | str) -> LadderRung:
+        name = bucket if isinstance(bucket, str) else bucket.name
+        for r in self.manifest.ladder:
+            if r.name == name:
+                return r
+        have = ", ".join(r.name for r in self.manifest.ladder)
+        raise BundleRefused(self.path, f"no bucket {name!r} in the ladder (have {have})")
+
+    def default_kv(self, block_size: int = 16, blocks: int | None = None) -> KVShape:
+        ctx = max(b.context for b in self.ladder)
+        rows = max(b.batch for b in self.ladder)
+        s = self.spec
+        n = blocks or 2 * rows * -(-ctx // block_size)
+        return KVShape(s.num_layers, n, s.num_kv_heads, block_size, s.head_dim)
+
+    def plan(
+        self,
+        bucket: Bucket | str,
+        *,
+        kv: KVShape | None = None,
+        ring: int = 8,
+        arena: ArenaMode = "bundle",
+    ) -> Plan:
+        r = self.rung(bucket)
+        return _load_plan(self.path, r, kv or self.default_kv(), ring, arena)
+
+
+def load_bundle_plan(
+    bundle_dir: Path | str,
+    bucket: Bucket | str,
+    *,
+    kv: KVShape | None = None,
+    ring: int = 8,
+    verify: bool = True,
+    arena: ArenaMode = "bundle",
+) -> Plan:
+    """The executor's plan of one rung, from the bundle's files (module docstring)."""
+    return Bundle.open(bundle_dir, verify=verify).plan(bucket, kv=kv, ring=ring, arena=arena)
+
+
+# ----------------------------------------------------------------------------- one plan
+
+
+def _map_plan(path: Path) -> tuple[Any, PacketArray]:
+    """Decode a plan file memory-mapped (the records are a view of the mapping)."""
+    try:
+        with path.open("rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as e:  # ValueError: an empty file cannot be mapped
+        raise BundleRefused(path, f"cannot map the plan file: {e}") from e
+    try:
+        return decode_plan(memoryview(mm))
+    except WireError as e:
+        raise BundleRefused(path, str(e)) from e
+
+
+def _graph(ot: OpTable) -> OpGraph:
+    tensors = {
+        n: Tensor(n, tuple(t.shape), TensorRole(t.role), t.dtype)
+        for n, t in ot.tensors.items()
+        if t.role != "scratch"
+    }
+    ops = tuple(
+        Op(o.name, OpKind(o.kind), tuple(o.inputs), tuple(o.outputs), dict(o.attrs), o.layer)
+        for o in ot.ops
+    )
+    return OpGraph(ops, tensors, ot.bucket)
+
+
+def _tiles(axes: tuple[Axis, ...]) -> list[Ranges]:
+    out = []
+    for ks in itertools.product(*(range(a.steps) for a in axes)):
+        out.append(
+            tuple(
+                (k * a.tile, min((k + 1) * a.tile, a.extent)) for k, a in zip(ks, axes, strict=True)
+            )
+        )
+    return out
+
+
+def _tiled_op(o: Any, axes: tuple[Axis, ...], ranges: list[Ranges]) -> TiledOp:
+    tiles = tuple(
+        Tile(
+            o.name,
+            j,
+            r,
+            any((k0 // a.tile + 1) * a.tile > a.extent for (k0, _), a in zip(r, axes, strict=True)),
+        )
+        for j, r in enumerate(ranges)
+    )
+    return TiledOp(
+        name=o.name,
+        kind=o.kind,
+        layer=o.layer,
+        rate="fp32",
+        axes=axes,
+        flops_per_point=o.cost.flops_per_point,
+        flops=o.cost.flops,
+        bytes=o.cost.bytes,
+        weight_bytes=0,
+        candidates=(),
+        chosen=0,
+        tiles=tiles,
+        inputs=tuple(o.inputs),
+        outputs=tuple(o.outputs),
+    )
+
+
+def _layout(
+    ot: OpTable,
+    ops: tuple[OpEntry, ...],
+    kv: KVShape,
+    ring: int,
+    where: Path,
+    arena: ArenaMode = "bundle",
+) -> Layout:
+    """The bundle's arena offsets as word offsets (module docstring). With element size `e`
+    the smallest of the activation dtypes, byte offset `o` maps to word `(o - base) / e`: a
+    monotone map, so tensors disjoint in the bundle stay disjoint and overlapping ones
+    overlap; every fp32 / int32 slot fits because a tensor of `n` elements has `>= n * e`
+    bytes.
+
+    `arena="private"` gives every tensor words of its own instead (only `sample` keeps
+    sharing `ids`'s words, the executor's contract with the host): a diagnosis mode that
+    takes the arena planner's reuse out of the picture and keeps the packet stream."""
+    act = {n: t for n, t in ot.tensors.items() if t.role not in ("weight", "cache")}
+    if not act:
+        raise BundleRefused(where, "no activation tensors in the op table")
+    e = min(dtype_bytes(t.dtype) for t in act.values())
+    base = min(t.offset for t in act.values())
+
+    def word(name: str) -> int:
+        off = act[name].offset - base
+        if off % e:
+            raise BundleRefused(where, f"tensor {name!r}: offset {act[name].offset} misaligned")
+        return off // e
+
+    lb = LayoutBuilder()
+    private_words: dict[str, int] = {}
+    for n, t in act.items():
+        dt: WordDType = "int32" if t.dtype == "int32" else "float32"
+        if arena == "bundle":
+            if t.role != "scratch":
+                lb.place(n, word(n), tuple(t.shape), dt)
+        elif n == "sample" and t.offset == act["ids"].offset and "ids" in private_words:
+            lb.place(n, private_words["ids"], tuple(t.shape), dt)  # the sampled id -> ids
+        else:
+            private_words[n] = lb.top
+            lb.reserve(lb.top + max(int(np.prod(t.shape)), -(-t.size // 4), 1))
+            if t.role != "scratch":
+                lb.place(n, private_words[n], tuple(t.shape), dt)
+    if arena == "bundle":
+        for n, t in act.items():
+            lb.reserve(word(n) + -(-t.size // e))
+        lb.reserve(-(-(ot.arena_bytes - base) // e))
+    ids = ot.tensors["ids"].shape
+    ctx = next((t.shape[2] for t in ot.tensors.values() if t.role == "cache"), 1)
+    private: list[tuple[str, tuple[int, ...], WordDType]] = []
+    for op in ops:
+        if op.reduction_axis is None:
+            continue
+        s = op.steps[op.reduction_axis]
+        pn = partial_name(op.name)
+        if pn not in act:
+            raise BundleRefused(where, f"op {op.name!r} is split but {pn!r} has no place")
+        at = word(pn) if arena == "bundle" else private_words[pn]
+        cap = act[pn].size // e if arena == "bundle" else int(np.prod(act[pn].shape))
+        shapes: list[tuple[str, tuple[int, ...], WordDType]]
+        if op.kind in ("linear", "lm_head"):
+            shapes = [(pn, (s, op.extents[0], op.extents[1]), "float32")]
+        elif op.kind == "attention":
+            shapes = [(pn, (s, op.extents[0], op.extents[2]), "float32")]
+            private.append((pn + ".ml", (s, op.extents[0], 2), "float32"))
+        elif op.kind == "rmsnorm":
+            shapes = [(pn, (s, op.extents[0]), "float32")]
+        elif op.kind == "sample":  # [steps, B, 2]: the values, then the indices
+            shapes = [
+                (pn, (s, op.extents[0]), "float32"),
+                (pn + ".index", (s, op.extents[0]), "int32"),
+            ]
+        else:
+            raise BundleRefused(where, f"no partial layout for a split {op.kind} op")
+        for pname, pshape, pdt in shapes:
+            words = int(np.prod(pshape))
+            if words > cap:
+                raise BundleRefused(where, f"{pn!r} is too small for {pname!r} {pshape}")
+            lb.place(pname, at, pshape, pdt)
+            at += words
+            cap -= words
+    for pname, pshape, pdt in private:
+        lb.add(pname, pshape, pdt)
+    lb.add(PAGE_TABLE, (ids[0], -(-max(1, ctx) // kv.block_size)), "int32")
+    lb.add(RING, (ring, ids[0]), "int32")
+    lb.add(REMAINING, (ids[0],), "int32")
+    return lb.build()
+
+
+def _load_plan(
+    bundle: Path, rung: LadderRung, kv: KVShape, ring: int, arena: ArenaMode = "bundle"
+) -> Plan:
+    from plow.emit.verify import Grouped, group_tasks
+
+    ops_path, plan_path = bundle / rung.ops, bundle / rung.plan
+    try:
+        ot = OpTable.model_validate_json(ops_path.read_bytes())
+        sf = ScheduleFile.model_validate_json((bundle / rung.schedule).read_bytes())
+    except (OSError, ValueError) as e:
+        raise BundleRefused(bundle / rung.ops, f"unreadable: {str(e).splitlines()[0]}") from e
+    bucket = _bucket(rung)
+    header, arr = _map_plan(plan_path)
+    graph = _graph(ot)
+    # -- the op table
+    ops: list[OpEntry] = []
+    tile_ranges: list[list[Ranges]] = []
+    tops: list[TiledOp] = []
+    for o in ot.ops:
+        axes = tuple(Axis(a.name, a.extent, a.tile, a.steps) for a in o.axes)
+        red = REDUCTION_AXIS.get(o.kind)
+        split = red is not None and red < len(axes) and axes[red].steps > 1
+        if split != (o.partial is not None):
+            raise BundleRefused(ops_path, f"op {o.name!r}: partial buffer disagrees with its axes")
+        op_tiles = _tiles(axes)
+        tile_ranges.append(op_tiles)
+        tops.append(_tiled_op(o, axes, op_tiles))
+        ops.append(
+            OpEntry(
+                name=o.name,
+                kind=o.kind,
+                inputs=tuple(o.inputs),
+                outputs=tuple(o.outputs),
+                attrs=dict(o.attrs),
+                layer=o.layer,
+                extents=tuple(a.extent for a in axes),
+                tiles=tuple(a.tile for a in axes),
+                steps=tuple(a.steps for a in axes),
+                reduction_axis=red if split else None,
+            )
+        )
+    merges = {
+        i: merge_units(graph, tops[i], op, sf.workers_per_gpu)
+        for i, op in enumerate(ops)
+        if op.reduction_axis is not None
+    }
+    # -- the stream: every record is a queue entry
+    grouped = group_tasks(arr)
+    if isinstance(grouped, str):
+        raise BundleRefused(plan_path, grouped)
+    assert isinstance(grouped, Grouped)
+    n_tasks = len(grouped.tasks)
+    if n_tasks != len(sf.tasks.name):
+        raise BundleRefused(
+            plan_path, f"{n_tasks} tasks in the packets, {len(sf.tasks.name)} in the schedule file"
+        )
+    cols = {f: arr[f].tolist() for f in (
+        "opcode", "flags", "worker", "op_index", "wait_counter", "wait_threshold",
+        "signal_counter", "row_start", "rows", "in_offset", "out_offset",
+    )}  # fmt: skip
+    n = len(cols["opcode"])
+    nc = len(sf.counters.name)
+    task_of = [0] * n
+    for g, members in enumerate(grouped.tasks):
+        for p in members:
+            task_of[p] = g
+    mains = set(grouped.main)
+    waits: list[tuple[tuple[int, int], ...]] = []
+    sigs: list[tuple[int, ...]] = []
+    for p in range(n):
+        wc, sc = cols["wait_counter"][p], cols["signal_counter"][p]
+        for c in (wc, sc):
+            if c != NO_COUNTER and not 0 <= c < nc:
+                raise BundleRefused(plan_path, f"packet {p}: counter {c} does not exist ({nc})")
+        waits.append(((wc, cols["wait_threshold"][p]),) if wc != NO_COUNTER else ())
+        sigs.append((sc,) if sc != NO_COUNTER else ())
+    nw = max([header.workers, *(w + 1 for w in cols["worker"])])
+    queues: list[list[int]] = [[] for _ in range(nw)]
+    for p, w in enumerate(cols["worker"]):
+        queues[w].append(p)
+    offs = {name: t.offset for name, t in ot.tensors.items()}
+    # -- what each task packet computes
+    packets: list[Packet] = []
+    for g, m in enumerate(grouped.main):
+        oi = cols["op_index"][m]
+        if not 0 <= oi < len(ops):
+            raise BundleRefused(plan_path, f"packet {m}: op {oi} outside the op table")
+        op = ops[oi]
+        a, k = cols["row_start"][m], cols["rows"][m]
+        if cols["opcode"][m] == Opcode.LOAD:
+            packets.append(Packet(g, oi, "load", ()))
+            continue
+        pn = partial_name(op.name)
+        if cols["flags"][m] & Flag.ACCUMULATE:
+            mu = merges.get(oi)
+            if mu is None or a + k > len(mu):
+                raise BundleRefused(
+                    plan_path, f"packet {m}: merge of blocks {a}..{a + k} of {op.name!r}"
+                )
+            if cols["in_offset"][m] != offs[pn]:
+                raise BundleRefused(plan_path, f"packet {m}: in_offset is not {pn!r}'s offset")
+            units = mu[a : a + k]
+            packets.append(
+                Packet(
+                    g,
+                    oi,
+                    "merge",
+                    tuple(u.ranges for u in units),
+                    cols=tuple(u.cols for u in units),
+                )
+            )
+            continue
+        if a + k > len(tile_ranges[oi]):
+            raise BundleRefused(plan_path, f"packet {m}: tiles {a}..{a + k} of {op.name!r}")
+        ranges = tuple(tile_ranges[oi][a : a + k])
+        want = pn if op.reduction_axis is not None else op.outputs[0]
+        if cols["out_offset"][m] != offs[want]:
+            raise BundleRefused(
+                plan_path,
+                f"packet {m}: out_offset {cols['out_offset'][m]} but the op table puts "
+                f"{want!r} at {offs[want]}",
+            )
+        if op.reduction_axis is not None:
+            red = op.reduction_axis
+            steps = tuple(r[red][0] // op.tiles[red] for r in ranges)
+            packets.append(Packet(g, oi, "partial", ranges, steps))
+        else:
+            packets.append(Packet(g, oi, "compute", ranges))
+    fe = sf.edges
+    stream = Stream(
+        task_of=tuple(task_of),
+        runs=tuple(p in mains for p in range(n)),
+        waits=tuple(waits),
+        signals=tuple(sigs),
+        packet=tuple(range(n)),
+        queues=tuple(tuple(q) for q in queues),
+        main=tuple(grouped.main),
+        task_names=tuple(sf.tasks.name),
+        task_workers=tuple(cols["worker"][m] for m in grouped.main),
+        counter_names=tuple(sf.counters.name),
+        edges=tuple((fe[i], fe[i + 1]) for i in range(0, len(fe) - 1, 2)),
+        from_packets=True,
+    )
+    layout = _layout(ot, tuple(ops), kv, ring, ops_path, arena)
+    return Plan(
+        bucket, graph, None, None, tuple(ops), tuple(packets), layout, kv, ring, stream, str(bundle)
+    )
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+def cache_profile(max_position: int) -> CompileProfile:
+    """The ladder a checkpoint run on `--executor cpu` is compiled for."""
+    ctx = min(max_position, 2048)
+    return CompileProfile(
+        name="cpu-executor",
+        decode_batches=(1, 2, 4, 8),
+        prefill_seqs=tuple(s for s in (16, 64) if s <= ctx) or (ctx,),
+        context=ctx,
+    )
+
+
+def _weights_index(src: Path) -> bytes:
+    """What identifies the checkpoint's weights without reading them: each safetensors file's
+    name, size and header (the index of tensors, dtypes, shapes and offsets)."""
+    from plow.checkpoint.loader import weight_files
+
+    h = hashlib.sha256()
+    for f in weight_files(src):
+        h.update(f.name.encode() + b"\0" + str(f.stat().st_size).encode() + b"\0")
+        with f.open("rb") as fh:
+            hlen = int.from_bytes(fh.read(8), "little")
+            h.update(fh.read(min(hlen, 1 << 26)))
+    return h.digest()
+
+
+def cache_key(src: Path, target: Any, profile: CompileProfile) -> str:
+    import plow
+    from plow.emit.wire import WIRE_VERSION
+
+    h = hashlib.sha256()
+    h.update((src / "config.json").read_bytes())
+    h.update(_weights_index(src))
+    h.update(json.dumps(target.model_dump(mode="json"), sort_keys=True).encode())
+    h.update(profile.model_dump_json().encode())
+    h.update(f"plow {plow.__version__} wire {WIRE_VERSION}".encode())
+    return h.hexdigest()[:32]
+
+
+def compile_cached(
+    source: Path | str, *, target: str = "cpu", profile: CompileProfile | None = None
+) -> Path:
+    """The bundle of checkpoint `source` in the cache, compiled (verified, atomically) on
+    first use; later calls with the same config, weights index, target and profile reuse it."""
+    from plow.checkpoint.loader import load_spec
+    from plow.default_model import cache_dir
+    from plow.emit.bundle import compile_bundle
+    from plow.target import load_target
+
+    src = Path(source)
+    spec = load_spec(src)
+    tgt = load_target(target)
+    prof = profile or cache_profile(spec.max_position)
+    out = cache_dir() / "bundles" / cache_key(src, tgt, prof)
+    if is_bundle(out) and (out / "certificates" / "F.json").is_file():
+        return out
+    compile_bundle(src, out, tgt, prof, verify=True)
+    return out
