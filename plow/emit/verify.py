@@ -644,11 +644,16 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             "; ".join(problems[:3]) or "hashes and cross-references match",
         )
     )
-    # Independent oracle processes: run a few at once (the E payload dominates).
+    # Independent oracle processes: run a few at once, the longest first (D and E on large
+    # plans, then C); results are collected in job order.
     order = {ck: i for i, ck in enumerate(CHECKPOINTS)}
+    first = {"D": 0, "E": 1, "C": 2}
     with ThreadPoolExecutor(max_workers=3) as ex:
-        futs = [(ck, b, ex.submit(fn)) for ck, b, fn in jobs]
-        rows = [f.result() for _, _, f in futs]
+        started = {
+            k: ex.submit(jobs[k][2])
+            for k in sorted(range(len(jobs)), key=lambda k: (first.get(jobs[k][0], 3), k))
+        }
+        rows = [started[k].result() for k in range(len(jobs))]
     rows.sort(key=lambda r: (order[r.checkpoint], [x.name for x in m.ladder].index(r.bucket)))
     report.rows += rows
     return report

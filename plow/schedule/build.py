@@ -445,20 +445,20 @@ def build_schedule(
 
     # -- assemble ---------------------------------------------------------------------------
     tasks = tuple(
-        Task(
-            index=i,
-            name=d.name,
-            op=d.op,
-            kind=d.kind,
-            units=d.units,
-            worker=d.worker,
-            gpu=d.worker // W,
-            partition=(d.worker % W) * P // W,
-            waits=tuple(waits[i]),
-            signals=tuple(signals[i]),
-            est_ns=d.est_ns,
-            partial=d.partial,
-            weight_bytes=d.weight_bytes,
+        Task(  # positional: the field order of Task (index .. weight_bytes)
+            i,
+            d.name,
+            d.op,
+            d.kind,
+            d.units,
+            d.worker,
+            d.worker // W,
+            (d.worker % W) * P // W,
+            tuple(waits[i]),
+            tuple(signals[i]),
+            d.est_ns,
+            d.partial,
+            d.weight_bytes,
         )
         for i, d in enumerate(drafts)
     )

@@ -413,20 +413,24 @@ class Regions:
         hi = np.full((nb, 2), np.iinfo(np.int64).min, dtype=np.int64)
         np.minimum.at(lo, inv, wbox[:, [0, 2]])
         np.maximum.at(hi, inv, wbox[:, [1, 3]])
-        blocks = np.stack([lo[:, 0], hi[:, 0], lo[:, 1], hi[:, 1]], axis=1)[order].tolist()
+        blocks = np.stack([lo[:, 0], hi[:, 0], lo[:, 1], hi[:, 1]], axis=1)[order]
         per_block = max(1, merge_units // max(1, nb))
-        mreads: list[Box] = []
-        mwrites: list[Box] = []
-        mstripe: list[float] = []
-        for bx in blocks:
-            width = bx[3] - bx[2]
-            kk = max(1, min(per_block, width // 16))
-            step = -(-width // kk)
-            for c0 in range(bx[2], bx[3], step):
-                chunk = (bx[0], bx[1], c0, min(bx[3], c0 + step))
-                mreads.append((bx[0], bx[1], bx[2], bx[3]) if top.kind == "rmsnorm" else chunk)
-                mwrites.append(chunk)
-                mstripe.append(min(((chunk[2] + chunk[3]) / 2) / ncols, 0.999999))
+        # Each block cut into column chunks of `step` (the last one clipped).
+        bl = np.asarray(blocks, dtype=np.int64).reshape(-1, 4)
+        width = bl[:, 3] - bl[:, 2]
+        kk = np.maximum(1, np.minimum(per_block, width // 16))
+        step = -(-width // kk)
+        if (step <= 0).any():
+            raise ValueError("range() arg 3 must not be zero")
+        count = -(-width // step)  # len(range(c0, c1, step))
+        bi = np.repeat(np.arange(nb), count)
+        j = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+        c0 = bl[bi, 2] + j * step[bi]
+        c1 = np.minimum(bl[bi, 3], c0 + step[bi])
+        chunks = np.stack([bl[bi, 0], bl[bi, 1], c0, c1], axis=1)
+        mwrites = chunks
+        mreads = bl[bi] if top.kind == "rmsnorm" else chunks
+        mstripe: list[float] = np.minimum(((c0 + c1) / 2) / ncols, 0.999999).tolist()
         m = len(mwrites)
         if not m:
             return compute, None
@@ -434,9 +438,9 @@ class Regions:
         merges = UnitArrays(
             m,
             list(range(m)),
-            {partial_name(top.name): np.array(mreads, dtype=np.int64)},
+            {partial_name(top.name): mreads},
             out,
-            np.array(mwrites, dtype=np.int64),
+            mwrites,
             [each] * m,
             False,
             [0] * m,

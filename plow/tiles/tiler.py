@@ -391,13 +391,14 @@ class _Tiler:
 
 def enumerate_tiles(op: str, axes: tuple[Axis, ...]) -> tuple[Tile, ...]:
     """Every tile of a tiling, row-major over the axes (last axis fastest)."""
-    per_axis = [
-        [(r, j * ax.tile + ax.tile > ax.extent) for j, r in enumerate(ax.ranges())] for ax in axes
-    ]
-    tiles = []
-    for i, combo in enumerate(itertools.product(*per_axis)):
-        tiles.append(Tile(op, i, tuple(r for r, _ in combo), any(m for _, m in combo)))
-    return tuple(tiles)
+    ranges = [ax.ranges() for ax in axes]
+    masks = [[j * ax.tile + ax.tile > ax.extent for j in range(ax.steps)] for ax in axes]
+    return tuple(
+        Tile(op, i, rs, True in ms)
+        for i, (rs, ms) in enumerate(
+            zip(itertools.product(*ranges), itertools.product(*masks), strict=True)
+        )
+    )
 
 
 def tile_graph(graph: OpGraph, target: Target, options: TilingOptions | None = None) -> TileGraph:
