@@ -93,6 +93,13 @@ def generate(
             "--no-verify", help="Run a bundle whose hashes or certificates do not check out."
         ),
     ] = False,
+    kv_dtype: Annotated[
+        str,
+        typer.Option(
+            help="Key-value cache storage (--executor cpu): float32, or bfloat16 / fp8_e4m3 "
+            "(opt-in, lossy)."
+        ),
+    ] = "float32",
 ) -> None:
     """Generate tokens from a prompt (greedy unless --temperature > 0). With --executor cpu a
     checkpoint is compiled once into a cached, verified bundle; a bundle runs as is."""
@@ -108,6 +115,12 @@ def generate(
                 f"--executor {executor.value}",
                 "not available yet: run with --executor cpu or --executor reference",
             )
+        if kv_dtype not in ("float32", "bfloat16", "fp8_e4m3"):
+            raise PlowError(
+                "--kv-dtype", f"must be float32, bfloat16 or fp8_e4m3, not {kv_dtype!r}"
+            )
+        if kv_dtype != "float32" and executor is not Executor.cpu:
+            raise PlowError("--kv-dtype", "a narrow key-value cache runs on --executor cpu")
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         if not params.is_greedy and executor is not Executor.cpu:
             raise PlowError("--temperature", "stochastic sampling runs on --executor cpu")
@@ -144,18 +157,24 @@ def generate(
             from plow.runtime.cpu.engine import generate_bundle
 
             assert bundle is not None
-            out, _ = generate_bundle(bundle, ids, max_new_tokens, params=params, stop_ids=stop)
+            out, _ = generate_bundle(
+                bundle,
+                ids,
+                max_new_tokens,
+                params=params,
+                stop_ids=stop,
+                kv_dtype=kv_dtype,  # type: ignore[arg-type]
+            )
         else:
             out = generate_greedy(ckpt, ids, max_new_tokens, stop_ids=stop)
         text = tok.decode(out)
     except PlowError as e:
         _fail(e)
     if as_json:
-        print(
-            json.dumps(
-                {"token_ids": out, "text": text, "prompt_ids": ids, "executor": executor.value}
-            )
-        )
+        doc = {"token_ids": out, "text": text, "prompt_ids": ids, "executor": executor.value}
+        if kv_dtype != "float32":
+            doc.update(kv_dtype=kv_dtype, lossy=True)
+        print(json.dumps(doc))
     else:
         print(text)
 

@@ -5,6 +5,10 @@ Layout of the buffer (word offsets):
 
     [0, kv_words)                 the paged key-value pool, head-major
                                   [layers, 2 (K, V), blocks, kv_heads, block_size, head_dim]
+                                  in the pool's storage dtype (`KVShape.dtype`: float32, or
+                                  opt-in bfloat16 / fp8_e4m3, packed 2 / 4 to a word), then,
+                                  for fp8, one fp32 scale per row `KV_SCALE`
+                                  [layers, 2, blocks, kv_heads, block_size]
     [kv_words, kv_words + act)    one bucket's activations, inputs, outputs and partials;
                                   every bucket's layout starts here (buckets never run at
                                   the same time, so their regions alias)
@@ -29,10 +33,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import ml_dtypes
 import numpy as np
 
 WordDType = Literal["float32", "int32"]
 KV = "kv"  # the name of the key-value pool in every layout
+KV_SCALE = "kv.scale"  # fp8 pool: one fp32 power-of-two scale per (layer, K/V, block, head, slot)
+KVDType = Literal["float32", "bfloat16", "fp8_e4m3"]
+KV_STORAGE: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "fp8_e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +121,45 @@ class KVShape:
     kv_heads: int
     block_size: int
     head_dim: int
+    dtype: KVDType = "float32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in KV_STORAGE:
+            raise ValueError(f"kv dtype must be one of {sorted(KV_STORAGE)}, got {self.dtype!r}")
+        per_word = 4 // KV_STORAGE[self.dtype].itemsize
+        if self.head_dim % per_word:
+            # a row (one token of one head) must fill whole words: rows written by different
+            # tasks never share a word (the checking mode tracks words)
+            raise ValueError(f"{self.dtype} key-value rows need head_dim % {per_word} == 0")
 
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
         return (self.layers, 2, self.blocks, self.kv_heads, self.block_size, self.head_dim)
 
     @property
+    def scale_shape(self) -> tuple[int, int, int, int, int]:
+        return self.shape[:-1]
+
+    @property
+    def storage(self) -> np.dtype:
+        return KV_STORAGE[self.dtype]
+
+    @property
+    def data_words(self) -> int:
+        return math.prod(self.shape) * self.storage.itemsize // 4
+
+    @property
+    def scale_words(self) -> int:
+        return math.prod(self.scale_shape) if self.dtype == "fp8_e4m3" else 0
+
+    @property
     def words(self) -> int:
-        return math.prod(self.shape)
+        return self.data_words + self.scale_words
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the pool (data and scales)."""
+        return self.words * 4
 
 
 class Arena:
@@ -139,7 +182,17 @@ class Arena:
 
     @property
     def kv(self) -> np.ndarray:
-        return self.buf[: self.kv_words].reshape(self.kv_shape.shape)
+        """The pool in its storage dtype (a view of the buffer's first words)."""
+        k = self.kv_shape
+        return self.buf[: k.data_words].view(k.storage).reshape(k.shape)
+
+    @property
+    def kv_scale(self) -> np.ndarray | None:
+        """fp8: the per-row scales (a view); None for other dtypes."""
+        k = self.kv_shape
+        if not k.scale_words:
+            return None
+        return self.buf[k.data_words : k.words].reshape(k.scale_shape)
 
     def grow(self, act_words: int) -> bool:
         """Make room for `act_words` activation words; True when the buffer was replaced."""
@@ -156,13 +209,15 @@ class Arena:
         self.layout = layout
 
     def _slot_range(self, name: str) -> tuple[int, tuple[int, ...], WordDType]:
-        if name == KV:
-            return 0, self.kv_shape.shape, "float32"
+        if name == KV_SCALE and self.kv_shape.scale_words:
+            return self.kv_shape.data_words, self.kv_shape.scale_shape, "float32"
         assert self.layout is not None, "no layout in use"
         s = self.layout.slot(name)
         return self.kv_words + s.offset, s.shape, s.dtype
 
     def view(self, name: str) -> np.ndarray:
+        if name == KV:
+            return self.kv
         off, shape, dtype = self._slot_range(name)
         flat = self.buf[off : off + math.prod(shape)]
         if dtype == "int32":
@@ -170,16 +225,21 @@ class Arena:
         return flat.reshape(shape)
 
     def words(self, name: str) -> np.ndarray:
-        """Global word index of every element of `name` (same shape as `view(name)`)."""
+        """Global word index of every element of `name` (same shape as `view(name)`; the
+        elements of a narrow key-value pool share their word)."""
         if self._ids is None or self._ids.shape[0] != self.buf.shape[0]:
             self._ids = np.arange(self.buf.shape[0], dtype=np.int64)
+        if name == KV:
+            k = self.kv_shape
+            per = 4 // k.storage.itemsize
+            return np.repeat(self._ids[: k.data_words], per).reshape(k.shape)
         off, shape, _ = self._slot_range(name)
         return self._ids[off : off + math.prod(shape)].reshape(shape)
 
     def owner(self, word: int) -> str:
         """The tensor holding a global word index (for error messages)."""
         if word < self.kv_words:
-            return KV
+            return KV if word < self.kv_shape.data_words else KV_SCALE
         assert self.layout is not None
         rel = word - self.kv_words
         for name, s in self.layout.slots.items():

@@ -22,7 +22,7 @@ from plow.checkpoint import Checkpoint
 from plow.errors import PlowError
 from plow.runtime.cpu.generate import GenerationStats, Request, generate
 from plow.runtime.cpu.model import CpuModel, RowInput
-from plow.runtime.kv_cache import PageTable
+from plow.runtime.kv_cache import KVDtype, PageTable
 from plow.runtime.sampler import SamplingParams
 from plow.serve.engine import EngineError, KVUsage, PrefillChunk
 
@@ -210,8 +210,14 @@ class CpuRunner:
     rows: int = 0
 
     @classmethod
-    def open(cls, ckpt: Checkpoint, *, max_batch: int, max_context: int) -> CpuRunner:
-        return cls(CpuEngine.from_checkpoint(ckpt, max_batch=max_batch, max_context=max_context))
+    def open(
+        cls, ckpt: Checkpoint, *, max_batch: int, max_context: int, kv_dtype: KVDtype = "float32"
+    ) -> CpuRunner:
+        return cls(
+            CpuEngine.from_checkpoint(
+                ckpt, max_batch=max_batch, max_context=max_context, kv_dtype=kv_dtype
+            )
+        )
 
     @classmethod
     def from_bundle(
@@ -259,13 +265,21 @@ def generate_one(
     stop_ids: tuple[int, ...] = (),
     multi_step: int = 1,
     target: str = "cpu",
+    kv_dtype: KVDtype = "float32",
 ) -> tuple[list[int], GenerationStats]:
-    """One request through the CPU executor (what `plow generate --executor cpu` runs)."""
+    """One request through the CPU executor, compiled in memory. `kv_dtype` other than
+    float32 is lossy (see `CpuModel`)."""
     if not prompt_ids:
         raise PlowError("prompt", "empty prompt")
     context = min(ckpt.spec.max_position, len(prompt_ids) + max_new_tokens)
     model = CpuModel(
-        ckpt.spec, ckpt.weights, target=target, max_batch=1, max_context=context, ring=8
+        ckpt.spec,
+        ckpt.weights,
+        target=target,
+        max_batch=1,
+        max_context=context,
+        ring=8,
+        kv_dtype=kv_dtype,
     )
     stats = GenerationStats()
     req = Request(
@@ -284,12 +298,14 @@ def generate_bundle(
     stop_ids: tuple[int, ...] = (),
     multi_step: int = 1,
     verify: bool = True,
+    kv_dtype: KVDtype = "float32",
 ) -> tuple[list[int], GenerationStats]:
     """One request through a bundle's packet streams (what `plow generate BUNDLE --executor
-    cpu` runs, and a checkpoint after `compile_cached`)."""
+    cpu` runs, and a checkpoint after `compile_cached`). `kv_dtype` other than float32 is
+    lossy (see `CpuModel`)."""
     if not prompt_ids:
         raise PlowError("prompt", "empty prompt")
-    model = CpuModel.from_bundle(bundle, max_batch=1, verify=verify)
+    model = CpuModel.from_bundle(bundle, max_batch=1, verify=verify, kv_dtype=kv_dtype)
     if len(prompt_ids) + max_new_tokens > model.context:
         raise PlowError(
             "--max-new-tokens",

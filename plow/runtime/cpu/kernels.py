@@ -24,6 +24,13 @@ Attention writes the step's new keys and values at their destination in the page
 head of a key-value head, and whose key range covers the token's position, writes it. A tile
 reads the keys of this step from the op's key/value inputs and older keys from the pool, so
 no tile of the op depends on another's cache write.
+
+The pool's dtype is `plan.kv.dtype`: float32 (default, exact), or opt-in and lossy bfloat16 /
+fp8_e4m3. A narrow pool stores rounded rows and older keys are read back dequantised; this
+step's keys still come from the op's fp32 inputs. fp8 rows carry one power-of-two scale each
+(`KV_SCALE`: per layer, K/V, block, head and slot), not one per (block, head) group as
+`PagedKVCache` keeps: several tasks write one block in a prefill step, and a shared group
+scale would make the stored bytes depend on which of them ran first.
 """
 
 from __future__ import annotations
@@ -35,8 +42,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from plow.runtime import numpy_ops as K
-from plow.runtime.cpu.arena import KV
+from plow.runtime.cpu.arena import KV, KV_SCALE, KVShape
 from plow.runtime.cpu.plan import PAGE_TABLE, OpEntry, Packet, Plan, Ranges
+from plow.runtime.kv_cache import _pow2_scale
 from plow.schedule.regions import partial_name
 
 F32 = np.float32
@@ -176,6 +184,33 @@ def _linear_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc
 # -- attention -------------------------------------------------------------------------------
 
 
+def _kv_store(kv: KVShape, acc: Access, idx: tuple[Any, ...], vals: np.ndarray) -> None:
+    """Write key or value rows `vals` [n, D] (fp32) into the pool at `idx` (layer, K/V, blocks,
+    kv head, slots, :) in the pool's dtype. fp8: each row gets its own power-of-two scale
+    (the smallest s with amax / s <= 448), written to `KV_SCALE` beside it, so a row's bytes
+    depend only on the row (never on which task wrote the rest of its block)."""
+    if kv.dtype == "float32":
+        acc.put(KV, kv.shape, idx, vals)
+        return
+    if kv.dtype == "bfloat16":
+        acc.put(KV, kv.shape, idx, vals.astype(kv.storage))
+        return
+    scale = _pow2_scale(np.abs(vals).max(axis=-1)).astype(F32)
+    acc.put(KV, kv.shape, idx, (vals / scale[:, None]).astype(kv.storage))
+    acc.put(KV_SCALE, kv.scale_shape, idx[:-1], scale)
+
+
+def _kv_load(kv: KVShape, acc: Access, idx: tuple[Any, ...]) -> np.ndarray:
+    """Rows of the pool at `idx`, dequantised to fp32 [n, D]."""
+    x = acc.get(KV, kv.shape, idx)
+    if kv.dtype == "float32":
+        return x
+    x = x.astype(F32)
+    if kv.dtype == "fp8_e4m3":
+        x = x * acc.get(KV_SCALE, kv.scale_shape, idx[:-1])[:, None]
+    return x
+
+
 class _AttnGeom:
     def __init__(self, plan: Plan, op: OpEntry) -> None:
         q = _shape(plan, op.inputs[0])
@@ -241,7 +276,7 @@ def _attention(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None
             table = acc.get(PAGE_TABLE, (g.B, mb), np.s_[bi, wp // bs])
             for kind, src in ((0, k_name), (1, v_name)):
                 vals = acc.get(src, kshape, np.s_[bi, wt, kv, :])
-                acc.put(KV, plan.kv.shape, (layer, kind, table, kv, wp % bs, slice(None)), vals)
+                _kv_store(plan.kv, acc, (layer, kind, table, kv, wp % bs, slice(None)), vals)
         if j1 <= j0:
             continue
         kpos = np.arange(key_lo + j0, key_lo + j1, dtype=np.int64)
@@ -251,8 +286,8 @@ def _attention(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None
         if old.any():
             op_ = kpos[old]
             table = acc.get(PAGE_TABLE, (g.B, mb), np.s_[bi, op_ // bs])
-            keys[old] = acc.get(KV, plan.kv.shape, (layer, 0, table, kv, op_ % bs, slice(None)))
-            vals_[old] = acc.get(KV, plan.kv.shape, (layer, 1, table, kv, op_ % bs, slice(None)))
+            keys[old] = _kv_load(plan.kv, acc, (layer, 0, table, kv, op_ % bs, slice(None)))
+            vals_[old] = _kv_load(plan.kv, acc, (layer, 1, table, kv, op_ % bs, slice(None)))
         if (~old).any():
             tok_of = np.full(p_max - p_min + 1, -1, dtype=np.int64)
             tok_of[new_pos - p_min] = new_tok

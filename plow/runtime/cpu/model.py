@@ -25,7 +25,7 @@ from plow.graph import Bucket, Phase, build_graph
 from plow.runtime.cpu.arena import Arena, KVShape
 from plow.runtime.cpu.machine import DispatchStats, Machine, Mode
 from plow.runtime.cpu.plan import PAGE_TABLE, REMAINING, RING, Plan, plan_from_parts
-from plow.runtime.kv_cache import PagedKVCache, PageTable
+from plow.runtime.kv_cache import KVDtype, PagedKVCache, PageTable
 from plow.runtime.prefix_cache import PrefixCache
 from plow.runtime.sampler import SamplingParams, sample_row
 from plow.schedule import ScheduleOptions, build_schedule
@@ -78,7 +78,9 @@ class RowDevice:
 
 class CpuModel:
     """See the module docstring. `target` plans the buckets (default: the `cpu` target);
-    `mode`/`seed`/`check` configure the machine (interleaving, checking mode)."""
+    `mode`/`seed`/`check` configure the machine (interleaving, checking mode); `kv_dtype`
+    the key-value pool's storage (float32 default; bfloat16 / fp8_e4m3 are opt-in and
+    lossy)."""
 
     def __init__(
         self,
@@ -95,6 +97,7 @@ class CpuModel:
         seed: int = 0,
         check: bool = False,
         schedule_options: ScheduleOptions | None = None,
+        kv_dtype: KVDtype = "float32",
     ) -> None:
         self.spec = spec
         self.target = load_target(target) if isinstance(target, str) else target
@@ -111,12 +114,18 @@ class CpuModel:
         self.weights: dict[str, np.ndarray] = {}
         self._raw = weights
         self._names = names
-        kv = KVShape(spec.num_layers, blocks, spec.num_kv_heads, block_size, spec.head_dim)
+        self.kv_dtype: KVDtype = kv_dtype
+        kv = KVShape(
+            spec.num_layers, blocks, spec.num_kv_heads, block_size, spec.head_dim, kv_dtype
+        )
         self.arena = Arena(kv)
         self.kv = PagedKVCache(
-            spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, blocks
+            spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, blocks, kv_dtype
         )
         self.kv.arena = self.arena.kv  # the pool's storage is the arena's key-value region
+        # fp8: the executor's scales are per row, in the arena (`Arena.kv_scale`, written by
+        # the attention kernel); the cache's own per-(block, head) scales are not used
+        self.kv.scales = self.kv._amax = None
         self.prefix = PrefixCache(self.kv, salt=f"{spec.family}:{id(weights)}".encode())
         self.machine = Machine(self.arena, self.weights, mode=mode, seed=seed, check=check)
         self.plans: dict[Bucket, Plan] = {}
@@ -343,6 +352,11 @@ class CpuModel:
 
     def context_full(self, position: int) -> bool:
         return position >= self.context
+
+    @property
+    def lossy(self) -> bool:
+        """True when the key-value pool rounds what attention stores (not float32)."""
+        return self.kv_dtype != "float32"
 
     @property
     def weight_bytes(self) -> int:
