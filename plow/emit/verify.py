@@ -16,7 +16,9 @@ Nothing comes from the compiler's memory. Per bucket:
 - E from the plan file's record bytes against the packets re-emitted from the schedule
   file and the op table (`emit_packets`): an edited byte shows up as a located mismatch;
 - F from the schedule file's arena map, with sizes from the op table's shapes and dtypes
-  and live ranges from the op table's op order (`plow.memory.live_ranges`).
+  and live ranges from the op table's op order (`plow.memory.live_ranges`); then, in
+  Python, every two pool buffers sharing bytes must be ordered by op edges the packets
+  realise (`plow.memory.ordering.check_bundle_sharing`), else the row rejects.
 
 Bundle-level checks (row `bundle`): the manifest parses, every file hash matches (the
 mismatching file is named), the op table's offsets equal the arena map's, the weights
@@ -52,6 +54,7 @@ from plow.emit.wire import (
 from plow.errors import PlanRejected, PlowError
 from plow.memory.arena import alloc_payload, live_ranges
 from plow.memory.onchip import TaskPages, page_windows, split_timeline
+from plow.memory.ordering import check_bundle_sharing
 from plow.oracle import Certificate, run_checkpoint
 from plow.oracle.payloads.counters import (
     D_ORACLE_MAX_TASKS,
@@ -611,8 +614,23 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
                 "E", name, run_checkpoint("E", wire_payload_dict(body, expected), timeout_s=600)
             )
 
-        def job_f(sf: ScheduleFile = sf, ot: OpTable = ot, name: str = name) -> Row:
-            return _row("F", name, run_checkpoint("F", alloc_payload_from_files(sf, ot)))
+        def job_f(
+            sf: ScheduleFile = sf, ot: OpTable = ot, decoded: PacketArray | str = decoded,
+            name: str = name,
+        ) -> Row:  # fmt: skip
+            payload = alloc_payload_from_files(sf, ot)
+            row = _row("F", name, run_checkpoint("F", payload))
+            if row.rejected:
+                return row
+            # shared bytes need their accesses ordered by the packets (docs/oracle.md, F)
+            g = decoded if isinstance(decoded, str) else counter_graph_from_packets(decoded, sf)
+            bufs = [(b.name, b.region, b.offset, b.size) for b in payload.buffers]
+            err = (
+                f"cannot order the shared arena bytes: {g}"
+                if isinstance(g, str)
+                else check_bundle_sharing(sf, ot, bufs, g)
+            )
+            return row if err is None else Row("F", name, "reject", (), err)
 
         for ck, fn in (("B", job_b), ("C", job_c), ("D", job_d), ("E", job_e), ("F", job_f)):
             if ck in checkpoints:

@@ -9,22 +9,28 @@ Layout, in this order, each buffer aligned to `ALIGN` bytes:
    token ids (`sample`, the last op's output) are written *into the `ids` slot*: the next
    step's embedding reads them there (the two are never live together).
 4. `activations` / `scratch` (fp32 partials of split reductions, `<op>#partial`) — one
-   pool shared by liveness: a first-fit free list swept in program order.
+   pool, first fit in order of writer; a buffer reuses bytes of another only when that
+   one's writer and readers are all op-level ancestors of its writer (the sharing rule,
+   `plow.memory.ordering`; docs/memory.md "Sharing rule"), which the schedule's coarse
+   counters turn into happens-before in every interleaving.
 
 Program steps: op `i` of the bucket's op list is step `i`; step `n` (= number of ops) is the
 host reading the outputs after the step. Live ranges are half-open `[start, end)`:
 weights and caches `[0, n + 1)`; inputs `[0, last reader + 1)`; activations
 `[first writer, last reader + 1)`; outputs `[writer, n + 1)`; `<op>#partial` `[i, i + 1)`.
-Two buffers live at a common step never share a byte (checkpoint F re-checks it).
+Two buffers live at a common step never share a byte (checkpoint F re-checks it; the rule
+implies it, ancestors having smaller op indices).
 No allocation happens at request time: the executor gets one buffer of `arena_bytes`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from bisect import insort
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from plow.graph.ops import OpGraph, TensorRole
+from plow.memory.ordering import Access, accesses, ancestors, may_share, ordered_edges
 from plow.oracle.payloads.alloc import AllocPayload, BufferPlacement, Region
 from plow.target.model import dtype_bytes
 from plow.tiles.ir import TileGraph
@@ -129,8 +135,15 @@ def live_ranges(
     return out
 
 
-def plan_arena(graph: OpGraph, tg: TileGraph, align: int = ALIGN) -> Arena:
-    """Place every tensor of `graph` (plus the split reductions' partials) in one arena."""
+def plan_arena(
+    graph: OpGraph,
+    tg: TileGraph,
+    align: int = ALIGN,
+    unordered: Collection[tuple[str, str]] = (),
+) -> Arena:
+    """Place every tensor of `graph` (plus the split reductions' partials) in one arena.
+    `unordered`: op edges that do not order all tasks (fine counters; see
+    `plow.memory.ordering.unordered_op_edges`), left out of the ancestor sets."""
     roles = {n: t.role.value for n, t in graph.tensors.items()}
     sizes = {n: t.numel * dtype_bytes(t.dtype) for n, t in graph.tensors.items()}
     idx = {op.name: i for i, op in enumerate(graph.ops)}
@@ -139,7 +152,8 @@ def plan_arena(graph: OpGraph, tg: TileGraph, align: int = ALIGN) -> Arena:
         out = graph.tensor(graph.ops[idx[name]].outputs[0])
         scratch[f"{name}#partial"] = idx[name]
         sizes[f"{name}#partial"] = partial_bytes(kind, out.numel, steps)
-    live = live_ranges([(op.inputs, op.outputs) for op in graph.ops], roles, scratch)
+    ios = [(op.inputs, op.outputs) for op in graph.ops]
+    live = live_ranges(ios, roles, scratch)
 
     order: list[str] = []  # first use
     for op in graph.ops:
@@ -177,48 +191,30 @@ def plan_arena(graph: OpGraph, tg: TileGraph, align: int = ALIGN) -> Arena:
         slot = next(b for b in placed if b.name == SAMPLED_SLOT)
         placed.append(Buffer(sampled, "io", slot.offset, sizes[sampled]))
 
-    # The shared pool: sweep in program order with a first-fit free list.
+    # The shared pool, in order of writer (ties: larger first): each buffer goes to the
+    # lowest offset clear of every placed buffer it may not share with (docs/memory.md
+    # "Sharing rule": the placed buffer's writer and readers must all be ancestors of its
+    # writer in the op DAG).
     base = _up(cursor, align)
     pool = [t for t in order if roles[t] == "activation"] + list(scratch)
     pool.sort(key=lambda t: (live[t][0], -sizes[t]))
-    free: list[tuple[int, int]] = []  # (offset, size), sorted, coalesced; relative to base
+    names = [op.name for op in graph.ops]
+    anc = ancestors(len(ios), ordered_edges(names, ios, unordered))
+    acc = accesses(ios, scratch)
+    spans: list[tuple[int, int, Access]] = []  # (offset, end, access), sorted by offset
     end = 0
-    active: list[tuple[int, int, int]] = []  # (live_end, offset, size)
-
-    def release(off: int, size: int) -> None:
-        free.append((off, size))
-        free.sort()
-        merged: list[tuple[int, int]] = []
-        for o, s in free:
-            if merged and merged[-1][0] + merged[-1][1] == o:
-                merged[-1] = (merged[-1][0], merged[-1][1] + s)
-            else:
-                merged.append((o, s))
-        free[:] = merged
-
     for t in pool:
-        st = live[t][0]
-        still = []
-        for e, o, s in active:
-            if e <= st:
-                release(o, s)
-            else:
-                still.append((e, o, s))
-        active = still
+        a = acc.get(t) or Access(live[t][0], 1 << live[t][0])
         need = _up(max(sizes[t], 1), align)
-        off = -1
-        for k, (o, s) in enumerate(free):
-            if s >= need:
-                off = o
-                free[k] = (o + need, s - need)
-                if free[k][1] == 0:
-                    free.pop(k)
+        off = 0
+        for o, e, other in spans:
+            if e <= off or may_share(other, a, anc):
+                continue
+            if o - off >= need:
                 break
-        if off < 0:
-            # grow the last free block when it ends at the pool's end
-            off = free.pop()[0] if free and free[-1][0] + free[-1][1] == end else end
-            end = off + need
-        active.append((live[t][1], off, need))
+            off = max(off, e)
+        insort(spans, (off, off + need, a), key=lambda x: x[0])
+        end = max(end, off + need)
         reg: Region = "scratch" if t in scratch else "activations"
         placed.append(Buffer(t, reg, base + off, sizes[t]))
     total = _up(base + end, align) if pool else _up(cursor, align)
