@@ -19,6 +19,12 @@ sub-blocks; split reductions combine per-tile fp32 partials:
 | gated_mlp, residual_add | element-wise box | - | - |
 | sample | greedy argmax of the sampled row, cols | (max, index) of its cols | first maximum |
 
+With `plan.fused` (`plow.runtime.cpu.plan.FusedArgmax`) greedy is fused into lm_head: each
+task writing logits columns also writes per-chunk (max, argmax) partials, the sample partial
+tasks skip their scan, and the sample merge reduces the lm_head chunks instead.
+Kernels count their work through `Access.count` (`sample.scan`: logits elements the sample
+op scanned; `lm_head.argmax`: logits elements reduced inside lm_head tasks; ...).
+
 Attention writes the step's new keys and values at their destination in the paged pool
 (page table → block, slot; head-major) inside the op: the tile holding a token's first query
 head of a key-value head, and whose key range covers the token's position, writes it. A tile
@@ -59,6 +65,10 @@ class Access(Protocol):
     def put(self, name: str, shape: tuple[int, ...], idx: Index, value: np.ndarray) -> None: ...
 
     def weight(self, name: str) -> np.ndarray: ...
+
+    def count(self, key: str, n: int) -> None:
+        """Add `n` to the machine's per-op work counter `key` (e.g. `sample.scan`)."""
+        ...
 
 
 def _shape(plan: Plan, name: str) -> tuple[int, ...]:
@@ -164,7 +174,10 @@ def _linear(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -
         return
     if len(op.inputs) == 3:
         y = y + acc.weight(op.inputs[2])[n0:n1]
-    acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], _softcap(y, op))
+    y = _softcap(y, op)
+    acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], y)
+    if plan.fused is not None and plan.fused.lm_head == op.name:
+        _argmax_chunks(plan, op, y, m0, n0, acc)
 
 
 def _linear_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access) -> None:
@@ -178,7 +191,31 @@ def _linear_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc
         y = y + parts[k]
     if len(op.inputs) == 3:
         y = y + acc.weight(op.inputs[2])[n0:n1]
-    acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], _softcap(y.astype(F32), op))
+    y = _softcap(y.astype(F32), op)
+    acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], y)
+    if plan.fused is not None and plan.fused.lm_head == op.name:
+        _argmax_chunks(plan, op, y, m0, n0, acc)
+
+
+def _argmax_chunks(plan: Plan, op: OpEntry, y: np.ndarray, m0: int, n0: int, acc: Access) -> None:
+    """Fused greedy (`plan.fused`): the (max, lowest argmax) of each chunk of the logits block
+    `y` (rows from `m0`, columns from `n0`) that this unit just wrote."""
+    f = plan.fused
+    assert f is not None
+    if y.size == 0:
+        return
+    M = op.extents[0]
+    n1 = n0 + y.shape[1]
+    lo = f.bounds.index(n0)
+    hi = f.bounds.index(n1)  # the unit's columns are whole chunks
+    rows = np.arange(y.shape[0])
+    m1 = m0 + y.shape[0]
+    for c in range(lo, hi):
+        sub = y[:, f.bounds[c] - n0 : f.bounds[c + 1] - n0]
+        arg = sub.argmax(axis=-1)
+        acc.put(f.values, (f.chunks, M), np.s_[c, m0:m1], sub[rows, arg])
+        acc.put(f.index, (f.chunks, M), np.s_[c, m0:m1], (arg + f.bounds[c]).astype(np.int32))
+    acc.count("lm_head.argmax", y.size)
 
 
 # -- attention -------------------------------------------------------------------------------
@@ -380,10 +417,17 @@ def _attention_merge(
 
 def _sample(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
     (a, b), (c0, c1) = r
+    if plan.fused is not None and plan.fused.sample == op.name:
+        if step is None:  # unsplit: this task is the merge of the lm_head chunks
+            _fused_pick(plan, op, a, b, acc)
+        else:  # the lm_head tasks already reduced these columns: nothing to scan
+            acc.count("sample.skipped", 1)
+        return
     logits, index = op.inputs
     B, T, V = _shape(plan, logits)
     idx = acc.get(index, (B,), np.s_[a:b]).astype(np.int64)
     rows = acc.get(logits, (B, T, V), (np.arange(a, b), idx, slice(c0, c1)))
+    acc.count("sample.scan", rows.size)
     arg = rows.argmax(axis=-1)
     if step is not None:
         pn = partial_name(op.name)
@@ -394,8 +438,31 @@ def _sample(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -
     acc.put(op.outputs[0], (B,), np.s_[a:b], (arg + c0).astype(np.int32))
 
 
+def _fused_pick(plan: Plan, op: OpEntry, a: int, b: int, acc: Access) -> None:
+    """Fused greedy: rows [a, b) take the first maximum over the lm_head chunks of their
+    sampled position, chunks in ascending order."""
+    f = plan.fused
+    assert f is not None
+    logits, index = op.inputs
+    B, T, _V = _shape(plan, logits)
+    M = B * T
+    m = np.arange(a, b) * T + acc.get(index, (B,), np.s_[a:b]).astype(np.int64)
+    val = acc.get(f.values, (f.chunks, M), np.s_[:, m])
+    ind = acc.get(f.index, (f.chunks, M), np.s_[:, m])
+    best_v, best_i = val[0].copy(), ind[0].copy()
+    for k in range(1, f.chunks):  # strict >: ties keep the earlier (lower-index) chunk
+        better = val[k] > best_v
+        best_v = np.where(better, val[k], best_v)
+        best_i = np.where(better, ind[k], best_i)
+    acc.put(op.outputs[0], (B,), np.s_[a:b], best_i.astype(np.int32))
+    acc.count("sample.fused_merge", f.chunks * (b - a))
+
+
 def _sample_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access) -> None:
     (a, b), _ = r
+    if plan.fused is not None and plan.fused.sample == op.name:
+        _fused_pick(plan, op, a, b, acc)
+        return
     B = _shape(plan, op.inputs[0])[0]
     steps = op.steps[1]
     pn = partial_name(op.name)

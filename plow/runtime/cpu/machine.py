@@ -34,7 +34,7 @@ when this interleaving happened to produce the right bytes.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -72,9 +72,15 @@ class DispatchStats:
 class _PlainAccess:
     """Views of the arena, no bookkeeping (the fast path)."""
 
-    def __init__(self, arena: Arena, weights: Mapping[str, np.ndarray]) -> None:
+    def __init__(
+        self,
+        arena: Arena,
+        weights: Mapping[str, np.ndarray],
+        counts: Counter[str] | None = None,
+    ) -> None:
         self.arena = arena
         self.weights = weights
+        self.counts: Counter[str] = Counter() if counts is None else counts
         self._views: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
 
     def _view(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -93,6 +99,9 @@ class _PlainAccess:
 
     def weight(self, name: str) -> np.ndarray:
         return self.weights[name]
+
+    def count(self, key: str, n: int) -> None:
+        self.counts[key] += n
 
 
 class _Checker:
@@ -268,8 +277,14 @@ class _Checker:
 
 
 class _CheckedAccess(_PlainAccess):
-    def __init__(self, arena: Arena, weights: Mapping[str, np.ndarray], chk: _Checker) -> None:
-        super().__init__(arena, weights)
+    def __init__(
+        self,
+        arena: Arena,
+        weights: Mapping[str, np.ndarray],
+        chk: _Checker,
+        counts: Counter[str] | None = None,
+    ) -> None:
+        super().__init__(arena, weights, counts)
         self.chk = chk
         self._wviews: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
 
@@ -328,6 +343,9 @@ class Machine:
         self.dispatches = 0
         self.entries_run = 0  # queue entries run over all dispatches (task packets + nops)
         self.nops_run = 0  # nop packets run over all dispatches
+        # per-op work the kernels report over all dispatches (`Access.count`), e.g.
+        # `sample.scan` (logits elements scanned by the sample op), `lm_head.argmax`
+        self.counts: Counter[str] = Counter()
         self._access: tuple[int, object, _PlainAccess] | None = None
 
     def _plain(self) -> _PlainAccess:
@@ -337,7 +355,11 @@ class Machine:
             or self._access[0] != key
             or self._access[1] is not (self.arena.layout)
         ):
-            self._access = (key, self.arena.layout, _PlainAccess(self.arena, self.weights))
+            self._access = (
+                key,
+                self.arena.layout,
+                _PlainAccess(self.arena, self.weights, self.counts),
+            )
         return self._access[2]
 
     def dispatch(
@@ -361,7 +383,9 @@ class Machine:
         self.dispatches += 1
         chk = _Checker(plan, self.arena) if check else None
         acc: _PlainAccess = (
-            _CheckedAccess(self.arena, self.weights, chk) if chk is not None else self._plain()
+            _CheckedAccess(self.arena, self.weights, chk, self.counts)
+            if chk is not None
+            else self._plain()
         )
         waits, sigs, runs, task_of = st.waits, st.signals, st.runs, st.task_of
         counters = [0] * len(st.counter_names)

@@ -24,7 +24,14 @@ from plow.errors import PlowError
 from plow.graph import Bucket, Phase, build_graph
 from plow.runtime.cpu.arena import Arena, KVShape
 from plow.runtime.cpu.machine import DispatchStats, Machine, Mode
-from plow.runtime.cpu.plan import PAGE_TABLE, REMAINING, RING, Plan, plan_from_parts
+from plow.runtime.cpu.plan import (
+    PAGE_TABLE,
+    REMAINING,
+    RING,
+    Plan,
+    fuse_argmax,
+    plan_from_parts,
+)
 from plow.runtime.kv_cache import KVDtype, PagedKVCache, PageTable
 from plow.runtime.prefix_cache import PrefixCache
 from plow.runtime.sampler import SamplingParams, sample_row
@@ -80,7 +87,8 @@ class CpuModel:
     """See the module docstring. `target` plans the buckets (default: the `cpu` target);
     `mode`/`seed`/`check` configure the machine (interleaving, checking mode); `kv_dtype`
     the key-value pool's storage (float32 default; bfloat16 / fp8_e4m3 are opt-in and
-    lossy)."""
+    lossy); `fuse_argmax` fuses greedy sampling into the lm_head tasks (`plan.fuse_argmax`;
+    the same tokens, bit for bit, without the sample op's scan of the logits)."""
 
     def __init__(
         self,
@@ -98,8 +106,10 @@ class CpuModel:
         check: bool = False,
         schedule_options: ScheduleOptions | None = None,
         kv_dtype: KVDtype = "float32",
+        fuse_argmax: bool = True,
     ) -> None:
         self.spec = spec
+        self.fuse_argmax = fuse_argmax
         self.target = load_target(target) if isinstance(target, str) else target
         self.max_batch = max_batch
         self.context = min(spec.max_position, max_context or spec.max_position)
@@ -189,12 +199,16 @@ class CpuModel:
             p = self.bundle.plan(
                 bucket, kv=self.arena.kv_shape, ring=self.ring, arena=self.bundle_arena
             )
+            if self.fuse_argmax:
+                p = fuse_argmax(p)
             self.add_plan(p)
         elif p is None:
             graph = build_graph(self.spec, bucket)
             tg = tile_graph(graph, self.target, TilingOptions())
             sched = build_schedule(tg, graph, self.target, self.schedule_options)
             p = plan_from_parts(bucket, graph, tg, sched, self.arena.kv_shape, self.ring)
+            if self.fuse_argmax:
+                p = fuse_argmax(p)
             self.add_plan(p)
         return p
 

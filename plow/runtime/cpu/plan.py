@@ -20,6 +20,7 @@ Conventions the kernels rely on (they are the tiler's and the schedule's, restat
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -129,6 +130,37 @@ def stream_from_schedule(s: Schedule) -> Stream:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class FusedArgmax:
+    """Greedy sampling fused into the output projection (docs/wire.md flag `FUSED_ARGMAX`).
+
+    Every task that writes columns of `lm_head`'s logits (its compute tiles, or the merges of
+    a k-split) also writes, per chunk of its columns and per logits row, the chunk's (max value,
+    lowest index of the max) to `<lm_head>#argmax` / `<lm_head>#argmax.index` `[chunks, M]`.
+    Chunk `i` is columns `[bounds[i], bounds[i + 1])`: `bounds` are every column boundary of
+    the lm_head units, so each unit covers whole chunks and each chunk has one writer. The
+    sample op no longer scans the logits: its partial tasks only wait and signal, and its
+    merge (or its single compute task when unsplit) reduces the chunks of each row's sampled
+    position in ascending order, strict `>` (ties keep the lower index): the result is the
+    full row's first maximum, the same bits as the unfused path, under every interleaving."""
+
+    lm_head: str  # op name
+    sample: str
+    bounds: tuple[int, ...]
+
+    @property
+    def chunks(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def values(self) -> str:
+        return self.lm_head + "#argmax"
+
+    @property
+    def index(self) -> str:
+        return self.lm_head + "#argmax.index"
+
+
 @dataclass(frozen=True)
 class Plan:
     """Everything the machine needs to run one step of `bucket`. A plan compiled in memory
@@ -146,6 +178,7 @@ class Plan:
     ring: int
     wire: Stream | None = None
     source: str = ""
+    fused: FusedArgmax | None = None  # greedy fused into lm_head (`fuse_argmax`)
 
     @property
     def batch(self) -> int:
@@ -316,3 +349,48 @@ def plan_from_parts(
             packets.append(Packet(task.index, oi, "compute", ranges))
     layout = layout_for(graph, ops, kv, ring)
     return Plan(bucket, graph, tg, schedule, ops, tuple(packets), layout, kv, ring)
+
+
+def fuse_argmax(plan: Plan) -> Plan:
+    """`plan` with greedy sampling fused into its lm_head tasks (`FusedArgmax`); the same plan
+    when it has no sample op fed by an lm_head. The stream (queues, counters) is unchanged:
+    the sample tasks keep their waits and signals, so every lm_head task is still ordered
+    before the sample merge that reads its partials."""
+    if plan.fused is not None:
+        return plan
+    sample = next((o for o in plan.ops if o.kind == "sample"), None)
+    if sample is None:
+        return plan
+    lm = next(
+        (
+            i
+            for i, o in enumerate(plan.ops)
+            if o.kind == "lm_head" and sample.inputs[0] in o.outputs
+        ),
+        None,
+    )
+    if lm is None:
+        return plan
+    op = plan.ops[lm]
+    bounds = {0, op.extents[1]}
+    for p in plan.packets:
+        if p.op != lm:
+            continue
+        if p.work == "compute":
+            for u in p.units:
+                bounds.update(u[1])
+        elif p.work == "merge":
+            for u, c in zip(p.units, p.cols, strict=True):
+                n0, n1 = max(u[1][0], c[0]), min(u[1][1], c[1])
+                if n1 > n0:
+                    bounds.update((n0, n1))
+    fused = FusedArgmax(op.name, sample.name, tuple(sorted(bounds)))
+    lb = LayoutBuilder()
+    for name, sl in plan.layout.slots.items():
+        lb.place(name, sl.offset, sl.shape, sl.dtype)
+    for name, target in plan.layout.aliases.items():
+        lb.alias(name, target)
+    lb.reserve(plan.layout.words)
+    lb.add(fused.values, (fused.chunks, op.extents[0]))
+    lb.add(fused.index, (fused.chunks, op.extents[0]), "int32")
+    return dataclasses.replace(plan, layout=lb.build(), fused=fused)
