@@ -42,6 +42,7 @@ from plow.emit.emit import EmittedBucket, emit_bucket
 from plow.emit.wire import WIRE_VERSION, Phase, encode_plan
 from plow.errors import PlowError
 from plow.memory import plan_arena, plan_pages
+from plow.memory.ordering import unordered_op_edges
 from plow.profile import CompileProfile
 from plow.schedule import build_schedule
 from plow.target import Target
@@ -410,7 +411,11 @@ def _compile_bundle(
         if sched is None:  # a compile_plan that stops before the schedule
             sched = timed("schedule", name, partial(build_schedule, bp.tiles, bp.graph, target))
         pages = timed("pages", name, partial(plan_pages, sched, bp.tiles, target, bp.graph))
-        arena = timed("arena", name, partial(plan_arena, bp.graph, bp.tiles))
+        arena = timed(
+            "arena",
+            name,
+            partial(plan_arena, bp.graph, bp.tiles, unordered=unordered_op_edges(sched.decisions)),
+        )
         emitted.append(
             timed(
                 "emit",

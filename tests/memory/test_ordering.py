@@ -199,6 +199,13 @@ def test_unordered_shared_bytes_are_rejected_by_verify(llama_bundle: Path, tmp_p
     )
     write_plan(b / plan, packets, phase=h.phase, batch=h.batch, seq=h.seq, workers=h.workers)
     _forge(b, sched, ops, plan)
+    # the executor refuses to load it: its certificates are stale, and re-checking F the
+    # way `plow verify` does (oracle + ordering side condition) rejects it
+    from plow.emit.verify import read_manifest
+    from plow.runtime.cpu.bundle import BundleRefused, check_bundle
+
+    with pytest.raises(BundleRefused, match='reader "L0.k_proj" is not ordered before'):
+        check_bundle(b, read_manifest(b))
     rep = verify_bundle(b)
     bad = [r for r in rep.rows if r.rejected]
     assert [(r.checkpoint, r.bucket) for r in bad] == [("F", "decode_b1_s64")]

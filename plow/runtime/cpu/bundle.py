@@ -136,7 +136,6 @@ def check_bundle(bundle: Path, m: Manifest) -> list[str]:
     the checkpoint); returns notes (stale certificates the oracle re-accepted)."""
     from plow.compile import CheckpointCertificates
     from plow.emit.verify import D_ORACLE_MAX_TASKS, verify_bundle
-    from plow.oracle import run_checkpoint
     from plow.oracle.runner import payload_bytes
 
     row = verify_bundle(bundle, checkpoints=()).rows[0]
@@ -177,12 +176,13 @@ def check_bundle(bundle: Path, m: Manifest) -> list[str]:
             digest = hashlib.sha256(payload_bytes(ck, payload)).hexdigest()
             if digest == cert.payload_sha256:
                 continue
-            # The files changed since the certificate was written: ask the oracle again.
-            again = run_checkpoint(ck, payload, timeout_s=600)
-            if not again.accepted:
+            # The files changed since the certificate was written: run this checkpoint the
+            # way `plow verify` does (the oracle, plus F's Python ordering side condition).
+            again = verify_bundle(bundle, checkpoints=(ck,)).first_rejection()
+            if again is not None:
                 raise BundleRefused(
                     bundle / rung.plan,
-                    f"checkpoint {ck} rejects bucket {rung.name} (its certificate is stale: "
+                    f"checkpoint {ck} rejects bucket {again.bucket} (its certificate is stale: "
                     f"the files changed since verification): {again.reason} {NO_VERIFY_HINT}",
                 )
             notes.append(f"{rel}: bucket {rung.name} re-checked (stale certificate), accepted")
