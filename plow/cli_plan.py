@@ -67,6 +67,14 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 "--context", min=1, help="Key-value context of the buckets (overrides the profile)."
             ),
         ] = None,
+        tp: Annotated[
+            int | None,
+            typer.Option(
+                "--tp",
+                min=1,
+                help="Tensor-parallel degree: GPUs the plan spans (overrides the target's gpus).",
+            ),
+        ] = None,
     ) -> None:
         """Compile a checkpoint into a bundle (plan files, op tables, weights, tokenizer)."""
         from plow.cli_bundle import certificate_table, compile_table
@@ -78,6 +86,8 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
         console = Console(stderr=True)
         try:
             tgt = load_target(target)
+            if tp is not None:
+                tgt = tgt.model_copy(update={"gpus": tp})
             prof = load_profile(profile_file) if profile_file else CompileProfile()
             upd: dict[str, object] = {}
             if budget_ms is not None:
