@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import os
@@ -9,7 +10,7 @@ import platform
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -126,6 +127,45 @@ def environment() -> Environment:
         gpu_model=gpu_model(),
         blas_threads=os.environ.get("OMP_NUM_THREADS") or os.environ.get("OPENBLAS_NUM_THREADS"),
     )
+
+
+def _openblas() -> tuple[Any, Any, str] | None:
+    """numpy's bundled OpenBLAS: (set_num_threads, get_num_threads, library name), or None."""
+    import ctypes
+    import glob
+
+    libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"
+    for lib in sorted(glob.glob(str(libs / "*openblas*"))):
+        try:
+            h = ctypes.CDLL(lib)  # already loaded by numpy: the same handle
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_openblas", "64_"), ("openblas", ""), ("openblas", "64_")):
+            set_ = getattr(h, f"{prefix}_set_num_threads{suffix}", None)
+            get_ = getattr(h, f"{prefix}_get_num_threads{suffix}", None)
+            if set_ is not None and get_ is not None:
+                set_.argtypes = [ctypes.c_int]
+                get_.restype = ctypes.c_int
+                return set_, get_, Path(lib).name
+    return None
+
+
+@contextlib.contextmanager
+def blas_threads(n: int | None) -> Iterator[str | None]:
+    """Run the block with numpy's BLAS limited to `n` threads (None: leave it); yields what
+    was set, for the record (None when nothing was changed or no OpenBLAS was found); the
+    previous count is restored afterwards."""
+    found = _openblas() if n is not None else None
+    if found is None:
+        yield None
+        return
+    set_, get_, name = found
+    before = int(get_())
+    set_(n)
+    try:
+        yield f"{n} (set by the workload; {name}, was {before})"
+    finally:
+        set_(before)
 
 
 Measure = Callable[[int, int], int]

@@ -170,6 +170,7 @@ def limits(info: RunInfo) -> list[str]:
     out.append(noise)
     out.append(
         f"Machine: {info.env.cpu_model}, {info.env.cpu_count} cores"
+        + f"; BLAS threads: {info.env.blas_threads or 'the library default'}"
         + (f", GPU {info.env.gpu_model}" if info.env.gpu_model else ", no GPU")
         + (
             f"; calibrated this run at {info.env.calibration.bandwidth_bytes_per_s / 1e9:.3g} GB/s "

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from harness import measure
 from harness.compile_step import CompiledStudy, CompileRejected, compile_study, measured_positions
-from harness.environment import calibrate, environment
+from harness.environment import blas_threads, calibrate, environment
 from harness.executors import ExecutorUnavailable, get_executor
 from harness.gate import PromptResult, run_gate
 from harness.models import resolve_model
@@ -103,9 +103,22 @@ def run_study(
 ) -> Outcome:
     """Run a study end to end. Input problems raise `PlowError` (exit 2) before anything is
     published; a compile rejection or a failed gate publishes and returns exit code 1."""
+    wl, source = load_workload(arg)
+    with blas_threads(wl.measure.blas_threads) as blas:
+        return _run_study(wl, source, blas, executor=executor, console=console, root=root)
+
+
+def _run_study(
+    wl: Workload,
+    source: str,
+    blas: str | None,
+    *,
+    executor: str | None,
+    console: Console | None,
+    root: Path | None,
+) -> Outcome:
     console = console or Console(stderr=True)
     t_start = time.perf_counter()
-    wl, source = load_workload(arg)
     if executor is not None and executor != wl.executor:
         wl = wl.model_copy(update={"executor": executor})
     try:  # no GPU / not built: one line, exit 2, before any work
@@ -124,6 +137,8 @@ def run_study(
         f"[bold]plow eval[/]: study [cyan]{wl.study}[/] ({source}) on executor [cyan]{ex.name}[/]"
     )
     env = environment()
+    if blas is not None:
+        env = env.model_copy(update={"blas_threads": blas})
     load_avg = os.getloadavg() if hasattr(os, "getloadavg") else None
     if wl.measure.calibrate:
         with console.status("calibrating this machine (memory bandwidth, fp32 matmul)"):

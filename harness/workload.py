@@ -107,6 +107,10 @@ class MeasureSpec(_Strict):
     decode_steps: PositiveInt = 6
     serving_tokens: PositiveInt = 8
     calibrate: bool = True
+    # numpy's BLAS threads for the whole study (None: as the environment has it). The CPU
+    # executor runs its virtual workers in one thread; a second BLAS thread buys it nothing
+    # and, on a shared machine, makes step times far noisier.
+    blas_threads: PositiveInt | None = None
 
 
 class Workload(_Strict):

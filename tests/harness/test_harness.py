@@ -17,6 +17,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from harness.compile_step import CHECKPOINTS, compile_study
+from harness.environment import _openblas
 from harness.executors import EXECUTORS, ExecutorUnavailable, get_executor
 from harness.measure import METRIC_COLUMNS
 from harness.publish import regenerate_index
@@ -43,7 +44,13 @@ def _workload(path: Path, model: Path, **extra: object) -> Path:
         "batch_sizes": BATCHES,
         "prompts": ["the quick brown fox", "a b c"],
         "gate": {"new_tokens": 6, "max_abs_logprob_delta": 1e-4},
-        "measure": {"warmup_steps": 1, "decode_steps": 2, "serving_tokens": 3, "calibrate": False},
+        "measure": {
+            "warmup_steps": 1,
+            "decode_steps": 2,
+            "serving_tokens": 3,
+            "calibrate": False,
+            "blas_threads": 1,
+        },
     }
     body.update(extra)
     path.write_text(json.dumps(body))  # JSON is YAML
@@ -89,6 +96,11 @@ def test_passed_gate_publishes_everything(passed_run: tuple[int, Path, Path]) ->
     wl = json.loads((run_dir / "workload.json").read_text())
     assert wl["environment"]["packages"]["numpy"] == np.__version__
     assert wl["executor"]["name"] == "cpu"
+    found = _openblas()
+    if found is not None:  # numpy's OpenBLAS: limited for the study, restored after it
+        rec = wl["environment"]["blas_threads"]
+        assert rec.startswith("1 (set by the workload")
+        assert rec.endswith(f", was {int(found[1]())})")  # the previous count is back
 
 
 def test_compile_json_has_oracle_certificates_b_to_f(passed_run: tuple[int, Path, Path]) -> None:
