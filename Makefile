@@ -16,7 +16,7 @@ help:
 	@echo "make eval    set up, then run the embedded default study"
 	@echo "make test    set up, then run the whole test suite (proofs checked by coqchk too)"
 	@echo "make setup   Debian packages (Rocq/OCaml/dune/yojson), .venv, proofs and the oracle"
-	@echo "make lint    ruff + mypy on plow/, serq/, harness/"
+	@echo "make lint    ruff + mypy on plow/, serq/, harness/ (part of make test)"
 
 setup: apt $(STAMP) oracle
 
@@ -48,7 +48,7 @@ coqchk: oracle
 	coqchk -silent -o -Q _build/default/Plow Plow Plow.All 2>&1 | tee _build/coqchk.log | tail -4
 	@grep -q 'Axioms: <none>' _build/coqchk.log || { echo "coqchk: axioms found"; exit 1; }
 
-test: setup coqchk
+test: setup coqchk lint
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
