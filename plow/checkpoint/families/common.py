@@ -65,6 +65,26 @@ class DecoderConfig(BaseModel):
         return self.dtype or self.torch_dtype or "float32"
 
 
+def spec_fields(cfg: DecoderConfig) -> dict[str, Any]:
+    """The `ModelSpec` fields every family reads the same way from its config."""
+    return dict(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_layers=cfg.num_hidden_layers,
+        num_heads=cfg.num_attention_heads,
+        num_kv_heads=cfg.kv_heads(),
+        head_dim=cfg.head_size(),
+        norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        attention_bias=cfg.attention_bias,
+        max_position=cfg.max_position_embeddings,
+        bos_token_id=cfg.bos_token_id,
+        eos_token_ids=cfg.eos_ids(),
+        dtype=cfg.dtype_name(),
+    )
+
+
 def rope_from_dict(params: dict[str, Any] | None, theta: float) -> RopeSpec:
     """A `RopeSpec` from either layout's dict (`rope_type` or the older `type` key)."""
     if not params:

@@ -7,7 +7,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from plow.checkpoint.families.common import DecoderConfig, global_rope, rope_from_dict
+from plow.checkpoint.families.common import (
+    DecoderConfig,
+    global_rope,
+    rope_from_dict,
+    spec_fields,
+)
 from plow.checkpoint.spec import Activation, LayerSpec, ModelSpec
 
 MODEL_TYPES = ("gemma3_text",)
@@ -57,14 +62,7 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
             raise ValueError(f"layer type {t!r} is not supported")
     return ModelSpec(
         family="gemma3",
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_layers=cfg.num_hidden_layers,
-        num_heads=cfg.num_attention_heads,
-        num_kv_heads=cfg.kv_heads(),
-        head_dim=cfg.head_size(),
-        norm_eps=cfg.rms_norm_eps,
+        **spec_fields(cfg),
         layers=tuple(layers),
         activation=Activation.gelu_tanh,
         norm_offset=1.0,
@@ -72,12 +70,6 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
         sandwich_norms=True,
         embed_scale=math.sqrt(cfg.hidden_size),
         query_scale=cfg.query_pre_attn_scalar**-0.5,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        attention_bias=cfg.attention_bias,
         attn_logit_softcap=cfg.attn_logit_softcapping,
         final_logit_softcap=cfg.final_logit_softcapping,
-        max_position=cfg.max_position_embeddings,
-        bos_token_id=cfg.bos_token_id,
-        eos_token_ids=cfg.eos_ids(),
-        dtype=cfg.dtype_name(),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plow.checkpoint.families.common import DecoderConfig, global_rope
+from plow.checkpoint.families.common import DecoderConfig, global_rope, spec_fields
 from plow.checkpoint.spec import Activation, LayerSpec, ModelSpec
 
 MODEL_TYPES = ("qwen3",)
@@ -34,21 +34,8 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
         layers.append(LayerSpec(rope=rope, window=cfg.sliding_window if sliding else None))
     return ModelSpec(
         family="qwen3",
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_layers=cfg.num_hidden_layers,
-        num_heads=cfg.num_attention_heads,
-        num_kv_heads=cfg.kv_heads(),
-        head_dim=cfg.head_size(),
-        norm_eps=cfg.rms_norm_eps,
+        **spec_fields(cfg),
         layers=tuple(layers),
         activation=Activation.silu,
         qk_norm=True,
-        tie_word_embeddings=cfg.tie_word_embeddings,
-        attention_bias=cfg.attention_bias,
-        max_position=cfg.max_position_embeddings,
-        bos_token_id=cfg.bos_token_id,
-        eos_token_ids=cfg.eos_ids(),
-        dtype=cfg.dtype_name(),
     )
