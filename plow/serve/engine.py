@@ -25,7 +25,7 @@ fits) is measured from outside through these calls.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -114,6 +114,21 @@ class _Slot:
     cursor: int = 0  # prompt tokens already in the cache
 
 
+def check_new_slot(
+    slot: int, prompt_ids: Sequence[int], max_batch: int, max_context: int, in_use: Container[int]
+) -> None:
+    """What every engine's `add` refuses: a slot out of range or taken, an empty prompt, a
+    prompt longer than the context."""
+    if not 0 <= slot < max_batch:
+        raise EngineError(f"slot {slot} outside 0..{max_batch - 1}")
+    if slot in in_use:
+        raise EngineError(f"slot {slot} is already in use")
+    if not prompt_ids:
+        raise EngineError("empty prompt")
+    if len(prompt_ids) > max_context:
+        raise EngineError(f"prompt of {len(prompt_ids)} tokens exceeds context {max_context}")
+
+
 @dataclass
 class ReferenceEngine:
     """`Engine` over the numpy reference executor: one `ReferenceSession` per slot.
@@ -181,14 +196,7 @@ class ReferenceEngine:
         return s
 
     def add(self, slot: int, prompt_ids: Sequence[int]) -> None:
-        if not 0 <= slot < self.batch:
-            raise EngineError(f"slot {slot} outside 0..{self.batch - 1}")
-        if slot in self._slots:
-            raise EngineError(f"slot {slot} is already in use")
-        if not prompt_ids:
-            raise EngineError("empty prompt")
-        if len(prompt_ids) > self.context:
-            raise EngineError(f"prompt of {len(prompt_ids)} tokens exceeds context {self.context}")
+        check_new_slot(slot, prompt_ids, self.batch, self.context, self._slots)
         session = ReferenceSession(self.spec, self.weights, self.context, _graphs=self._graphs)
         self._slots[slot] = _Slot(session, list(prompt_ids), PageTable(self.page_size))
 

@@ -24,7 +24,7 @@ from plow.runtime.cpu.generate import GenerationStats, Request, generate
 from plow.runtime.cpu.model import CpuModel, RowInput
 from plow.runtime.kv_cache import KVDtype, PageTable
 from plow.runtime.sampler import SamplingParams
-from plow.serve.engine import EngineError, KVUsage, PrefillChunk
+from plow.serve.engine import EngineError, KVUsage, PrefillChunk, check_new_slot
 
 if TYPE_CHECKING:
     from plow.runtime.cpu.bundle import Bundle
@@ -108,16 +108,7 @@ class CpuEngine:
         return s
 
     def add(self, slot: int, prompt_ids: Sequence[int]) -> None:
-        if not 0 <= slot < self.max_batch:
-            raise EngineError(f"slot {slot} outside 0..{self.max_batch - 1}")
-        if slot in self._slots:
-            raise EngineError(f"slot {slot} is already in use")
-        if not prompt_ids:
-            raise EngineError("empty prompt")
-        if len(prompt_ids) > self.max_context:
-            raise EngineError(
-                f"prompt of {len(prompt_ids)} tokens exceeds context {self.max_context}"
-            )
+        check_new_slot(slot, prompt_ids, self.max_batch, self.max_context, self._slots)
         table = self.model.kv.new_table()
         reused = self.model.prefix.acquire(table, list(prompt_ids)) if self.use_prefix else 0
         self.prefix_tokens_skipped += reused
