@@ -77,7 +77,22 @@ def gen(e: A.Expr, env: Env) -> str:
         return f"(not {inner})" if e.op == "!" else f"(-{inner})"
     if isinstance(e, A.Binary):
         op = _PY_OPS.get(e.op, e.op)
-        return f"({gen(e.left, env)} {op} {gen(e.right, env)})"
+        left, right = gen(e.left, env), gen(e.right, env)
+        if op in _MIXED_OPS:
+            # an int literal meeting a float: Python converts it to the same float first, so
+            # a float literal gives the same value without the conversion (and lets the
+            # interpreter use its float-only fast paths)
+            if _small_int_literal(left) and _is_float(e.right, env):
+                left += ".0"
+            elif _small_int_literal(right) and _is_float(e.left, env):
+                right += ".0"
+            # a comparison of a number with a float is exact and symmetric; with the float on
+            # the left it is decided by float's comparison directly (swapped only when
+            # neither side can draw or raise, so nothing is evaluated in another order)
+            swap = op in _SWAP and _is_float(e.right, env) and not _is_float(e.left, env)
+            if swap and _pure(e.left, env) and _pure(e.right, env):
+                return f"({right} {_SWAP[op]} {left})"
+        return f"({left} {op} {right})"
     if isinstance(e, A.Cond):
         then, cond, orelse = gen(e.then, env), gen(e.cond, env), gen(e.orelse, env)
         false = ("False", "(not True)")
@@ -103,11 +118,77 @@ def gen(e: A.Expr, env: Env) -> str:
         if not env.draws:  # pragma: no cover - the checker rejects these
             raise SerqError("a random draw is not allowed here", e.loc)
         args = [gen(a, env) for a in e.args]
+        # `_U()` and `_X()` give floats: an int literal multiplying one is written as the
+        # same float (see `Binary`)
         if e.dist == "uniform":
             lo, hi = args
+            span = _const_span(e.args[0], e.args[1], env)
+            if span is not None:
+                return f"({lo} + {span} * _U())"
             return f"({lo} + ({hi} - {lo}) * _U())"
-        return f"({args[0]} * _X())"
+        scale = args[0] + ".0" if _small_int_literal(args[0]) else args[0]
+        return f"({scale} * _X())"
     raise SerqError("this expression cannot be evaluated here", e.loc)  # pragma: no cover
+
+
+_MIXED_OPS = {"+", "-", "*", "<", "<=", ">", ">=", "==", "!="}
+_SWAP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+_FLOAT_LITERAL = re.compile(r"-?(\d+\.\d*(e[-+]?\d+)?|\d+e[-+]?\d+)")
+_SIMPLE = re.compile(r"\(?-?[\w.]+\)?")
+
+
+def _small_int_literal(code: str) -> bool:
+    """An int literal that converts to a float exactly (and without overflow)."""
+    return code.isdigit() and int(code) <= 2**53
+
+
+def _is_float(e: A.Expr, env: Env) -> bool:
+    """Whether ``e`` always evaluates to a Python ``float`` (``False`` when unsure)."""
+    if isinstance(e, A.Num):
+        return isinstance(e.value, float)
+    if isinstance(e, A.Name):
+        if e.name in env.names:
+            # the clock, in each context it is read in, is a float variable
+            return e.name == "now" and env.names["now"] in ("now", "_ta", "_t")
+        code = env.consts.get(e.name, "").strip("()")
+        return _FLOAT_LITERAL.fullmatch(code) is not None
+    if isinstance(e, A.Draw):
+        return True  # `_U()` and `_X()` give floats, and so does any arithmetic with them
+    if isinstance(e, A.Unary):
+        return e.op == "-" and _is_float(e.operand, env)
+    if isinstance(e, A.Binary):
+        if e.op == "/":
+            return True
+        if e.op in ("+", "-", "*"):
+            return _is_float(e.left, env) or _is_float(e.right, env)
+    return False
+
+
+def _const_span(lo: A.Expr, hi: A.Expr, env: Env) -> str | None:
+    """``hi - lo`` as a float literal when both are int literals (Python would compute the
+    same int and convert it to the same float when multiplying the draw)."""
+    try:
+        a = _eval_const(lo, dict(env.consts))
+        b = _eval_const(hi, dict(env.consts))
+    except SerqError:
+        return None
+    if not all(type(v) is int for v in (a, b)) or not abs(b - a) <= 2**53:
+        return None
+    return repr(float(b - a)) if b >= a else f"({float(b - a)!r})"
+
+
+def _pure(e: A.Expr, env: Env) -> bool:
+    """Whether evaluating ``e`` can neither draw a random number nor raise an error."""
+    if isinstance(e, A.Num):
+        return True
+    if isinstance(e, A.Name):  # a variable or a literal, not a substituted argument
+        code = env.names.get(e.name, env.consts.get(e.name, ""))
+        return _SIMPLE.fullmatch(code) is not None
+    if isinstance(e, A.Unary):
+        return _pure(e.operand, env)
+    if isinstance(e, A.Binary):
+        return e.op in _MIXED_OPS and _pure(e.left, env) and _pure(e.right, env)
+    return False
 
 
 # ----------------------------------------------------------------------------- model
@@ -740,9 +821,11 @@ def _fast_block(
     ]
     free = set(re.findall(r"\b[A-Za-z_]\w*\b", exec_code)) - {"b_tok", *_PURE}
     if not free:
+        # a subscript in a `try` (free when it does not raise) costs less than `FDUR.get`
         dur_lines = [
-            "fdur = FDUR.get(b_tok)",
-            "if fdur is None:",
+            "try:",
+            "    fdur = FDUR[b_tok]",
+            "except KeyError:",
             *_ind(dur_lines, 1),
             "    FDUR[b_tok] = fdur",
         ]
