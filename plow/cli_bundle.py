@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from plow.cli_common import Fail
 from plow.errors import PlowError
-
-Fail = Callable[[PlowError], NoReturn]
 
 
 def _theorems(names: tuple[str, ...]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -19,9 +19,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from plow.cli_common import Fail, calibrate_group
 from plow.errors import PlowError
-
-Fail = Callable[[PlowError], NoReturn]
 
 TARGET_HELP = "A shipped target (cpu, h100, h200, b200, mi350x) or a target JSON file."
 
@@ -192,20 +191,7 @@ def _calibrate_target_cmd(fail: Fail) -> Callable[..., None]:
 def register(app: typer.Typer, fail: Fail) -> None:
     """Add `compile`, `verify`, `inspect`, and `target` to the `calibrate` group."""
     app.command(name="compile")(_compile_cmd(fail))
-    group = next(
-        (
-            g.typer_instance
-            for g in app.registered_groups
-            if g.name == "calibrate" and g.typer_instance is not None
-        ),
-        None,
-    )
-    if group is None:
-        group = typer.Typer(
-            help="Measure this machine (or a bundle) and write calibration data.",
-            no_args_is_help=True,
-        )
-        app.add_typer(group, name="calibrate")
+    group = calibrate_group(app)
     group.command(name="target")(_calibrate_target_cmd(fail))
     from plow.cli_bundle import register as register_bundle
 

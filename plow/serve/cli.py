@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
+from plow.cli_common import Fail, calibrate_group
 from plow.errors import PlowError
-
-Fail = Callable[[PlowError], NoReturn]
 
 
 def _model_dir(path: Path) -> Path:
@@ -185,15 +184,5 @@ def _calibrate_prefill_cmd(fail: Fail) -> Callable[..., None]:
 def register(app: typer.Typer, fail: Fail) -> None:
     """Add `serve`, and `prefill` to the `calibrate` group (created if absent)."""
     app.command(name="serve")(_serve_cmd(fail))
-    group = next(
-        (
-            g.typer_instance
-            for g in app.registered_groups
-            if g.name == "calibrate" and g.typer_instance is not None
-        ),
-        None,
-    )
-    if group is None:
-        group = typer.Typer(help="Measure and write calibration data.", no_args_is_help=True)
-        app.add_typer(group, name="calibrate")
+    group = calibrate_group(app)
     group.command(name="prefill")(_calibrate_prefill_cmd(fail))
