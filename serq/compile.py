@@ -8,6 +8,7 @@ without walking the AST or looking names up in dictionaries.
 
 from __future__ import annotations
 
+import ast as pyast
 import heapq
 import math
 import re
@@ -829,17 +830,11 @@ def _fast_block(
             *_ind(dur_lines, 1),
             "    FDUR[b_tok] = fdur",
         ]
-    head = [
-        *dur_lines,
-        "if now >= W:",
-        "    stop = tstop; rec = True",
-        "else:",
-        "    stop = W if W < tstop else tstop; rec = False",
-    ]
+    # `stop` and `rec` are set once before a chain of runs (see `warm` below)
+    head = [*dur_lines]
     if chk_first:
         head += ["if now < stop:", *_ind(chk_first, 1)]
-    head += [
-        "i0 = it",
+    step = [
         "for it in range(it, lim):",
         "    if now >= stop:",
         "        break",
@@ -847,9 +842,46 @@ def _fast_block(
         "    served += b_tok; now += fdur",
         "else:",
         "    it = lim",
-        "n = it - i0",
-        "if rec:",
     ]
+    fl_claims = _float_served(chk_run)
+    head += ["i0 = it"]
+    if fl_claims is not None:
+        # Claims that read `served` only as `served * K` (K an int constant) are checked on
+        # float copies `_sk{j}` of `served * K{j}`, stepped by `_bk{j} = b_tok * K{j}`, so
+        # the hot loop compares and adds floats instead of multiplying a growing int and
+        # comparing it with a float. Exact: `served` and `b_tok` are ints >= 0 (a token
+        # count and its sum), and the guard bounds every value `served * K` takes in the
+        # run, `(served + (lim - it) * b_tok) * |K|`, below 2**53, so each `_sk`, `_bk` and
+        # every sum of them is an integer that a float holds exactly and equals the int the
+        # plain loop would compute (`served * K.0` converts `served` exactly, and the exact
+        # product, below 2**53, needs no rounding). `_sk` is only compared (`_float_served`),
+        # and an int/float comparison in Python is exact, so each claim has the same value.
+        # Otherwise (a huge `served`) the plain int loop runs.
+        lines, ks = fl_claims
+        slim = 2**53 // max(1, *(abs(k) for k in ks))
+        init = "; ".join(
+            f"_sk{j} = served * {float(k)!r}; _bk{j} = b_tok * {float(k)!r}"
+            for j, k in enumerate(ks)
+        )
+        incr = "; ".join(f"_sk{j} += _bk{j}" for j in range(len(ks)))
+        head += [
+            f"if served + (lim - it) * b_tok < {slim}:",
+            f"    {init}",
+            "    for it in range(it, lim):",
+            "        if now >= stop:",
+            "            break",
+            *_ind(lines, 2),
+            f"        {incr}; now += fdur",
+            "    else:",
+            "        it = lim",
+            "    n = it - i0; served += n * b_tok",
+            "else:",
+            *_ind(step, 1),
+            "    n = it - i0",
+        ]
+    else:
+        head += [*step, "n = it - i0"]
+    head += ["if rec:"]
     # batch sizes of runs counted by token count alone (a decode run's batch has `b_tok`
     # requests, a prefill run's one), merged into `bc` after the loop
     decode = [
@@ -898,8 +930,20 @@ def _fast_block(
         "else:",
         *_ind(prefill, 1),
     ]
+    # The warm-up boundary: a run stops at it (`stop`), and is counted in the batch
+    # statistics (`rec`) only after it. Set once for a whole chain of runs: the chain goes on
+    # only while `now < stop`, so a chain that starts before `W` stays before it (`stop` is
+    # then at most `W`), and one that starts after it stays after it; `tstop` does not change
+    # inside the chain (no arrivals or samples are processed there).
+    warm = [
+        "if now >= W:",
+        "    stop = tstop; rec = True",
+        "else:",
+        "    stop = W if W < tstop else tstop; rec = False",
+    ]
     if chain is not None:
         loop = [
+            *warm,
             "while True:",
             *_ind(body, 1),
             "    if now >= stop or waiting or pre:",
@@ -908,13 +952,83 @@ def _fast_block(
             "    run = 1",
         ]
     else:
-        loop = body
+        loop = [*warm, *body]
     out += [
         "    if run:",
         *_ind(loop, 2),
         "        continue",
     ]
     return out
+
+
+def _int_const(e: pyast.expr) -> int | None:
+    """The value of an expression of int literals, ``+``, ``-`` and ``*``; else None."""
+    if isinstance(e, pyast.Constant) and type(e.value) is int:
+        return e.value
+    if isinstance(e, pyast.UnaryOp) and isinstance(e.op, pyast.USub | pyast.UAdd):
+        v = _int_const(e.operand)
+        return None if v is None else (-v if isinstance(e.op, pyast.USub) else v)
+    if isinstance(e, pyast.BinOp) and isinstance(e.op, pyast.Add | pyast.Sub | pyast.Mult):
+        a, b = _int_const(e.left), _int_const(e.right)
+        if a is None or b is None:
+            return None
+        if isinstance(e.op, pyast.Add):
+            return a + b
+        return a - b if isinstance(e.op, pyast.Sub) else a * b
+    return None
+
+
+def _float_served(chk_run: list[str]) -> tuple[list[str], list[int]] | None:
+    """Claim checks with each ``served * K`` (K an int constant) replaced by ``_sk{j}``.
+
+    Only an operand of a comparison is replaced (a bare ``served`` is ``served * 1``): a
+    comparison of equal values, int or float, has the same result, while arithmetic on the
+    product would round differently as a float. Returns the rewritten lines and the constants
+    ``K{j}``, or None when no check reads ``served`` or one reads it in any other way.
+    """
+    ks: list[int] = []
+
+    def factor(e: pyast.expr) -> int | None:
+        if isinstance(e, pyast.Name) and e.id == "served":
+            return 1
+        if isinstance(e, pyast.BinOp) and isinstance(e.op, pyast.Mult):
+            for a, b in ((e.left, e.right), (e.right, e.left)):
+                if isinstance(a, pyast.Name) and a.id == "served":
+                    return _int_const(b)
+        return None
+
+    class Sub(pyast.NodeTransformer):
+        bad = False
+
+        def visit_Compare(self, node: pyast.Compare) -> pyast.expr:
+            ops = [node.left, *node.comparators]
+            for i, e in enumerate(ops):
+                k = factor(e)
+                if k is not None:
+                    if k not in ks:
+                        ks.append(k)
+                    ops[i] = pyast.Name(id=f"_sk{ks.index(k)}", ctx=pyast.Load())
+            node.left, node.comparators = ops[0], ops[1:]
+            self.generic_visit(node)
+            return node
+
+        def visit_Name(self, node: pyast.Name) -> pyast.expr:
+            if node.id == "served":
+                self.bad = True
+            return node
+
+    out: list[str] = []
+    for ln in chk_run:
+        m = re.fullmatch(r"(\s*)if (.*):", ln)
+        if m is None or not re.search(r"\bserved\b", ln):
+            out.append(ln)
+            continue
+        sub = Sub()
+        tree = sub.visit(pyast.parse(m.group(2), mode="eval"))
+        if sub.bad:
+            return None
+        out.append(f"{m.group(1)}if {pyast.unparse(tree)}:")
+    return (out, ks) if ks else None
 
 
 #: names in generated expressions that are functions or constants, not state

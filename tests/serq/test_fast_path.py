@@ -34,6 +34,19 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "odd_prompts": [(VP, "set vp = 1 + 100 * floor(~uniform(1, vpmax + 1));")],
     "no_decode": [("set vd = min(floor(~exp(200)) + 1, vdmax);", "set vd = floor(~exp(3));")],
     "no_prefill": [(VP, "set vp = bcol * floor(~uniform(0, 2));")],
+    # the clock claim on float copies of `served * K`, its int fallback, and the plain loop
+    "rate_huge_constant": [
+        (
+            "served * (tlin + tnl * bcol) <= bcol * now",
+            "served * 100000000000 <= bcol * now * 20000000.0",
+        )
+    ],
+    "rate_served_bare": [
+        ("served * (tlin + tnl * bcol) <= bcol * now", "bcol * now / (tlin + tnl * bcol) >= served")
+    ],
+    "rate_served_squared": [
+        ("served * (tlin + tnl * bcol) <= bcol * now", "served * served <= bcol * now * 1000.0")
+    ],
     "observe_ints": [
         (
             "observe response = now - t0;",
@@ -71,4 +84,5 @@ def test_fast_path_chains_runs_and_hoists_invariant_claims() -> None:
     fast = src[src.index("if FAST:") : src.index("if TR:")]
     assert "while True:" in fast
     loop = fast[fast.index("for it in range") : fast.index("n = it - i0")]
-    assert "served" in loop and "n_dec == n_res" not in loop
+    assert "_sk0" in loop and "n_dec == n_res" not in loop
+    assert "served * 4640.0" in fast  # the clock claim on a float copy of `served * K`
