@@ -14,9 +14,11 @@ A checkpoint checked in Python instead of the oracle (checkpoint D above
 theorems, and the report says so.
 
 The bundles go to `$PLOW_CACHE/bundles/<study>-<key>/kv<N>/` (not under `results/`: plan files
-are megabytes); `compile.json` records each bundle's path and manifest digest. The in-memory
-plans the bundles were emitted from are kept (`CompiledStudy.plans`) so the executor can run
-exactly the certified plans.
+are megabytes); `compile.json` records each bundle's path and manifest digest. The executor
+loads the certified plans from those bundle files (`CompiledStudy.bundle`: opened once per
+study, certificates checked, with the checkpoint's weights since the bundles are plan-only),
+so it runs exactly what the oracle certified. `CompiledStudy.plans` keeps the compile's
+per-bucket results (bounds, which buckets were certified).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 from pydantic import BaseModel
 
 from harness.environment import Calibration
@@ -38,6 +42,9 @@ from plow.compile import BucketPlan
 from plow.errors import PlanRejected, PlowError
 from plow.graph import Bucket
 from plow.target import Target
+
+if TYPE_CHECKING:
+    from plow.runtime.cpu.bundle import Bundle
 
 CHECKPOINTS = ("B", "C", "D", "E", "F")
 
@@ -126,10 +133,15 @@ class CompileReport(BaseModel):
 
 
 class PlanUse(BaseModel):
-    """Launches of one bucket's plan by the executor, and whether step (a) certified it."""
+    """Launches of one bucket's plan by the executor, and whether step (a) certified it:
+    `certified` when the plan that ran was loaded from the study's certified bundle for that
+    bucket; `from_bundle` counts the launches of a plan loaded from a bundle file, `bundle`
+    names it (None: planned in memory)."""
 
     launches: int = 0
     certified: bool = False
+    from_bundle: int = 0
+    bundle: str | None = None
 
 
 @dataclass
@@ -141,6 +153,7 @@ class CompiledStudy:
     report: CompileReport
     target: Target
     plans: dict[Bucket, BucketPlan]
+    _opened: dict[str, Bundle] = field(default_factory=dict)
 
     @property
     def usage(self) -> dict[str, PlanUse]:
@@ -149,9 +162,37 @@ class CompiledStudy:
     def plans_for(self, kv_positions: int) -> list[BucketPlan]:
         return [p for b, p in self.plans.items() if b.context == kv_positions]
 
-    def record(self, bucket: Bucket) -> None:
-        u = self.usage.setdefault(bucket.name, PlanUse(certified=bucket in self.plans))
+    def bundle_path(self, bucket: Bucket) -> Path | None:
+        """The certified bundle holding `bucket` (from the report's bundle rows), or None."""
+        for b in self.report.bundles:
+            if b.accepted and bucket.name in b.buckets:
+                return Path(b.path)
+        return None
+
+    def bundle(self, bucket: Bucket, weights: Mapping[str, np.ndarray]) -> Bundle | None:
+        """The certified bundle holding `bucket`, opened from disk (hashes and certificates
+        checked; `weights` are the checkpoint's, checked against the op tables since the
+        study's bundles are plan-only); opened once per study."""
+        from plow.runtime.cpu.bundle import Bundle
+
+        path = self.bundle_path(bucket)
+        if path is None:
+            return None
+        key = str(path)
+        if key not in self._opened:
+            self._opened[key] = Bundle.open(path, verify=True, weights=weights)
+        return self._opened[key]
+
+    def record(self, bucket: Bucket, source: str = "") -> None:
+        """One launch of `bucket`'s plan; `source` is the bundle it was loaded from ("" when
+        planned in memory)."""
+        home = self.bundle_path(bucket)
+        certified = bucket in self.plans and home is not None and source == str(home)
+        u = self.usage.setdefault(bucket.name, PlanUse(certified=certified, bundle=source or None))
+        u.certified = u.certified and certified  # every launch of the bucket, certified
         u.launches += 1
+        if source:
+            u.from_bundle += 1
 
     def uncertified_runs(self) -> dict[str, int]:
         return {k: u.launches for k, u in self.usage.items() if not u.certified}

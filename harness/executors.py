@@ -15,8 +15,9 @@ own measurement of the last call (a device timer); None means the harness's host
 the dispatcher over it), or None.
 
 `compiled` (both calls) is step (a)'s `CompiledStudy`: an executor that runs compiled plans
-runs those certified plans for the buckets they cover (and records every launch in
-`compiled.usage`, certified or not); the reference executor ignores it.
+runs those certified plans, loaded from the certified bundle files on disk, for the buckets
+they cover (and records every launch in `compiled.usage`: certified or not, loaded from which
+bundle); the reference executor ignores it.
 
 To plug in an executor (CUDA), implement `Executor` and `Runner` and register it in
 `EXECUTORS`; nothing else in the harness changes.
@@ -206,14 +207,15 @@ class ReferenceExecutor:
 
 
 class _CpuModel(CpuModel):
-    """A `CpuModel` that reports every launch to the study (which plan ran, certified or not)."""
+    """A `CpuModel` that reports every launch to the study (which plan ran, loaded from which
+    bundle, certified or not)."""
 
     study: CompiledStudy | None = None
 
     def dispatch(self, plan: Plan, **kw: object) -> DispatchStats:
         st = super().dispatch(plan, **kw)
         if self.study is not None:
-            self.study.record(plan.bucket)
+            self.study.record(plan.bucket, plan.source)
         return st
 
 
@@ -221,11 +223,12 @@ def cpu_model(
     ckpt: Checkpoint, *, max_batch: int, max_context: int, compiled: CompiledStudy | None
 ) -> CpuModel:
     """The CPU executor's model for one runner. With `compiled`: planned for its (calibrated)
-    target, and the certified plans of this context installed as they are (the objects the
-    verified bundle was emitted from), so those buckets are never re-planned; buckets outside
+    target, and the certified decode plans of this context loaded from the study's bundle
+    files on disk (`plow.runtime.cpu.bundle`: hashes and certificates checked, the packet
+    stream and arena offsets of the plan file; weights from `ckpt`, checked against the op
+    tables, since the study's bundles are plan-only) and installed as they are, so those
+    buckets run exactly what the oracle certified and are never re-planned; buckets outside
     the study's compile (prefill) are planned in memory on first use, as without it."""
-    from plow.runtime.cpu.plan import plan_from_parts
-
     if max_batch < 1:
         raise ValueError("max_batch must be at least 1")
     if not 1 <= max_context <= ckpt.spec.max_position:
@@ -240,12 +243,14 @@ def cpu_model(
     model.study = compiled
     if compiled is not None:
         for bp in compiled.plans_for(model.context):
-            if bp.bucket.batch in model.decode_batches and bp.schedule is not None:
-                model.add_plan(
-                    plan_from_parts(
-                        bp.bucket, bp.graph, bp.tiles, bp.schedule, model.arena.kv_shape, model.ring
-                    )
+            if bp.bucket.batch not in model.decode_batches:
+                continue
+            bundle = compiled.bundle(bp.bucket, ckpt.weights)
+            if bundle is None:
+                raise PlowError(
+                    "compile", f"no certified bundle on record for bucket {bp.bucket.name}"
                 )
+            model.add_plan(bundle.plan(bp.bucket, kv=model.arena.kv_shape, ring=model.ring))
     return model
 
 

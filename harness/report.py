@@ -99,18 +99,19 @@ def limits(info: RunInfo) -> list[str]:
         out.append(f"Executor: `{info.executor}` ({info.executor_description}).")
     if info.executor == "cpu":
         out.append(
-            "Plan provenance: the CPU executor ran the certified decode plans **in memory** — "
-            "the very plan objects (graph, tiles, schedule) the verified bundles were emitted "
-            "from, installed into the executor for the buckets they cover — not loaded from the "
-            "bundle on disk: the CPU executor has no bundle loader yet. The bundles are "
-            "plan-only (no weights copied); weights come from the checkpoint."
+            "Plan provenance: the CPU executor ran the certified decode plans loaded from the "
+            "certified bundle files on disk (`plow.runtime.cpu.bundle`: file hashes and the "
+            "B-F certificates checked at load, the plan file's packet stream and the bundle's "
+            "arena offsets), so the decode steps ran exactly what the oracle certified. The "
+            "bundles are plan-only (no weights copied); weights come from the checkpoint, "
+            "checked against the bundles' op tables (names and shapes)."
         )
         usage = info.compile.launches if info.compile is not None else {}
         if usage:
             cert = sum(u.launches for u in usage.values() if u.certified)
             unc = {k: u.launches for k, u in usage.items() if not u.certified}
             dec = [k for k in unc if k.startswith("decode")]
-            text = f"Launches on certified plans: {cert}."
+            text = f"Launches on certified plans (each loaded from its bundle file): {cert}."
             if unc:
                 text += (
                     " Launches on plans outside the study's compile (planned in memory on first "

@@ -126,12 +126,17 @@ def test_compile_json_has_oracle_certificates_b_to_f(passed_run: tuple[int, Path
         for ck in CHECKPOINTS:
             doc = json.loads((path / "certificates" / f"{ck}.json").read_text())
             assert doc["accepted"] and set(doc["buckets"]) == set(bd["buckets"])
-    # every decode step ran a certified plan; only prefill plans were planned outside step (a)
+    # every decode step ran a certified plan loaded from its bundle file on disk; only
+    # prefill plans were planned (in memory) outside step (a)
     launches = compiled["launches"]
     decode = {k: v for k, v in launches.items() if k.startswith("decode")}
     assert decode and all(v["certified"] for v in decode.values())
+    home = {b: bd["path"] for bd in compiled["bundles"] for b in bd["buckets"]}
+    for k, v in decode.items():
+        assert v["from_bundle"] == v["launches"] and v["bundle"] == home[k], k
     assert sum(v["launches"] for v in decode.values()) >= len(CONTEXTS) * len(BATCHES) * 3
-    assert all(not v["certified"] for k, v in launches.items() if k.startswith("prefill"))
+    prefill = {k: v for k, v in launches.items() if k.startswith("prefill")}
+    assert all(not v["certified"] and v["from_bundle"] == 0 for v in prefill.values())
     report = (run_dir / "report.md").read_text()
     assert "| B | C | D | E | F |" in report and "Plow.Countersproof" in report
 
@@ -159,7 +164,8 @@ def test_report_has_limits_and_plot(passed_run: tuple[int, Path, Path]) -> None:
     report = (run_dir / "report.md").read_text()
     assert "## Limits" in report
     limits = report.split("## Limits", 1)[1]
-    assert "in memory" in limits and "no bundle loader" in limits and "Noise" in limits
+    assert "loaded from the certified bundle files on disk" in limits and "Noise" in limits
+    assert "no bundle loader" not in limits
     assert "Launches on certified plans" in limits
     png = run_dir / "decode_latency.png"
     assert png.stat().st_size > 1000
@@ -265,8 +271,9 @@ def test_checkpoint_checked_in_python_is_reported(
 
 
 def test_cpu_runner_runs_the_certified_plans(ckpt: Path, tmp_path: Path) -> None:
-    """A runner sized to a compiled context launches the certified plan object; one sized to
-    another context plans in memory, and the study's launch record says which is which."""
+    """A runner sized to a compiled context launches the certified plan loaded from its bundle
+    file; one sized to another context plans in memory, and the study's launch record says
+    which is which."""
     wl, _ = load_workload(_workload(tmp_path / "w.yaml", ckpt))
     study = compile_study(ckpt, wl, None, out_root=tmp_path / "bundles")
     c = load_checkpoint(ckpt)
@@ -275,12 +282,14 @@ def test_cpu_runner_runs_the_certified_plans(ckpt: Path, tmp_path: Path) -> None
     runner = ex.open(c, max_batch=2, max_context=kv, compiled=study)
     runner.prefill([[5, 9, 17], [5, 9, 17]])
     certified = runner.decode([1, 2])
-    assert study.usage[f"decode_b2_s{kv}"].certified
-    assert study.usage[f"decode_b2_s{kv}"].launches == 1
+    use = study.usage[f"decode_b2_s{kv}"]
+    assert use.certified and use.launches == 1 and use.from_bundle == 1
+    assert use.bundle == str(study.bundle_path(Bucket.decode(2, kv)))
     other = ex.open(c, max_batch=1, max_context=kv + 1, compiled=study)
     other.prefill([[5, 9, 17]])
     other.decode([1])
-    assert not study.usage[f"decode_b1_s{kv + 1}"].certified
+    use = study.usage[f"decode_b1_s{kv + 1}"]
+    assert not use.certified and use.from_bundle == 0 and use.bundle is None
     assert Bucket.decode(2, kv) in study.plans
     # the same logits as a runner that plans the bucket itself (same target, same plan)
     plain = ex.open(c, max_batch=2, max_context=kv)

@@ -15,6 +15,12 @@ is not what was verified:
    certificate (files edited, manifest hashes re-forged) is re-checked by the oracle on the
    spot: a rejection refuses the bundle naming the checkpoint and the reason.
 
+A `--plan-only` bundle has no weights file: `Bundle.open(path, weights=ckpt.weights)` (and
+`load_bundle_plan(..., weights=...)`) opens it with the caller's weights (the checkpoint the
+bundle was compiled from) after the same checks, and refuses weights that do not match the
+op tables (a weight missing, or a shape other than the op table's) in one line. Weights given
+for a full bundle are checked the same way and used instead of its own file.
+
 `Bundle.plan(bucket)` (and `load_bundle_plan`) decodes one rung:
 
 - the packets: the plan file, memory-mapped, decoded by `plow.emit.wire.decode_plan`; tasks
@@ -44,6 +50,7 @@ import hashlib
 import itertools
 import json
 import mmap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -214,17 +221,29 @@ class Bundle:
     manifest: Manifest
     spec: ModelSpec
     ladder: tuple[Bucket, ...]
-    weights: WeightStore
+    weights: Mapping[str, np.ndarray]
     verified: bool
     notes: list[str] = field(default_factory=list)
     _tokenizer: Tokenizer | None = None
 
     @classmethod
-    def open(cls, path: Path | str, *, verify: bool = True) -> Bundle:
+    def open(
+        cls,
+        path: Path | str,
+        *,
+        verify: bool = True,
+        weights: Mapping[str, np.ndarray] | None = None,
+    ) -> Bundle:
+        """`weights`: the caller's weights (a plan-only bundle needs them; see the module
+        docstring), checked against every rung's op table."""
         path = Path(path)
         m = read_manifest(path)
-        if m.plan_only:
-            raise BundleRefused(path, "a --plan-only bundle has no weights: it cannot run")
+        if m.plan_only and weights is None:
+            raise BundleRefused(
+                path,
+                "a --plan-only bundle has no weights: it cannot run without the checkpoint's "
+                "weights",
+            )
         notes = check_bundle(path, m) if verify else []
         cfg_path = path / "config.json"
         try:
@@ -232,7 +251,10 @@ class Bundle:
         except (OSError, json.JSONDecodeError) as e:
             raise BundleRefused(cfg_path, f"unreadable: {e}") from e
         spec = spec_from_config(config, cfg_path)
-        weights = WeightStore.open([path / WEIGHTS])
+        if weights is None:
+            weights = WeightStore.open([path / WEIGHTS])
+        else:
+            _check_weights(path, m, weights)
         ladder = tuple(_bucket(r) for r in m.ladder)
         return cls(path, m, spec, ladder, weights, verify, notes)
 
@@ -277,9 +299,38 @@ def load_bundle_plan(
     ring: int = 8,
     verify: bool = True,
     arena: ArenaMode = "bundle",
+    weights: Mapping[str, np.ndarray] | None = None,
 ) -> Plan:
-    """The executor's plan of one rung, from the bundle's files (module docstring)."""
-    return Bundle.open(bundle_dir, verify=verify).plan(bucket, kv=kv, ring=ring, arena=arena)
+    """The executor's plan of one rung, from the bundle's files (module docstring);
+    `weights` opens a plan-only bundle with the caller's weights."""
+    b = Bundle.open(bundle_dir, verify=verify, weights=weights)
+    return b.plan(bucket, kv=kv, ring=ring, arena=arena)
+
+
+def _check_weights(bundle: Path, m: Manifest, weights: Mapping[str, np.ndarray]) -> None:
+    """Every weight of every rung's op table is in `weights` with the op table's shape, else
+    `BundleRefused` (one line, naming the first mismatch)."""
+    seen: set[str] = set()
+    for r in m.ladder:
+        try:
+            ot = OpTable.model_validate_json((bundle / r.ops).read_bytes())
+        except (OSError, ValueError) as e:
+            raise BundleRefused(bundle / r.ops, f"unreadable: {str(e).splitlines()[0]}") from e
+        for name, t in ot.tensors.items():
+            if t.role != "weight" or name in seen:
+                continue
+            seen.add(name)
+            if name not in weights:
+                raise BundleRefused(
+                    bundle, f"the weights do not match the bundle: no tensor {name!r}"
+                )
+            shape = tuple(weights[name].shape)
+            if shape != tuple(t.shape):
+                raise BundleRefused(
+                    bundle,
+                    f"the weights do not match the bundle: {name!r} has shape {list(shape)}, "
+                    f"the op table {r.ops} says {list(t.shape)}",
+                )
 
 
 # ----------------------------------------------------------------------------- one plan
