@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,27 +59,30 @@ def write_metrics(path: Path, metrics: list[Metric]) -> None:
     df.to_csv(path, index=False, float_format="%.6g")
 
 
-def plot_decode(path: Path, metrics: list[Metric], title: str) -> bool:
-    """Per-token decode latency against context length, one line per batch size."""
+def _context_plot(
+    path: Path,
+    metrics: list[Metric],
+    metric: str,
+    title: str,
+    ylabel: str,
+    draw: Callable[[Any, list[Metric], str], None],
+) -> bool:
+    """One line per batch size of a raw `metric` against context length (log2 axis)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = [m for m in metrics if m.surface == "raw" and m.metric == "decode_step_ms"]
+    pts = [m for m in metrics if m.surface == "raw" and m.metric == metric]
     if not pts:
         return False
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     for b in sorted({m.batch for m in pts if m.batch is not None}):
         row = sorted((m for m in pts if m.batch == b), key=lambda m: m.context or 0)
-        x = [m.context or 0 for m in row]
-        y = [m.value for m in row]
-        lo = [max(0.0, m.value - (m.p10 if m.p10 is not None else m.value)) for m in row]
-        hi = [(m.p90 if m.p90 is not None else m.value) - m.value for m in row]
-        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=f"batch {b}")
+        draw(ax, row, f"batch {b}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (tokens in the key-value cache)")
-    ax.set_ylabel("per-token decode latency (ms; best step, bars to p10-p90)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
@@ -86,33 +90,28 @@ def plot_decode(path: Path, metrics: list[Metric], title: str) -> bool:
     fig.savefig(path)
     plt.close(fig)
     return True
+
+
+def plot_decode(path: Path, metrics: list[Metric], title: str) -> bool:
+    """Per-token decode latency against context length, one line per batch size."""
+
+    def draw(ax: Any, row: list[Metric], label: str) -> None:
+        lo = [max(0.0, m.value - (m.p10 if m.p10 is not None else m.value)) for m in row]
+        hi = [(m.p90 if m.p90 is not None else m.value) - m.value for m in row]
+        x, y = [m.context or 0 for m in row], [m.value for m in row]
+        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=label)
+
+    ylabel = "per-token decode latency (ms; best step, bars to p10-p90)"
+    return _context_plot(path, metrics, "decode_step_ms", title, ylabel, draw)
 
 
 def plot_throughput(path: Path, metrics: list[Metric], title: str) -> bool:
-    import matplotlib
+    """Decode tokens/s (all rows of the batch) against context length."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def draw(ax: Any, row: list[Metric], label: str) -> None:
+        ax.plot([m.context or 0 for m in row], [m.value for m in row], marker="o", label=label)
 
-    pts = [m for m in metrics if m.surface == "raw" and m.metric == "tokens_per_s"]
-    if not pts:
-        return False
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
-    for b in sorted({m.batch for m in pts if m.batch is not None}):
-        row = sorted((m for m in pts if m.batch == b), key=lambda m: m.context or 0)
-        ax.plot(
-            [m.context or 0 for m in row], [m.value for m in row], marker="o", label=f"batch {b}"
-        )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("context length")
-    ax.set_ylabel("decode tokens/s (all rows)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    return _context_plot(path, metrics, "tokens_per_s", title, "decode tokens/s (all rows)", draw)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
