@@ -85,11 +85,9 @@ class _PlainAccess:
 
     def _view(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         key = (name, shape)
-        v = self._views.get(key)
-        if v is None:
-            v = self.arena.view(name).reshape(shape)
-            self._views[key] = v
-        return v
+        if key not in self._views:
+            self._views[key] = self.arena.view(name).reshape(shape)
+        return self._views[key]
 
     def get(self, name: str, shape: tuple[int, ...], idx: Index) -> np.ndarray:
         return np.array(self._view(name, shape)[idx])
@@ -290,11 +288,9 @@ class _CheckedAccess(_PlainAccess):
 
     def _words(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         key = (name, shape)
-        v = self._wviews.get(key)
-        if v is None:
-            v = self.arena.words(name).reshape(shape)
-            self._wviews[key] = v
-        return v
+        if key not in self._wviews:
+            self._wviews[key] = self.arena.words(name).reshape(shape)
+        return self._wviews[key]
 
     def get(self, name: str, shape: tuple[int, ...], idx: Index) -> np.ndarray:
         self.chk.on_read(np.asarray(self._words(name, shape)[idx]))
