@@ -1,0 +1,289 @@
+"""The fast path of the generated loop: runs of identical iterations stepped in a tight loop.
+
+:func:`fast_block` returns the code that :func:`serq.compile.build` places right after a batch
+is formed (when the program allows it): it recognises a batch that the following iterations
+repeat exactly until an event and steps them, checking every claim on every iteration, so that
+iteration counts, times, claim results and statistics are the plain loop's (the tests compare
+the two, and both against the reference interpreter :mod:`serq.interp`). Nothing here decides
+what a program means; it only shortcuts the plain loop.
+"""
+
+from __future__ import annotations
+
+import ast as pyast
+import re
+from collections.abc import Callable
+
+
+def indent(lines: list[str], n: int) -> list[str]:
+    """``lines`` indented by ``n`` levels (empty lines stay empty)."""
+    pad = "    " * n
+    return [pad + ln if ln else ln for ln in lines]
+
+
+_ind = indent
+
+
+def fast_block(
+    chk_run: list[str],
+    chk_first: list[str],
+    exec_code: str,
+    finish: Callable[[str], list[str]],
+    first_token: Callable[[str, str], list[str]],
+    admitted: str | None,
+    chain: list[str] | None,
+) -> list[str]:
+    """Code run after a batch is formed: step the run of identical iterations it starts.
+
+    Only generated when no batch-formation expression and not ``execute`` reads ``now`` or
+    ``served`` (and the cap and modes, computed before the batch is reset, do not read the
+    previous batch): the batch an iteration forms is then a function of the request state
+    alone (counts, queues, remaining prefill), and so is its duration. Two kinds of batch are
+    repeated by the iterations that follow them until something changes that state:
+
+    - decode run: every decoder takes one token and nothing else is in the batch
+      (``adv == 1``, ``b_tok == n_dec``). Such an iteration changes only ``K``, so the next one
+      forms the same batch, up to and including the iteration at which ``K`` reaches the next
+      finishing step ``kh[0]`` (the least key of ``buckets``); its requests finish at its end.
+    - prefill run: the batch is one chunk of ``b_tok == cap`` tokens of the oldest prefill,
+      ``pa`` (taken by ``advance``), or of a request just admitted into an empty prefill queue
+      when ``advance`` would take the same chunk of it next (``admitted``). Such an iteration
+      changes only that request's remaining prefill, so the next one takes the same chunk
+      while at least ``cap`` tokens remain; the prefill completes at the end of the iteration
+      that takes its last chunk.
+
+    A run also ends before the next arrival, backlog sample, the warm-up boundary and the
+    horizon, where the general loop takes over again. Every iteration of a run is checked
+    against every claim, with its own ``it``, ``now`` and ``served``: claims that read ``now``
+    or ``served`` (``chk_run``) inside the loop, the others (``chk_first``), which read only
+    state that is constant during the run, once for its first iteration. ``now`` advances by
+    repeated addition as in the general loop, so times are bit-identical. The batch
+    statistics of a run are recorded once, as ``(requests, tokens, count)``.
+
+    When a run ends before the next event (arrival, sample, warm-up boundary, horizon) with the
+    waiting and prefill queues empty, the general loop would do nothing but form the next
+    batch from the decoders alone; ``chain`` forms it here (modes, cap, the decode bound) and
+    starts the next decode run directly, or leaves it to the general loop when it would not
+    be a decode run. Not used when tracing.
+    """
+    # the duration of a batch, remembered per token count when that is all `execute` reads
+    dur_lines = [
+        f"dur = {exec_code}",
+        "if dur < 0:",
+        "    raise _NegativeDuration(it, now, dur)",
+        "fdur = float(dur)  # what `now + dur` adds",
+    ]
+    free = set(re.findall(r"\b[A-Za-z_]\w*\b", exec_code)) - {"b_tok", *PURE}
+    if not free:
+        # a subscript in a `try` (free when it does not raise) costs less than `FDUR.get`
+        dur_lines = [
+            "try:",
+            "    fdur = FDUR[b_tok]",
+            "except KeyError:",
+            *_ind(dur_lines, 1),
+            "    FDUR[b_tok] = fdur",
+        ]
+    # `stop` and `rec` are set once before a chain of runs (see `warm` below)
+    head = [*dur_lines]
+    if chk_first:
+        head += ["if now < stop:", *_ind(chk_first, 1)]
+    step = [
+        "for it in range(it, lim):",
+        "    if now >= stop:",
+        "        break",
+        *_ind(chk_run, 1),
+        "    served += b_tok; now += fdur",
+        "else:",
+        "    it = lim",
+    ]
+    fl_claims = _float_served(chk_run)
+    head += ["i0 = it"]
+    if fl_claims is not None:
+        # Claims that read `served` only as `served * K` (K an int constant) are checked on
+        # float copies `_sk{j}` of `served * K{j}`, stepped by `_bk{j} = b_tok * K{j}`, so
+        # the hot loop compares and adds floats instead of multiplying a growing int and
+        # comparing it with a float. Exact: `served` and `b_tok` are ints >= 0 (a token
+        # count and its sum), and the guard bounds every value `served * K` takes in the
+        # run, `(served + (lim - it) * b_tok) * |K|`, below 2**53, so each `_sk`, `_bk` and
+        # every sum of them is an integer that a float holds exactly and equals the int the
+        # plain loop would compute (`served * K.0` converts `served` exactly, and the exact
+        # product, below 2**53, needs no rounding). `_sk` is only compared (`_float_served`),
+        # and an int/float comparison in Python is exact, so each claim has the same value.
+        # Otherwise (a huge `served`) the plain int loop runs.
+        lines, ks = fl_claims
+        slim = 2**53 // max(1, *(abs(k) for k in ks))
+        init = "; ".join(
+            f"_sk{j} = served * {float(k)!r}; _bk{j} = b_tok * {float(k)!r}"
+            for j, k in enumerate(ks)
+        )
+        incr = "; ".join(f"_sk{j} += _bk{j}" for j in range(len(ks)))
+        head += [
+            f"if served + (lim - it) * b_tok < {slim}:",
+            f"    {init}",
+            "    for it in range(it, lim):",
+            "        if now >= stop:",
+            "            break",
+            *_ind(lines, 2),
+            f"        {incr}; now += fdur",
+            "    else:",
+            "        it = lim",
+            "    n = it - i0; served += n * b_tok",
+            "else:",
+            *_ind(step, 1),
+            "    n = it - i0",
+        ]
+    else:
+        head += [*step, "n = it - i0"]
+    head += ["if rec:"]
+    # batch sizes of runs counted by token count alone (a decode run's batch has `b_tok`
+    # requests, a prefill run's one), merged into `bc` after the loop
+    decode = [
+        "kmin = kh[0]",
+        "lim = it + kmin - K",
+        *head,
+        "    bcd[b_tok] += n",
+        "K += n",
+        "if K == kmin:",
+        "    _heappop(kh)",
+        "    fl = buckets.pop(K)",
+        "    for rid in fl:",
+        "        del dec[rid]",
+        "    _n = len(fl); n_dec -= _n; n_res -= _n",
+        "    fr += fl; ft += [now] * _n",
+    ]
+    prefill = [
+        "p = prem[rid]",
+        "lim = it + 1 + p // b_tok",
+        *head,
+        "    bcp[b_tok] += n",
+        "p -= (n - 1) * b_tok",
+        "prem[rid] = p",
+        "if p == 0:",
+        "    pre.popleft()",
+        *_ind(first_token("now", "dtot[rid]"), 1),
+    ]
+    out = [
+        "if FAST:",
+        "    run = 0",
+        "    if adv == 1:",
+        "        if b_tok == n_dec:",
+        "            run = 1",
+        "    elif adv == 0 and b_req == 1 and b_tok == cap and pdone is None:",
+        "        if pa >= 0:",
+        "            rid = pa; run = 2",
+    ]
+    if admitted is not None:
+        out += [
+            f"        elif adone is None and len(pre) == 1 and {admitted}:",
+            "            rid = pre[0]; run = 2",
+        ]
+    body = [
+        "if run == 1:",
+        *_ind(decode, 1),
+        "else:",
+        *_ind(prefill, 1),
+    ]
+    # The warm-up boundary: a run stops at it (`stop`), and is counted in the batch
+    # statistics (`rec`) only after it. Set once for a whole chain of runs: the chain goes on
+    # only while `now < stop`, so a chain that starts before `W` stays before it (`stop` is
+    # then at most `W`), and one that starts after it stays after it; `tstop` does not change
+    # inside the chain (no arrivals or samples are processed there).
+    warm = [
+        "if now >= W:",
+        "    stop = tstop; rec = True",
+        "else:",
+        "    stop = W if W < tstop else tstop; rec = False",
+    ]
+    if chain is not None:
+        loop = [
+            *warm,
+            "while True:",
+            *_ind(body, 1),
+            "    if now >= stop or waiting or pre:",
+            "        break",
+            *_ind(chain, 1),
+            "    run = 1",
+        ]
+    else:
+        loop = [*warm, *body]
+    out += [
+        "    if run:",
+        *_ind(loop, 2),
+        "        continue",
+    ]
+    return out
+
+
+def _int_const(e: pyast.expr) -> int | None:
+    """The value of an expression of int literals, ``+``, ``-`` and ``*``; else None."""
+    if isinstance(e, pyast.Constant) and type(e.value) is int:
+        return e.value
+    if isinstance(e, pyast.UnaryOp) and isinstance(e.op, pyast.USub | pyast.UAdd):
+        v = _int_const(e.operand)
+        return None if v is None else (-v if isinstance(e.op, pyast.USub) else v)
+    if isinstance(e, pyast.BinOp) and isinstance(e.op, pyast.Add | pyast.Sub | pyast.Mult):
+        a, b = _int_const(e.left), _int_const(e.right)
+        if a is None or b is None:
+            return None
+        if isinstance(e.op, pyast.Add):
+            return a + b
+        return a - b if isinstance(e.op, pyast.Sub) else a * b
+    return None
+
+
+def _float_served(chk_run: list[str]) -> tuple[list[str], list[int]] | None:
+    """Claim checks with each ``served * K`` (K an int constant) replaced by ``_sk{j}``.
+
+    Only an operand of a comparison is replaced (a bare ``served`` is ``served * 1``): a
+    comparison of equal values, int or float, has the same result, while arithmetic on the
+    product would round differently as a float. Returns the rewritten lines and the constants
+    ``K{j}``, or None when no check reads ``served`` or one reads it in any other way.
+    """
+    ks: list[int] = []
+
+    def factor(e: pyast.expr) -> int | None:
+        if isinstance(e, pyast.Name) and e.id == "served":
+            return 1
+        if isinstance(e, pyast.BinOp) and isinstance(e.op, pyast.Mult):
+            for a, b in ((e.left, e.right), (e.right, e.left)):
+                if isinstance(a, pyast.Name) and a.id == "served":
+                    return _int_const(b)
+        return None
+
+    class Sub(pyast.NodeTransformer):
+        bad = False
+
+        def visit_Compare(self, node: pyast.Compare) -> pyast.expr:
+            ops = [node.left, *node.comparators]
+            for i, e in enumerate(ops):
+                k = factor(e)
+                if k is not None:
+                    if k not in ks:
+                        ks.append(k)
+                    ops[i] = pyast.Name(id=f"_sk{ks.index(k)}", ctx=pyast.Load())
+            node.left, node.comparators = ops[0], ops[1:]
+            self.generic_visit(node)
+            return node
+
+        def visit_Name(self, node: pyast.Name) -> pyast.expr:
+            if node.id == "served":
+                self.bad = True
+            return node
+
+    out: list[str] = []
+    for ln in chk_run:
+        m = re.fullmatch(r"(\s*)if (.*):", ln)
+        if m is None or not re.search(r"\bserved\b", ln):
+            out.append(ln)
+            continue
+        sub = Sub()
+        tree = sub.visit(pyast.parse(m.group(2), mode="eval"))
+        if sub.bad:
+            return None
+        out.append(f"{m.group(1)}if {pyast.unparse(tree)}:")
+    return (out, ks) if ks else None
+
+
+#: names in generated expressions that are functions or constants, not state
+PURE = {"_ceil", "_floor", "_min", "_max", "_INF", "True", "False"}
+PURE |= {"and", "or", "not", "if", "else"}
