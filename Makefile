@@ -10,15 +10,38 @@ ORACLE := _build/default/oracle/plow-oracle
 APT_PACKAGES := coq ocaml-nox ocaml-findlib ocaml-dune libyojson-ocaml-dev
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv proofs oracle coqchk test eval lint clean help
+.PHONY: setup apt venv proofs oracle coqchk native tsan test eval lint clean help
 
 help:
 	@echo "make eval    set up, then run the embedded default study"
 	@echo "make test    set up, then run the whole test suite (proofs checked by coqchk too)"
 	@echo "make setup   Debian packages (Rocq/OCaml/dune/yojson), .venv, proofs and the oracle"
 	@echo "make lint    ruff + mypy on plow/, serq/, harness/ (part of make test)"
+	@echo "make native  build the native kernel library (part of make setup)"
+	@echo "make tsan    build its ThreadSanitizer variant (part of make test)"
 
-setup: apt $(STAMP) oracle
+setup: apt $(STAMP) oracle native
+
+# The native persistent kernel (kernels/): one C++ source, built with the system compiler into a
+# shared library with a C ABI (plow/runtime/native loads it with ctypes). Hot loops are cloned
+# for AVX-512 / AVX2 / x86-64 and picked at load time; no FMA contraction, so the clones agree
+# bit for bit. The ThreadSanitizer build (make tsan) runs in make test.
+NATIVE_SRC := kernels/host.cpp $(wildcard kernels/*.h)
+NATIVE_FLAGS := -std=c++20 -fPIC -shared -pthread -fno-strict-aliasing -ffp-contract=off \
+  -Wall -Wextra -Werror
+NATIVE_LIB := _build/native/libplow_native.so
+TSAN_LIB := _build/native/libplow_native_tsan.so
+
+$(NATIVE_LIB): $(NATIVE_SRC)
+	@mkdir -p $(@D)
+	$(CXX) $(NATIVE_FLAGS) -O3 -o $@.tmp kernels/host.cpp && mv $@.tmp $@
+
+$(TSAN_LIB): $(NATIVE_SRC)
+	@mkdir -p $(@D)
+	$(CXX) $(NATIVE_FLAGS) -O1 -g -fsanitize=thread -o $@.tmp kernels/host.cpp && mv $@.tmp $@
+
+native: $(NATIVE_LIB)
+tsan: $(TSAN_LIB)
 
 # Debian packages for the proof library and the oracle; skipped when already there.
 apt:
@@ -48,7 +71,7 @@ coqchk: oracle
 	coqchk -silent -o -Q _build/default/Plow Plow Plow.All 2>&1 | tee _build/coqchk.log | tail -4
 	@grep -q 'Axioms: <none>' _build/coqchk.log || { echo "coqchk: axioms found"; exit 1; }
 
-test: setup coqchk lint
+test: setup coqchk lint tsan
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 

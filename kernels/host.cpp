@@ -1,0 +1,348 @@
+// plow native kernel — the host build: one persistent step over CPU threads.
+//
+// A plan's worker queues are the records' `worker` fields in file order. A dispatch runs every
+// queue to its end: a record waits until its counter has reached its threshold (acquire), runs
+// its units, then increments its signal counter (release). Counters only grow: step s of a plan
+// waits for `signals_per_step * (s - 1) + threshold`, so nothing is reset between steps (for a
+// certified plan threshold = signals_per_step, i.e. `threshold * s`, as Mirage's persistent
+// kernel does). With fewer threads than workers a thread owns several queues and advances
+// whichever can move; the arithmetic of every tile is fixed, so the bytes do not depend on the
+// thread count. The GIL is not involved: the Python side calls in through ctypes, which releases
+// it for the whole call.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define PLOW_PAUSE() _mm_pause()
+#else
+#define PLOW_PAUSE() ((void)0)
+#endif
+
+// Hot loops are compiled for AVX-512, AVX2 and plain x86-64 and picked at load time (ifunc);
+// the lanes and the reduction tree are spelled out in the source, so every clone gives the
+// same bits.
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+#define PLOW_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#include "interp.h"
+
+namespace {
+
+struct alignas(64) Counter {
+  std::atomic<uint64_t> v{0};
+};
+
+struct HostPlan {
+  PlowPlan p;
+  std::vector<PlowOp> ops;
+  std::vector<plow::Record> recs;
+  std::vector<std::vector<int64_t>> queues;
+  std::vector<uint64_t> per_step;  // signals per step of each counter
+  Counter* counters = nullptr;
+  uint64_t step = 0;
+  int64_t scratch_floats = 0;
+  int64_t last_tasks = 0, last_nops = 0, last_threads = 0;
+  std::atomic<bool> abort{false};
+  std::atomic<int64_t> tasks_run{0}, nops_run{0};
+  std::string stuck;
+  std::mutex stuck_mu;
+};
+
+void set_err(char* err, int64_t len, const std::string& msg) {
+  if (err == nullptr || len <= 0) return;
+  const size_t n = std::min<size_t>(msg.size(), static_cast<size_t>(len - 1));
+  memcpy(err, msg.data(), n);
+  err[n] = 0;
+}
+
+bool supported(uint32_t opcode) { return opcode <= PLOW_OP_SAMPLE; }
+
+// -- the thread pool: threads stay up between steps; a step is one generation --------------
+struct Pool {
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t gen = 0;
+  int active = 0;  // helper threads taking part in the current generation
+  std::atomic<int> pending{0};
+  void (*job)(void*, int) = nullptr;
+  void* arg = nullptr;
+  bool quit = false;
+
+  void grow(int n) {
+    while (static_cast<int>(threads.size()) < n) {
+      const int id = static_cast<int>(threads.size()) + 1;  // thread 0 is the caller
+      threads.emplace_back([this, id] { loop(id); });
+    }
+  }
+  void loop(int id) {
+    uint64_t seen = 0;
+    for (;;) {
+      void (*j)(void*, int);
+      void* a;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return quit || (gen != seen && id <= active); });
+        if (quit) return;
+        seen = gen;
+        j = job;
+        a = arg;
+      }
+      j(a, id);
+      pending.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+  void run(int n, void (*j)(void*, int), void* a) {
+    grow(n - 1);
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      job = j;
+      arg = a;
+      active = n - 1;
+      pending.store(n - 1, std::memory_order_release);
+      ++gen;
+    }
+    cv.notify_all();
+    j(a, 0);
+    while (pending.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      quit = true;
+    }
+    cv.notify_all();
+    for (auto& t : threads) t.join();
+  }
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+std::mutex dispatch_mu;  // one step at a time per process (the pool is shared)
+
+struct StepArgs {
+  HostPlan* hp;
+  float* arena;
+  int threads;
+  int64_t timeout_ms;
+};
+
+void worker_thread(void* argp, int tid) {
+  auto* sa = static_cast<StepArgs*>(argp);
+  HostPlan& hp = *sa->hp;
+  const plow::Ctx ctx{sa->arena, &hp.p};
+  std::vector<float> scratch(static_cast<size_t>(hp.scratch_floats) + 16);
+  std::vector<int> mine;
+  for (int w = tid; w < static_cast<int>(hp.queues.size()); w += sa->threads) mine.push_back(w);
+  std::vector<size_t> at(mine.size(), 0);
+  size_t left = 0;
+  for (int w : mine) left += hp.queues[w].empty() ? 0 : 1;
+  const uint64_t s = hp.step;
+  int64_t tasks = 0, nops = 0;
+  uint64_t spins = 0;
+  auto last = std::chrono::steady_clock::now();
+  while (left > 0) {
+    bool moved = false;
+    for (size_t qi = 0; qi < mine.size(); ++qi) {
+      const auto& q = hp.queues[mine[qi]];
+      while (at[qi] < q.size()) {
+        const plow::Record& r = hp.recs[q[at[qi]]];
+        if (r.wait_counter != PLOW_NO_COUNTER) {
+          const uint64_t want = hp.per_step[r.wait_counter] * (s - 1) + r.wait_threshold;
+          if (hp.counters[r.wait_counter].v.load(std::memory_order_acquire) < want) break;
+        }
+        plow::run_record(ctx, r, scratch.data());
+        if (r.signal_counter != PLOW_NO_COUNTER)
+          hp.counters[r.signal_counter].v.fetch_add(1, std::memory_order_release);
+        if (r.opcode == PLOW_OP_NOP) ++nops; else ++tasks;
+        ++at[qi];
+        moved = true;
+        if (at[qi] == q.size()) --left;
+      }
+    }
+    if (moved || left == 0) {
+      spins = 0;
+      continue;
+    }
+    if (hp.abort.load(std::memory_order_relaxed)) break;
+    if (++spins < 2048) {
+      PLOW_PAUSE();
+      continue;
+    }
+    std::this_thread::yield();
+    if ((spins & 255) == 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (std::chrono::duration_cast<std::chrono::milliseconds>(now - last).count() >
+          sa->timeout_ms) {
+        std::lock_guard<std::mutex> lk(hp.stuck_mu);
+        if (hp.stuck.empty()) {
+          for (size_t qi = 0; qi < mine.size(); ++qi) {
+            const auto& q = hp.queues[mine[qi]];
+            if (at[qi] >= q.size()) continue;
+            const plow::Record& r = hp.recs[q[at[qi]]];
+            char buf[256];
+            snprintf(buf, sizeof buf,
+                     "worker %d blocked at packet %lld: counter %u is at %llu, waits for %llu",
+                     mine[qi], static_cast<long long>(q[at[qi]]), r.wait_counter,
+                     static_cast<unsigned long long>(hp.counters[r.wait_counter].v.load()),
+                     static_cast<unsigned long long>(hp.per_step[r.wait_counter] * (s - 1) +
+                                                     r.wait_threshold));
+            hp.stuck = buf;
+            break;
+          }
+        }
+        hp.abort.store(true);
+        break;
+      }
+    }
+  }
+  hp.tasks_run.fetch_add(tasks);
+  hp.nops_run.fetch_add(nops);
+}
+
+}  // namespace
+
+extern "C" {
+
+void* plow_plan_new(const PlowPlan* plan, char* err, int64_t errlen) {
+  if (plan == nullptr || plan->abi != PLOW_ABI_VERSION) {
+    set_err(err, errlen, "plan ABI version mismatch (rebuild the native library: make native)");
+    return nullptr;
+  }
+  auto* hp = new (std::nothrow) HostPlan();
+  if (hp == nullptr) return nullptr;
+  hp->p = *plan;
+  hp->ops.assign(plan->ops, plan->ops + plan->n_ops);
+  hp->p.ops = hp->ops.data();
+  hp->queues.resize(static_cast<size_t>(std::max<int32_t>(plan->n_workers, 1)));
+  hp->per_step.assign(static_cast<size_t>(plan->n_counters), 0);
+  for (const auto& op : hp->ops) {
+    if (op.kind == PLOW_ATTENTION) {
+      const int64_t keys = op.tile[1] > 0 ? op.tile[1] : op.ext[1];
+      hp->scratch_floats = std::max(hp->scratch_floats, keys + op.d[4]);
+    }
+  }
+  char buf[256];
+  auto fail = [&](const char* msg) {
+    set_err(err, errlen, msg);
+    delete hp;
+    return nullptr;
+  };
+  for (int64_t i = 0; i < plan->n_records; ++i) {
+    const plow::Record r = plow::decode_record(plan->records + i * PLOW_RECORD_SIZE);
+    if (!supported(r.opcode)) {
+      snprintf(buf, sizeof buf, "packet %lld: opcode %u is not supported by this build",
+               static_cast<long long>(i), r.opcode);
+      return fail(buf);
+    }
+    if (r.worker >= hp->queues.size()) {
+      snprintf(buf, sizeof buf, "packet %lld: worker %u outside the plan's %zu workers",
+               static_cast<long long>(i), r.worker, hp->queues.size());
+      return fail(buf);
+    }
+    for (uint32_t c : {r.wait_counter, r.signal_counter}) {
+      if (c != PLOW_NO_COUNTER && c >= static_cast<uint64_t>(plan->n_counters)) {
+        snprintf(buf, sizeof buf, "packet %lld: counter %u does not exist (%lld counters)",
+                 static_cast<long long>(i), c, static_cast<long long>(plan->n_counters));
+        return fail(buf);
+      }
+    }
+    if (r.opcode != PLOW_OP_NOP && r.opcode != PLOW_OP_LOAD) {
+      if (r.op_index >= static_cast<uint64_t>(plan->n_ops)) {
+        snprintf(buf, sizeof buf, "packet %lld: op %u outside the op table",
+                 static_cast<long long>(i), r.op_index);
+        return fail(buf);
+      }
+      const PlowOp& op = hp->ops[r.op_index];
+      const bool merge = (r.flags & PLOW_FLAG_ACCUMULATE) != 0;
+      int64_t units = 1;
+      for (int a = 0; a < op.naxes; ++a) units *= op.steps[a];
+      if (merge) units = op.n_merge;
+      if (op.kind == 0 || static_cast<int64_t>(r.row_start) + r.rows > units) {
+        snprintf(buf, sizeof buf, "packet %lld: units %u..%u of op %u (%lld units, kind %d)",
+                 static_cast<long long>(i), r.row_start, r.row_start + r.rows, r.op_index,
+                 static_cast<long long>(units), op.kind);
+        return fail(buf);
+      }
+      const bool attn_merge = merge && op.kind == PLOW_ATTENTION && r.opcode == PLOW_OP_ATTENTION_MERGE;
+      if (static_cast<int32_t>(r.opcode) != op.opcode && !attn_merge) {
+        snprintf(buf, sizeof buf, "packet %lld: opcode %u but op %u's opcode is %d",
+                 static_cast<long long>(i), r.opcode, r.op_index, op.opcode);
+        return fail(buf);
+      }
+    }
+    if (r.signal_counter != PLOW_NO_COUNTER) ++hp->per_step[r.signal_counter];
+    hp->queues[r.worker].push_back(i);
+    hp->recs.push_back(r);
+  }
+  hp->counters = new (std::nothrow) Counter[static_cast<size_t>(std::max<int64_t>(plan->n_counters, 1))];
+  if (hp->counters == nullptr) return fail("out of memory for the counters");
+  return hp;
+}
+
+void plow_plan_free(void* handle) {
+  auto* hp = static_cast<HostPlan*>(handle);
+  if (hp == nullptr) return;
+  delete[] hp->counters;
+  delete hp;
+}
+
+int32_t plow_plan_dispatch(void* handle, float* arena, int64_t arena_words, int32_t threads,
+                           int64_t timeout_ms, char* err, int64_t errlen) {
+  auto* hp = static_cast<HostPlan*>(handle);
+  (void)arena_words;
+  if (threads < 1) threads = 1;
+  std::lock_guard<std::mutex> lk(dispatch_mu);
+  hp->step += 1;
+  hp->abort.store(false);
+  hp->tasks_run.store(0);
+  hp->nops_run.store(0);
+  hp->stuck.clear();
+  StepArgs sa{hp, arena, threads, timeout_ms > 0 ? timeout_ms : 10000};
+  pool().run(threads, worker_thread, &sa);
+  hp->last_tasks = hp->tasks_run.load();
+  hp->last_nops = hp->nops_run.load();
+  hp->last_threads = threads;
+  if (hp->abort.load()) {
+    // counters are left mid-step: bring every one to the end-of-step value so the next
+    // dispatch's targets stay right (its bytes are not trusted: the caller raises)
+    for (size_t c = 0; c < hp->per_step.size(); ++c)
+      hp->counters[c].v.store(hp->per_step[c] * hp->step);
+    set_err(err, errlen, "step stuck: " + hp->stuck);
+    return -1;
+  }
+  return 0;
+}
+
+void plow_plan_last_counts(void* handle, int64_t* out3) {
+  auto* hp = static_cast<HostPlan*>(handle);
+  out3[0] = hp->last_tasks;
+  out3[1] = hp->last_nops;
+  out3[2] = hp->last_threads;
+}
+
+const char* plow_build_info(void) {
+#if defined(__SANITIZE_THREAD__)
+  return "plow-native abi 1 tsan portable";
+#elif defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return "plow-native abi 1 avx512f";
+  if (__builtin_cpu_supports("avx2")) return "plow-native abi 1 avx2";
+  return "plow-native abi 1 portable";
+#else
+  return "plow-native abi 1 portable";
+#endif
+}
+
+}  // extern "C"

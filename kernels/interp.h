@@ -1,0 +1,95 @@
+// plow native kernel — the packet interpreter: decode one 64-byte wire-v1 record and run its
+// units. Shared by the host build (kernels/host.cpp); the wait/signal side lives with the
+// atomics of each build.
+#ifndef PLOW_INTERP_H
+#define PLOW_INTERP_H
+
+#include "tiles.h"
+
+namespace plow {
+
+struct Record {
+  uint32_t opcode, flags, scope, worker, op_index, wait_counter, wait_threshold, signal_counter;
+  uint32_t row_start, rows;
+};
+
+PLOW_HD static inline uint32_t rd32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+
+PLOW_HD static inline Record decode_record(const uint8_t* p) {
+  Record r;
+  r.opcode = p[0];
+  r.flags = p[1];
+  r.scope = p[2];
+  r.worker = static_cast<uint32_t>(p[4]) | static_cast<uint32_t>(p[5]) << 8;
+  r.op_index = rd32(p + 8);
+  r.wait_counter = rd32(p + 12);
+  r.wait_threshold = rd32(p + 16);
+  r.signal_counter = rd32(p + 20);
+  r.row_start = rd32(p + 24);
+  r.rows = rd32(p + 32);
+  return r;
+}
+
+// Tile `j` of `op`: row-major over the op's axes, last axis fastest; `*step` its index along the
+// split reduction axis (-1 when the op is not split).
+PLOW_HD static inline void tile_ranges(const PlowOp& op, int64_t j, Range* r, int64_t* step) {
+  *step = -1;
+  for (int ax = op.naxes - 1; ax >= 0; --ax) {
+    const int64_t i = j % op.steps[ax];
+    j /= op.steps[ax];
+    const int64_t a = i * op.tile[ax], b = a + op.tile[ax];
+    r[ax].a = a;
+    r[ax].b = b < op.ext[ax] ? b : op.ext[ax];
+    if (ax == op.red_axis) *step = i;
+  }
+  for (int ax = op.naxes; ax < 3; ++ax) r[ax].a = 0, r[ax].b = 1;
+}
+
+PLOW_HD static void run_tile(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
+                             float* scratch) {
+  switch (op.kind) {
+    case PLOW_EMBEDDING: tile_embedding(c, op, r); break;
+    case PLOW_RMSNORM: tile_rmsnorm(c, op, r, step); break;
+    case PLOW_ROPE: tile_rope(c, op, r); break;
+    case PLOW_LINEAR:
+    case PLOW_LM_HEAD: tile_linear(c, op, r, step); break;
+    case PLOW_ATTENTION: tile_attention(c, op, r, step, scratch); break;
+    case PLOW_GATED_MLP:
+    case PLOW_RESIDUAL_ADD: tile_elementwise(c, op, r); break;
+    case PLOW_SAMPLE: tile_sample(c, op, r, step); break;
+    default: break;  // the loader refuses other kinds
+  }
+}
+
+PLOW_HD static void run_merge(const Ctx& c, const PlowOp& op, const int64_t* u, float* scratch) {
+  switch (op.kind) {
+    case PLOW_RMSNORM: merge_rmsnorm(c, op, u); break;
+    case PLOW_LINEAR:
+    case PLOW_LM_HEAD: merge_linear(c, op, u); break;
+    case PLOW_ATTENTION: merge_attention(c, op, u, scratch); break;
+    case PLOW_SAMPLE: merge_sample(c, op, u); break;
+    default: break;
+  }
+}
+
+// The work of one task packet (a nop or a load does none).
+PLOW_HD static void run_record(const Ctx& c, const Record& rec, float* scratch) {
+  if (rec.opcode == PLOW_OP_NOP || rec.opcode == PLOW_OP_LOAD) return;
+  const PlowOp& op = c.plan->ops[rec.op_index];
+  if (rec.flags & PLOW_FLAG_ACCUMULATE) {
+    for (uint32_t k = 0; k < rec.rows; ++k) run_merge(c, op, op.merge + 8 * (rec.row_start + k), scratch);
+    return;
+  }
+  Range r[3];
+  int64_t step;
+  for (uint32_t k = 0; k < rec.rows; ++k) {
+    tile_ranges(op, rec.row_start + k, r, &step);
+    run_tile(c, op, r, step, scratch);
+  }
+}
+
+}  // namespace plow
+#endif

@@ -1,0 +1,476 @@
+// plow native kernel — tile kernels: what one task packet computes.
+//
+// Each function computes exactly the output region of one unit (a tile, or a merge unit of a
+// split reduction) from the words it reads, in a fixed order: a result never depends on which
+// worker or thread ran it, or on what ran before it, so a step is bitwise identical for every
+// thread count and every interleaving the counters allow. The semantics are the numpy CPU
+// executor's (plow/runtime/cpu/kernels.py, itself HF-faithful); the layout conventions are
+// restated there (attention rows ordered ((b*kv_heads + kv)*T + t)*group + g; split
+// reductions write fp32 partials at their step; merges reduce steps in ascending order).
+//
+// Reductions use 16 explicit lanes and a fixed tree, compiled without FMA contraction, so the
+// AVX-512, AVX2 and portable builds of the same source give the same bits.
+#ifndef PLOW_TILES_H
+#define PLOW_TILES_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "plow_abi.h"
+
+#ifndef PLOW_HD
+#define PLOW_HD
+#endif
+#ifndef PLOW_SIMD
+#define PLOW_SIMD
+#endif
+
+namespace plow {
+
+struct Ctx {
+  float* A;             // the arena (4-byte words)
+  const PlowPlan* plan;
+};
+
+struct Range { int64_t a, b; };
+
+PLOW_HD static inline int32_t* I32(float* A, int64_t off) {
+  return reinterpret_cast<int32_t*>(A + off);
+}
+
+PLOW_HD static inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+PLOW_HD static inline float weight_at(const void* w, int32_t dt, int64_t i) {
+  if (dt == PLOW_BF16) return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  return static_cast<const float*>(w)[i];
+}
+
+PLOW_HD static inline float lanes_sum(float* acc) {
+  for (int s = 8; s > 0; s >>= 1)
+    for (int l = 0; l < s; ++l) acc[l] += acc[l + s];
+  return acc[0];
+}
+
+PLOW_SIMD static float dot_f32(const float* x, const float* w, int64_t n) {
+  float acc[16] = {0};
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += x[k + l] * w[k + l];
+  for (int l = 0; k + l < n; ++l) acc[l] += x[k + l] * w[k + l];
+  return lanes_sum(acc);
+}
+
+PLOW_SIMD static float dot_bf16(const float* x, const uint16_t* w, int64_t n) {
+  float acc[16] = {0};
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16)
+    for (int l = 0; l < 16; ++l) {
+      uint32_t u = static_cast<uint32_t>(w[k + l]) << 16;
+      float f;
+      memcpy(&f, &u, 4);
+      acc[l] += x[k + l] * f;
+    }
+  for (int l = 0; k + l < n; ++l) acc[l] += x[k + l] * bf16_to_f32(w[k + l]);
+  return lanes_sum(acc);
+}
+
+PLOW_HD static inline float dot_w(const float* x, const void* w, int32_t dt, int64_t off,
+                                  int64_t n) {
+  if (dt == PLOW_BF16) return dot_bf16(x, static_cast<const uint16_t*>(w) + off, n);
+  return dot_f32(x, static_cast<const float*>(w) + off, n);
+}
+
+PLOW_SIMD static float sumsq(const float* x, int64_t n) { return dot_f32(x, x, n); }
+
+// -- embedding: rows [a, b) of the flat ids x hidden columns [c0, c1) --------------------------
+// d0 hidden (columns of the table and of the output); f0 scale
+PLOW_HD static void tile_embedding(const Ctx& c, const PlowOp& op, const Range* r) {
+  const int32_t* ids = I32(c.A, op.t[0]);
+  float* out = c.A + op.t[1];
+  const int64_t H = op.d[0];
+  const float scale = op.f[0];
+  for (int64_t i = r[0].a; i < r[0].b; ++i) {
+    const int64_t id = ids[i];
+    for (int64_t j = r[1].a; j < r[1].b; ++j)
+      out[i * H + j] = weight_at(op.w0, op.w0_dtype, id * H + j) * scale;
+  }
+}
+
+// -- rmsnorm over groups of g columns ----------------------------------------------------------
+// d0 g (group), d1 norm rows, d2 output columns (its 2-D view), d3 steps; f0 eps, f1 offset
+PLOW_HD static inline float norm_apply(const PlowOp& op, float x, float inv_rms, int64_t j) {
+  const float w = weight_at(op.w0, op.w0_dtype, j);
+  return (x / inv_rms) * (op.f[1] + w);
+}
+
+PLOW_HD static void tile_rmsnorm(const Ctx& c, const PlowOp& op, const Range* r, int64_t step) {
+  const float* x = c.A + op.t[0];
+  const int64_t g = op.d[0];
+  if (step >= 0) {  // partial: this column slice's sum of squares per row
+    float* part = c.A + op.t[2];
+    const int64_t R = op.d[1];
+    for (int64_t i = r[0].a; i < r[0].b; ++i)
+      part[step * R + i] = sumsq(x + i * g + r[1].a, r[1].b - r[1].a);
+    return;
+  }
+  float* out = c.A + op.t[1];
+  for (int64_t i = r[0].a; i < r[0].b; ++i) {
+    const float var = sumsq(x + i * g, g) / static_cast<float>(g);
+    const float den = sqrtf(var + op.f[0]);
+    for (int64_t j = r[1].a; j < r[1].b; ++j) out[i * g + j] = norm_apply(op, x[i * g + j], den, j);
+  }
+}
+
+PLOW_HD static void merge_rmsnorm(const Ctx& c, const PlowOp& op, const int64_t* u) {
+  const float* x = c.A + op.t[0];
+  const float* part = c.A + op.t[2];
+  float* out = c.A + op.t[1];
+  const int64_t g = op.d[0], R = op.d[1], ncols = op.d[2], steps = op.d[3];
+  const int64_t c0 = u[6], c1 = u[7];
+  for (int64_t i = u[0]; i < u[1]; ++i) {
+    float total = part[i];
+    for (int64_t k = 1; k < steps; ++k) total = total + part[k * R + i];
+    const float den = sqrtf(total / static_cast<float>(g) + op.f[0]);
+    for (int64_t j = 0; j < g; ++j) {
+      const int64_t col = (i * g + j) % ncols;
+      if (col >= c0 && col < c1) out[i * g + j] = norm_apply(op, x[i * g + j], den, j);
+    }
+  }
+}
+
+// -- rope: rows x columns of [rows, heads * head_dim] ------------------------------------------
+// d0 columns, d1 head_dim; table: inverse frequencies
+PLOW_HD static void tile_rope(const Ctx& c, const PlowOp& op, const Range* r) {
+  const float* x = c.A + op.t[0];
+  const int32_t* pos = I32(c.A, op.t[1]);
+  float* out = c.A + op.t[2];
+  const int64_t C = op.d[0], hd = op.d[1], half = hd / 2;
+  for (int64_t i = r[0].a; i < r[0].b; ++i) {
+    const float p = static_cast<float>(pos[i] > 0 ? pos[i] : 0);
+    for (int64_t j = r[1].a; j < r[1].b; ++j) {
+      const int64_t h0 = (j / hd) * hd, e = j - h0, fi = e % half;
+      const float ang = p * op.table[fi];
+      const float cs = cosf(ang), sn = sinf(ang);
+      const float* xh = x + i * C + h0;
+      const float rot = e < half ? -xh[e + half] : xh[e - half];
+      out[i * C + j] = xh[e] * cs + rot * sn;
+    }
+  }
+}
+
+// -- element-wise: gated_mlp (act(gate) * up) and residual_add ---------------------------------
+// d0 columns; d1 activation (0 silu, 1 gelu_tanh)
+PLOW_HD static inline float act_fn(float x, int64_t kind) {
+  if (kind == 1) {
+    const float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * x * (1.0f + tanhf(k0 * (x + 0.044715f * (x * x * x))));
+  }
+  return x / (1.0f + expf(-x));
+}
+
+PLOW_HD static void tile_elementwise(const Ctx& c, const PlowOp& op, const Range* r) {
+  const float* x = c.A + op.t[0];
+  const float* y = c.A + op.t[1];
+  float* out = c.A + op.t[2];
+  const int64_t C = op.d[0];
+  const bool mlp = op.kind == PLOW_GATED_MLP;
+  for (int64_t i = r[0].a; i < r[0].b; ++i)
+    for (int64_t j = r[1].a; j < r[1].b; ++j) {
+      const int64_t e = i * C + j;
+      out[e] = mlp ? act_fn(x[e], op.d[1]) * y[e] : x[e] + y[e];
+    }
+}
+
+// -- linear / lm_head: y[m, n] = x[m, k] . w[n, k] ---------------------------------------------
+// d0 M, d1 N, d2 K, d3 steps; f0 softcap (lm_head; 0: none)
+PLOW_HD static inline float epilogue(const PlowOp& op, float y, int64_t n) {
+  if (op.w1 != nullptr) y = y + weight_at(op.w1, op.w1_dtype, n);
+  if (op.kind == PLOW_LM_HEAD && op.f[0] != 0.0f) y = tanhf(y / op.f[0]) * op.f[0];
+  return y;
+}
+
+// Fused greedy: per chunk of the columns [n0, n1) this unit wrote, the chunk's (max, lowest
+// argmax) per row (the chunks are whole inside a unit: the loader cut them at unit bounds).
+PLOW_HD static void argmax_chunks(const Ctx& c, const PlowOp& op, int64_t m0, int64_t m1,
+                                  int64_t n0, int64_t n1) {
+  const PlowPlan* p = c.plan;
+  const float* y = c.A + op.t[1];
+  float* vals = c.A + p->fused_values;
+  int32_t* idx = I32(c.A, p->fused_index);
+  const int64_t M = op.d[0], N = op.d[1];
+  int64_t lo = 0;
+  while (lo < p->n_chunks && p->bounds[lo] < n0) ++lo;
+  for (int64_t ch = lo; ch < p->n_chunks && p->bounds[ch + 1] <= n1; ++ch) {
+    const int64_t b0 = p->bounds[ch], b1 = p->bounds[ch + 1];
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* row = y + m * N;
+      int64_t best = b0;
+      for (int64_t n = b0 + 1; n < b1; ++n)
+        if (row[n] > row[best]) best = n;
+      vals[ch * M + m] = row[best];
+      idx[ch * M + m] = static_cast<int32_t>(best);
+    }
+  }
+}
+
+PLOW_HD static void tile_linear(const Ctx& c, const PlowOp& op, const Range* r, int64_t step) {
+  const float* x = c.A + op.t[0];
+  const int64_t M = op.d[0], N = op.d[1], K = op.d[2];
+  const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
+  float* dst = step >= 0 ? c.A + op.t[2] + step * M * N : c.A + op.t[1];
+  // weight row n is read once from memory and reused from cache for every row m
+  for (int64_t n = r[1].a; n < r[1].b; ++n)
+    for (int64_t m = r[0].a; m < r[0].b; ++m) {
+      const float y = dot_w(x + m * K + k0, op.w0, op.w0_dtype, n * K + k0, kn);
+      dst[m * N + n] = step >= 0 ? y : epilogue(op, y, n);
+    }
+  if (step < 0 && c.plan->fused_lm >= 0 && &op == &c.plan->ops[c.plan->fused_lm])
+    argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
+}
+
+PLOW_HD static void merge_linear(const Ctx& c, const PlowOp& op, const int64_t* u) {
+  const int64_t M = op.d[0], N = op.d[1], steps = op.d[3];
+  const int64_t n0 = u[2] > u[6] ? u[2] : u[6], n1 = u[3] < u[7] ? u[3] : u[7];
+  const float* part = c.A + op.t[2];
+  float* out = c.A + op.t[1];
+  for (int64_t m = u[0]; m < u[1]; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      float y = part[m * N + n];
+      for (int64_t k = 1; k < steps; ++k) y = y + part[(k * M + m) * N + n];
+      out[m * N + n] = epilogue(op, y, n);
+    }
+  if (n1 > n0 && c.plan->fused_lm >= 0 && &op == &c.plan->ops[c.plan->fused_lm])
+    argmax_chunks(c, op, u[0], u[1], n0, n1);
+}
+
+// -- attention over the paged head-major pool ---------------------------------------------------
+// d0 B, d1 T, d2 heads, d3 kv_heads, d4 head_dim, d5 layer, d6 window (0: none), d7 key steps;
+// f0 scale, f1 softcap (0: none)
+struct AttnGeom {
+  int64_t B, T, H, KVH, D, grp, block, rows;
+  PLOW_HD explicit AttnGeom(const PlowOp& op)
+      : B(op.d[0]), T(op.d[1]), H(op.d[2]), KVH(op.d[3]), D(op.d[4]) {
+    grp = H / KVH;
+    block = T * grp;
+    rows = B * KVH * block;
+  }
+};
+
+PLOW_HD static inline float* kv_row(const Ctx& c, int64_t layer, int64_t kind, int64_t block,
+                                    int64_t head, int64_t slot) {
+  const PlowPlan* p = c.plan;
+  const int64_t idx =
+      ((((layer * 2 + kind) * p->kv_blocks + block) * p->kv_heads + head) * p->kv_block + slot);
+  return c.A + p->kv_off + idx * p->kv_dim;
+}
+
+// One attention tile: rows [ra, rb) over key indices [s0, s1) (relative to the window's first
+// key). Keys past a row's live length do no work: the tile writes its empty partial and returns,
+// so the cost follows the sequence, not the compiled context. Writes this step's keys/values
+// into the pool (the tile holding the token's first query head and its key index).
+PLOW_HD static void tile_attention(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
+                                   float* scratch) {
+  const AttnGeom g(op);
+  const PlowPlan* p = c.plan;
+  const float* q = c.A + op.t[0];
+  const float* kin = c.A + op.t[1];
+  const float* vin = c.A + op.t[2];
+  const int32_t* pos = I32(c.A, op.t[3]);
+  const int32_t* table = I32(c.A, p->page_table);
+  const int64_t layer = op.d[5], window = op.d[6], D = g.D, bs = p->kv_block;
+  const float scale = op.f[0], softcap = op.f[1];
+  const int64_t ra = r[0].a, rb = r[0].b, s0 = r[1].a, s1 = r[1].b;
+  float* o_part = step >= 0 ? c.A + op.t[5] + step * g.rows * D : nullptr;
+  float* ml_part = step >= 0 ? c.A + op.t[6] + step * g.rows * 2 : nullptr;
+  float* out = c.A + op.t[4];
+  float* sc = scratch;  // scores of one row: at most s1 - s0 keys
+  float* acc = scratch + (s1 - s0);
+  const int64_t first = ra / g.block, last = (rb - 1) / g.block;
+  for (int64_t blk = first; blk <= last; ++blk) {
+    const int64_t bi = blk / g.KVH, kv = blk % g.KVH;
+    const int64_t lo_r = (ra > blk * g.block ? ra : blk * g.block) - blk * g.block;
+    const int64_t hi_r = (rb < (blk + 1) * g.block ? rb : (blk + 1) * g.block) - blk * g.block;
+    const int32_t* prow = pos + bi * g.T;
+    int64_t p_min = -1, p_max = -1;
+    for (int64_t t = 0; t < g.T; ++t)
+      if (prow[t] >= 0) {
+        if (p_min < 0 || prow[t] < p_min) p_min = prow[t];
+        if (prow[t] > p_max) p_max = prow[t];
+      }
+    bool live = p_min >= 0;
+    int64_t key_lo = 0, j1 = s0;
+    if (live) {
+      key_lo = window > 0 ? (p_min - window + 1 > 0 ? p_min - window + 1 : 0) : 0;
+      j1 = s1 < p_max - key_lo + 1 ? s1 : p_max - key_lo + 1;
+      // cache write: tokens whose first query head is in the tile and key index in [s0, s1)
+      for (int64_t t = 0; t < g.T; ++t) {
+        const int64_t pt = prow[t];
+        if (pt < 0 || t * g.grp < lo_r || t * g.grp >= hi_r) continue;
+        if (pt - key_lo < s0 || pt - key_lo >= s1) continue;
+        const int64_t blockid = table[bi * p->page_cols + pt / bs];
+        const int64_t src = ((bi * g.T + t) * g.KVH + kv) * D;
+        memcpy(kv_row(c, layer, 0, blockid, kv, pt % bs), kin + src, D * 4);
+        memcpy(kv_row(c, layer, 1, blockid, kv, pt % bs), vin + src, D * 4);
+      }
+    }
+    for (int64_t rr = lo_r; rr < hi_r; ++rr) {
+      const int64_t row = blk * g.block + rr;
+      const int64_t t = rr / g.grp, head = kv * g.grp + rr % g.grp;
+      float m = -INFINITY, l = 0.0f;
+      for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
+      const int64_t qpos = prow[t];
+      if (live && j1 > s0 && qpos >= 0) {
+        const float* qv = q + ((bi * g.T + t) * g.H + head) * D;
+        const int64_t n = j1 - s0;
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t kp = key_lo + s0 + j;
+          bool ok = kp <= qpos && (window <= 0 || qpos - kp < window);
+          if (!ok) { sc[j] = -INFINITY; continue; }
+          const float* key;
+          if (kp < p_min) {
+            key = kv_row(c, layer, 0, table[bi * p->page_cols + kp / bs], kv, kp % bs);
+          } else {
+            const int64_t nt = kp - p_min;  // this step's positions are contiguous in the row
+            key = kin + ((bi * g.T + nt) * g.KVH + kv) * D;
+          }
+          float s = dot_f32(qv, key, D) * scale;
+          if (softcap != 0.0f) s = tanhf(s / softcap) * softcap;
+          sc[j] = s;
+          if (s > m) m = s;
+        }
+        if (m != -INFINITY) {
+          for (int64_t j = 0; j < n; ++j) {
+            if (sc[j] == -INFINITY) continue;
+            const float pe = expf(sc[j] - m);
+            l += pe;
+            const int64_t kp = key_lo + s0 + j;
+            const float* val;
+            if (kp < p_min) {
+              val = kv_row(c, layer, 1, table[bi * p->page_cols + kp / bs], kv, kp % bs);
+            } else {
+              val = vin + ((bi * g.T + (kp - p_min)) * g.KVH + kv) * D;
+            }
+            for (int64_t d = 0; d < D; ++d) acc[d] += pe * val[d];
+          }
+        }
+      }
+      if (step >= 0) {
+        memcpy(o_part + row * D, acc, D * 4);
+        ml_part[row * 2] = m;
+        ml_part[row * 2 + 1] = l;
+      } else {
+        float* o = out + ((bi * g.T + t) * g.H + head) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = l > 0.0f ? acc[d] / l : 0.0f;
+      }
+    }
+  }
+}
+
+// Attention merge: rows [u0, u1) of the split, output columns [c0, c1) of [B*T, H*D]; steps in
+// ascending order; steps past the live length (m = -inf) contribute nothing and are skipped.
+PLOW_HD static void merge_attention(const Ctx& c, const PlowOp& op, const int64_t* u,
+                                    float* scratch) {
+  const AttnGeom g(op);
+  const int64_t D = g.D, steps = op.d[7];
+  const float* o_part = c.A + op.t[5];
+  const float* ml = c.A + op.t[6];
+  float* out = c.A + op.t[4];
+  float* acc = scratch;
+  for (int64_t row = u[0]; row < u[1]; ++row) {
+    const int64_t bi = row / (g.KVH * g.block), kv = (row / g.block) % g.KVH;
+    const int64_t t = (row / g.grp) % g.T, head = kv * g.grp + row % g.grp;
+    const int64_t d0c = head * D;
+    if (d0c >= u[7] || d0c + D <= u[6]) continue;
+    float big = -INFINITY;
+    for (int64_t k = 0; k < steps; ++k) {
+      const float mk = ml[(k * g.rows + row) * 2];
+      if (mk > big) big = mk;
+    }
+    float l = 0.0f;
+    for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
+    if (big != -INFINITY) {
+      for (int64_t k = 0; k < steps; ++k) {
+        const float mk = ml[(k * g.rows + row) * 2];
+        if (mk == -INFINITY) continue;
+        const float w = expf(mk - big);
+        const float* ok = o_part + (k * g.rows + row) * D;
+        for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] + ok[d] * w;
+        l = l + ml[(k * g.rows + row) * 2 + 1] * w;
+      }
+    }
+    float* o = out + ((bi * g.T + t) * g.H + head) * D;
+    for (int64_t d = 0; d < D; ++d) {
+      const int64_t col = d0c + d;
+      if (col >= u[6] && col < u[7]) o[d] = l > 0.0f ? acc[d] / l : 0.0f;
+    }
+  }
+}
+
+// -- sample: greedy argmax of each row's sampled position ---------------------------------------
+// d0 B, d1 T, d2 V, d3 steps
+PLOW_HD static void fused_pick(const Ctx& c, const PlowOp& op, int64_t a, int64_t b) {
+  const PlowPlan* p = c.plan;
+  const int32_t* sidx = I32(c.A, op.t[1]);
+  int32_t* out = I32(c.A, op.t[2]);
+  const float* vals = c.A + p->fused_values;
+  const int32_t* idx = I32(c.A, p->fused_index);
+  const int64_t T = op.d[1], M = op.d[0] * T;
+  for (int64_t i = a; i < b; ++i) {
+    const int64_t m = i * T + sidx[i];
+    float bv = vals[m];
+    int32_t bi = idx[m];
+    for (int64_t ch = 1; ch < p->n_chunks; ++ch)
+      if (vals[ch * M + m] > bv) { bv = vals[ch * M + m]; bi = idx[ch * M + m]; }
+    out[i] = bi;
+  }
+}
+
+PLOW_HD static void tile_sample(const Ctx& c, const PlowOp& op, const Range* r, int64_t step) {
+  const bool fused = c.plan->fused_sample >= 0 && &op == &c.plan->ops[c.plan->fused_sample];
+  if (fused) {
+    if (step < 0) fused_pick(c, op, r[0].a, r[0].b);
+    return;  // partials: the lm_head tasks already reduced these columns
+  }
+  const float* logits = c.A + op.t[0];
+  const int32_t* sidx = I32(c.A, op.t[1]);
+  const int64_t B = op.d[0], T = op.d[1], V = op.d[2];
+  for (int64_t i = r[0].a; i < r[0].b; ++i) {
+    const float* row = logits + (i * T + sidx[i]) * V;
+    int64_t best = r[1].a;
+    for (int64_t n = r[1].a + 1; n < r[1].b; ++n)
+      if (row[n] > row[best]) best = n;
+    if (step >= 0) {
+      (c.A + op.t[3])[step * B + i] = row[best];
+      I32(c.A, op.t[4])[step * B + i] = static_cast<int32_t>(best);
+    } else {
+      I32(c.A, op.t[2])[i] = static_cast<int32_t>(best);
+    }
+  }
+}
+
+PLOW_HD static void merge_sample(const Ctx& c, const PlowOp& op, const int64_t* u) {
+  if (c.plan->fused_sample >= 0 && &op == &c.plan->ops[c.plan->fused_sample]) {
+    fused_pick(c, op, u[0], u[1]);
+    return;
+  }
+  const int64_t B = op.d[0], steps = op.d[3];
+  const float* val = c.A + op.t[3];
+  const int32_t* ind = I32(c.A, op.t[4]);
+  int32_t* out = I32(c.A, op.t[2]);
+  for (int64_t i = u[0]; i < u[1]; ++i) {
+    float bv = val[i];
+    int32_t bi = ind[i];
+    for (int64_t k = 1; k < steps; ++k)
+      if (val[k * B + i] > bv) { bv = val[k * B + i]; bi = ind[k * B + i]; }
+    out[i] = bi;
+  }
+}
+
+}  // namespace plow
+#endif

@@ -1,0 +1,233 @@
+"""A bundle rung as the native kernel's `PlowPlan`: the plan file's records as they are, and
+the op table as flat descriptors (arena word offsets, weight pointers, tile geometry).
+
+Nothing is rewritten: the kernel reads opcode, flags, worker, counters, thresholds, op index
+and unit range from the 64-byte records itself. What the loader adds is what the records point
+into — every tensor's arena word (the executor's `Layout`, built from the bundle's offsets by
+`plow.runtime.cpu.bundle`), the weights in their stored dtype, a rope's inverse frequencies,
+and each split op's merge units in the numbering the records use (taken from the decoded
+plan's merge packets, so the two executors cannot disagree on it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from plow.emit.files import OpTable
+from plow.emit.wire import read_plan
+from plow.errors import PlowError
+from plow.runtime.cpu.arena import Arena
+from plow.runtime.cpu.plan import PAGE_TABLE, OpEntry, Plan
+from plow.runtime.native.library import (
+    ABI_VERSION,
+    DTYPE_BF16,
+    DTYPE_F32,
+    DTYPE_NONE,
+    KINDS,
+    PlowOp,
+    PlowPlan,
+)
+from plow.runtime.numpy_ops import rope_inv_freq
+from plow.schedule.regions import partial_name
+
+
+@dataclass
+class Lowered:
+    """A `PlowPlan` and every buffer it points into (kept alive with it)."""
+
+    plan: PlowPlan
+    keep: list[Any] = field(default_factory=list)
+    records: int = 0
+
+
+def weight_dtype(a: np.ndarray) -> int:
+    if a.dtype == np.float32:
+        return DTYPE_F32
+    if a.dtype == ml_dtypes.bfloat16:
+        return DTYPE_BF16
+    return DTYPE_NONE
+
+
+def stored(a: np.ndarray) -> np.ndarray:
+    """A weight as the kernel reads it: fp32 and bf16 as stored (memory-mapped, no copy);
+    other dtypes (fp16, fp8) widened to fp32 once."""
+    if weight_dtype(a) == DTYPE_NONE:
+        return np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+    return np.ascontiguousarray(a)
+
+
+def _view2(shape: tuple[int, ...]) -> tuple[int, int]:
+    if len(shape) == 1:
+        return (shape[0], 1)
+    return (math.prod(shape[:-1]), shape[-1])
+
+
+def lower(
+    plan: Plan, arena: Arena, weights: Mapping[str, np.ndarray], bundle: Path, rung: Any
+) -> Lowered:
+    """The `PlowPlan` of `plan` (a plan loaded from `bundle`'s rung `rung`)."""
+    if arena.kv_shape.dtype != "float32":
+        raise PlowError("--kv-dtype", "the native executor keeps the key-value cache in float32")
+    low = Lowered(PlowPlan())
+    _, records = read_plan(bundle / rung.plan)
+    records = np.ascontiguousarray(records)
+    low.keep.append(records)
+    low.records = len(records)
+    ot = OpTable.model_validate_json((bundle / rung.ops).read_bytes())
+    opcode = {o.name: int(o.opcode) for o in ot.ops}
+    base = arena.kv_words
+
+    def word(name: str) -> int:
+        return base + plan.layout.slot(name).offset
+
+    merges = _merge_tables(plan, records)
+    ops = (PlowOp * max(1, len(plan.ops)))()
+    for i, op in enumerate(plan.ops):
+        _lower_op(ops[i], op, plan, weights, word, merges.get(i), low)
+        ops[i].opcode = opcode[op.name]
+    low.keep.append(ops)
+    p = low.plan
+    p.abi = ABI_VERSION
+    p.n_workers = len(plan.stream.queues)
+    p.n_records = len(records)
+    p.records = records.ctypes.data
+    p.n_ops = len(plan.ops)
+    p.ops = ctypes.addressof(ops)
+    p.n_counters = len(plan.stream.counter_names)
+    kv = arena.kv_shape
+    p.kv_off, p.kv_layers, p.kv_blocks = 0, kv.layers, kv.blocks
+    p.kv_heads, p.kv_block, p.kv_dim = kv.kv_heads, kv.block_size, kv.head_dim
+    p.page_table = word(PAGE_TABLE)
+    p.page_cols = plan.layout.slot(PAGE_TABLE).shape[1]
+    p.fused_lm = p.fused_sample = -1
+    if plan.fused is not None:
+        names = [o.name for o in plan.ops]
+        p.fused_lm = names.index(plan.fused.lm_head)
+        p.fused_sample = names.index(plan.fused.sample)
+        bounds = np.asarray(plan.fused.bounds, dtype=np.int64)
+        low.keep.append(bounds)
+        p.n_chunks = plan.fused.chunks
+        p.bounds = bounds.ctypes.data
+        p.fused_values = word(plan.fused.values)
+        p.fused_index = word(plan.fused.index)
+    return low
+
+
+def _merge_tables(plan: Plan, records: np.ndarray) -> dict[int, np.ndarray]:
+    """Per split op, its merge units [n, 8] (3 ranges + output columns) in the records'
+    numbering: a merge packet's units are units `row_start ..` of its op."""
+    st = plan.stream
+    row_start = records["row_start"]
+    out: dict[int, dict[int, tuple[int, ...]]] = {}
+    for pk in plan.packets:
+        if pk.work != "merge":
+            continue
+        rec = st.packet[st.main[pk.task]]
+        start = int(row_start[rec])
+        table = out.setdefault(pk.op, {})
+        for k, (u, c) in enumerate(zip(pk.units, pk.cols, strict=True)):
+            rs = [x for ax in u for x in ax] + [0, 1] * (3 - len(u))
+            table[start + k] = (*rs, c[0], c[1])
+    res: dict[int, np.ndarray] = {}
+    for oi, table in out.items():
+        arr = np.zeros((max(table) + 1, 8), dtype=np.int64)
+        for j, row in table.items():
+            arr[j] = row
+        res[oi] = arr
+    return res
+
+
+def _lower_op(
+    o: PlowOp,
+    op: OpEntry,
+    plan: Plan,
+    weights: Mapping[str, np.ndarray],
+    word: Any,
+    merge: np.ndarray | None,
+    low: Lowered,
+) -> None:
+    kind = KINDS.get(op.kind)
+    if kind is None:
+        raise PlowError(op.name, f"op kind {op.kind!r} is not supported by the native executor")
+    o.kind = kind
+    o.red_axis = -1 if op.reduction_axis is None else op.reduction_axis
+    o.naxes = len(op.extents)
+    for a, (e, t, s) in enumerate(zip(op.extents, op.tiles, op.steps, strict=True)):
+        o.ext[a], o.tile[a], o.steps[a] = e, t, s
+    for j in range(8):
+        o.t[j] = -1
+    shape = plan.graph.tensor
+    pn = partial_name(op.name)
+    part = word(pn) if op.reduction_axis is not None else -1
+
+    def weight(name: str) -> tuple[int, int]:
+        a = stored(weights[name])
+        low.keep.append(a)
+        return a.ctypes.data, weight_dtype(a)
+
+    if merge is not None:
+        low.keep.append(merge)
+        o.merge, o.n_merge = merge.ctypes.data, merge.shape[0]
+    k = op.kind
+    if k == "embedding":
+        o.t[0], o.t[1] = word(op.inputs[0]), word(op.outputs[0])
+        o.d[0] = _view2(shape(op.outputs[0]).shape)[1]
+        o.f[0] = float(op.attrs["scale"])
+        o.w0, o.w0_dtype = weight(op.inputs[1])
+    elif k == "rmsnorm":
+        s = shape(op.inputs[0]).shape
+        g = int(op.attrs.get("group", s[-1]))
+        o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.outputs[0]), part
+        o.d[0], o.d[1] = g, math.prod(s) // g
+        o.d[2] = _view2(shape(op.outputs[0]).shape)[1]
+        o.d[3] = op.steps[1]
+        o.f[0], o.f[1] = float(op.attrs["eps"]), float(op.attrs.get("offset", 0.0))
+        o.w0, o.w0_dtype = weight(op.inputs[1])
+    elif k == "rope":
+        o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.inputs[1]), word(op.outputs[0])
+        o.d[0] = _view2(shape(op.inputs[0]).shape)[1]
+        o.d[1] = int(op.attrs["head_dim"])
+        inv = np.ascontiguousarray(rope_inv_freq(op.attrs), dtype=np.float32)
+        low.keep.append(inv)
+        o.table = inv.ctypes.data
+    elif k in ("linear", "lm_head"):
+        o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.outputs[0]), part
+        o.d[0], o.d[1], o.d[2] = op.extents
+        o.d[3] = op.steps[2]
+        o.f[0] = float(op.attrs.get("softcap") or 0.0) if k == "lm_head" else 0.0
+        o.w0, o.w0_dtype = weight(op.inputs[1])
+        if len(op.inputs) == 3:
+            o.w1, o.w1_dtype = weight(op.inputs[2])
+    elif k == "attention":
+        q = shape(op.inputs[0]).shape
+        o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.inputs[1]), word(op.inputs[2])
+        o.t[3], o.t[4] = word(op.inputs[5]), word(op.outputs[0])
+        if op.reduction_axis is not None:
+            o.t[5], o.t[6] = part, word(pn + ".ml")
+        o.d[0], o.d[1] = q[0], q[1]
+        o.d[2], o.d[3] = int(op.attrs["heads"]), int(op.attrs["kv_heads"])
+        o.d[4] = int(op.attrs["head_dim"])
+        o.d[5] = int(op.layer) if op.layer is not None else 0
+        o.d[6] = int(op.attrs.get("window") or 0)
+        o.d[7] = op.steps[1]
+        o.f[0] = float(op.attrs["scale"])
+        o.f[1] = float(op.attrs.get("softcap") or 0.0)
+    elif k in ("gated_mlp", "residual_add"):
+        o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.inputs[1]), word(op.outputs[0])
+        o.d[0] = _view2(shape(op.inputs[0]).shape)[1]
+        o.d[1] = 0 if op.attrs.get("activation", "silu") == "silu" else 1
+    elif k == "sample":
+        b, t, v = shape(op.inputs[0]).shape
+        o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.inputs[1]), word(op.outputs[0])
+        if op.reduction_axis is not None:
+            o.t[3], o.t[4] = part, word(pn + ".index")
+        o.d[0], o.d[1], o.d[2] = b, t, v
+        o.d[3] = op.steps[1]

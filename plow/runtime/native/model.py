@@ -1,0 +1,148 @@
+"""The native executor: the certified bundle's packet streams run by the persistent kernel in
+C++ (`kernels/`) on CPU threads.
+
+`NativeModel` is the CPU executor's host side (`CpuModel`: ladder, arena with the paged
+key-value pool, prefix cache, inputs, multi-step epilogue) with the machine swapped: a step is
+one call into the library, which runs every worker queue of the rung to its end with the GIL
+released, and weights stay in their stored precision (fp32, bf16) instead of being widened.
+It runs bundles only (a checkpoint goes through `compile_cached` first), with the same
+refusal rules as the `cpu` executor (`plow.runtime.cpu.bundle.Bundle.open`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from plow.errors import PlowError
+from plow.runtime.cpu.bundle import Bundle
+from plow.runtime.cpu.machine import DispatchStats
+from plow.runtime.cpu.model import CpuModel
+from plow.runtime.cpu.plan import Plan
+from plow.runtime.native import library
+from plow.runtime.native.lower import Lowered, lower, stored
+
+
+class NativeStepError(PlowError):
+    """A step did not finish (a plan whose counters never open: not a certified plan)."""
+
+    exit_code = 1
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class NativeMachine:
+    """One lowered plan per rung, dispatched by the library. `threads`: host threads per step
+    (default: the plan's workers, at most the usable cores); the bytes do not depend on it."""
+
+    def __init__(
+        self,
+        model: CpuModel,
+        *,
+        threads: int | None = None,
+        build: str = "release",
+        timeout_ms: int = 20_000,
+    ) -> None:
+        self.model = model
+        self.lib = library.load(build)
+        self.threads = threads
+        self.timeout_ms = timeout_ms
+        self._plans: dict[int, tuple[Plan, Lowered, int]] = {}
+        self.last = DispatchStats(0, ())
+
+    def _handle(self, plan: Plan) -> tuple[Lowered, int]:
+        got = self._plans.get(id(plan))
+        if got is not None:
+            return got[1], got[2]
+        b = self.model.bundle
+        if b is None or not plan.source:
+            raise PlowError(plan.bucket.name, "the native executor runs plans loaded from bundles")
+        low = lower(
+            plan, self.model.arena, self.model.weights, Path(plan.source), b.rung(plan.bucket)
+        )
+        err = ctypes.create_string_buffer(512)
+        h = self.lib.plow_plan_new(ctypes.byref(low.plan), err, len(err))
+        if not h:
+            raise PlowError(Path(plan.source) / b.rung(plan.bucket).plan, err.value.decode())
+        self._plans[id(plan)] = (plan, low, h)
+        return low, h
+
+    def threads_for(self, plan: Plan) -> int:
+        if self.threads is not None:
+            return max(1, self.threads)
+        return max(1, min(len(plan.stream.queues), usable_cores()))
+
+    def dispatch(self, plan: Plan, **_: Any) -> DispatchStats:
+        _, h = self._handle(plan)
+        arena = self.model.arena
+        if arena.layout is not plan.layout:
+            raise PlowError(plan.bucket.name, "the arena holds another bucket's layout")
+        buf = arena.buf
+        err = ctypes.create_string_buffer(512)
+        rc = self.lib.plow_plan_dispatch(
+            h, buf.ctypes.data, buf.shape[0], self.threads_for(plan), self.timeout_ms, err, len(err)
+        )
+        if rc != 0:
+            raise NativeStepError(plan.bucket.name, err.value.decode())
+        counts = (ctypes.c_int64 * 3)()
+        self.lib.plow_plan_last_counts(h, counts)
+        self.last = DispatchStats(int(counts[0]), (), int(counts[0] + counts[1]), int(counts[1]))
+        return self.last
+
+    def close(self) -> None:
+        for _, _, h in self._plans.values():
+            self.lib.plow_plan_free(h)
+        self._plans.clear()
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class NativeModel(CpuModel):
+    """`CpuModel` on the native machine (module docstring). Build with `from_bundle`."""
+
+    def __init__(
+        self,
+        *args: Any,
+        threads: int | None = None,
+        build: str = "release",
+        **kw: Any,
+    ) -> None:
+        super().__init__(*args, **kw)
+        self.machine = NativeMachine(self, threads=threads, build=build)  # type: ignore[assignment]
+
+    def _weight(self, name: str) -> None:
+        if name not in self.weights:
+            self.weights[name] = stored(np.asarray(self._raw[name]))
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights a step reads, in their stored dtype (each tensor once)."""
+        return sum(int(np.asarray(self._raw[n]).nbytes) for n in self._names)
+
+
+def open_native(
+    bundle: Bundle | Path | str,
+    *,
+    verify: bool = True,
+    threads: int | None = None,
+    build: str = "release",
+    **kw: Any,
+) -> NativeModel:
+    """A `NativeModel` of a bundle (refused like the `cpu` executor refuses it)."""
+    library.load(build)  # a missing library is an error before any bundle work
+    m = NativeModel.from_bundle(bundle, verify=verify, threads=threads, build=build, **kw)
+    assert isinstance(m, NativeModel)
+    return m
