@@ -36,9 +36,14 @@ def _root(
 
 
 class Executor(str, Enum):
+    native = "native"
     reference = "reference"
     cpu = "cpu"
     cuda = "cuda"
+
+
+# the executors that run bundles (a checkpoint is compiled into a cached, verified bundle first)
+BUNDLE_EXECUTORS = (Executor.native, Executor.cpu)
 
 
 def _fail(e: PlowError) -> NoReturn:
@@ -62,7 +67,7 @@ def _parse_ids(text: str) -> list[int]:
 def generate(
     model: Annotated[
         Path,
-        typer.Argument(help="A checkpoint directory, or a bundle (runs on --executor cpu)."),
+        typer.Argument(help="A checkpoint directory, or a bundle."),
     ],
     prompt: Annotated[
         str | None, typer.Option(help="Prompt text (tokenized with the model's tokenizer).")
@@ -72,8 +77,15 @@ def generate(
     ] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate.")] = 32,
     executor: Annotated[
-        Executor, typer.Option(help="Which executor runs the steps.")
-    ] = Executor.reference,
+        Executor,
+        typer.Option(
+            help="native: the C++ persistent kernel (default); cpu: the checking emulator "
+            "(numpy); reference: the per-op numpy forward."
+        ),
+    ] = Executor.native,
+    threads: Annotated[
+        int | None, typer.Option(min=1, help="Host threads per step (--executor native).")
+    ] = None,
     ignore_eos: Annotated[
         bool, typer.Option(help="Keep generating past end-of-sequence tokens.")
     ] = False,
@@ -101,8 +113,8 @@ def generate(
         ),
     ] = "float32",
 ) -> None:
-    """Generate tokens from a prompt (greedy unless --temperature > 0). With --executor cpu a
-    checkpoint is compiled once into a cached, verified bundle; a bundle runs as is."""
+    """Generate tokens from a prompt (greedy unless --temperature > 0). With --executor native
+    or cpu a checkpoint is compiled once into a cached, verified bundle; a bundle runs as is."""
     from plow.checkpoint import load_checkpoint
     from plow.runtime.reference import generate_greedy
     from plow.runtime.sampler import SamplingParams
@@ -113,7 +125,7 @@ def generate(
         if executor is Executor.cuda:
             raise PlowError(
                 f"--executor {executor.value}",
-                "not available yet: run with --executor cpu or --executor reference",
+                "not available yet: run with --executor native, cpu or reference",
             )
         if kv_dtype not in ("float32", "bfloat16", "fp8_e4m3"):
             raise PlowError(
@@ -122,20 +134,26 @@ def generate(
         if kv_dtype != "float32" and executor is not Executor.cpu:
             raise PlowError("--kv-dtype", "a narrow key-value cache runs on --executor cpu")
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
-        if not params.is_greedy and executor is not Executor.cpu:
-            raise PlowError("--temperature", "stochastic sampling runs on --executor cpu")
+        if not params.is_greedy and executor not in BUNDLE_EXECUTORS:
+            raise PlowError(
+                "--temperature", "stochastic sampling runs on --executor native or cpu"
+            )
         from plow.runtime.cpu.bundle import Bundle, compile_cached, is_bundle
 
         bundle = None
+        if executor is Executor.native:
+            from plow.runtime.native import library
+
+            library.load()  # a missing build is reported before any compile
         if is_bundle(model):
-            if executor is not Executor.cpu:
-                raise PlowError(model, "a bundle runs on --executor cpu")
+            if executor not in BUNDLE_EXECUTORS:
+                raise PlowError(model, "a bundle runs on --executor native or cpu")
             bundle = Bundle.open(model, verify=not no_verify)
             spec, tok = bundle.spec, bundle.tokenizer
         else:
             ckpt = load_checkpoint(model)
             spec, tok = ckpt.spec, ckpt.tokenizer
-            if executor is Executor.cpu:
+            if executor in BUNDLE_EXECUTORS:
                 bundle = Bundle.open(compile_cached(model))
         ids = _parse_ids(prompt_ids) if prompt_ids is not None else tok.encode(prompt or "")
         if not ids:
@@ -153,7 +171,14 @@ def generate(
                 f"{spec.max_position} positions",
             )
         stop = () if ignore_eos else spec.eos_token_ids
-        if executor is Executor.cpu:
+        if executor is Executor.native:
+            from plow.runtime.native.model import generate_native
+
+            assert bundle is not None
+            out, _ = generate_native(
+                bundle, ids, max_new_tokens, params=params, stop_ids=stop, threads=threads
+            )
+        elif executor is Executor.cpu:
             from plow.runtime.cpu.engine import generate_bundle
 
             assert bundle is not None
