@@ -53,6 +53,8 @@ struct HostPlan {
   int64_t last_tasks = 0, last_nops = 0, last_threads = 0;
   std::atomic<bool> abort{false};
   std::atomic<int64_t> tasks_run{0}, nops_run{0};
+  bool profile = false;                  // per-op nanoseconds of task packets (plow_plan_profile)
+  std::vector<std::atomic<int64_t>> op_ns;
   std::string stuck;
   std::mutex stuck_mu;
 };
@@ -162,7 +164,15 @@ void worker_thread(void* argp, int tid) {
           const uint64_t want = hp.per_step[r.wait_counter] * (s - 1) + r.wait_threshold;
           if (hp.counters[r.wait_counter].v.load(std::memory_order_acquire) < want) break;
         }
-        plow::run_record(ctx, r, scratch.data());
+        if (hp.profile && r.opcode != PLOW_OP_NOP) {
+          const auto t0 = std::chrono::steady_clock::now();
+          plow::run_record(ctx, r, scratch.data());
+          const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now() - t0).count();
+          hp.op_ns[r.op_index].fetch_add(ns, std::memory_order_relaxed);
+        } else {
+          plow::run_record(ctx, r, scratch.data());
+        }
         if (r.signal_counter != PLOW_NO_COUNTER)
           hp.counters[r.signal_counter].v.fetch_add(1, std::memory_order_release);
         if (r.opcode == PLOW_OP_NOP) ++nops; else ++tasks;
@@ -286,6 +296,7 @@ void* plow_plan_new(const PlowPlan* plan, char* err, int64_t errlen) {
     hp->queues[r.worker].push_back(i);
     hp->recs.push_back(r);
   }
+  hp->op_ns = std::vector<std::atomic<int64_t>>(static_cast<size_t>(plan->n_ops));
   hp->counters = new (std::nothrow) Counter[static_cast<size_t>(std::max<int64_t>(plan->n_counters, 1))];
   if (hp->counters == nullptr) return fail("out of memory for the counters");
   return hp;
@@ -330,6 +341,13 @@ void plow_plan_last_counts(void* handle, int64_t* out3) {
   out3[0] = hp->last_tasks;
   out3[1] = hp->last_nops;
   out3[2] = hp->last_threads;
+}
+
+void plow_plan_profile(void* handle, int32_t enable, int64_t* out_ns) {
+  auto* hp = static_cast<HostPlan*>(handle);
+  if (out_ns != nullptr)
+    for (size_t i = 0; i < hp->op_ns.size(); ++i) out_ns[i] = hp->op_ns[i].exchange(0);
+  hp->profile = enable != 0;
 }
 
 const char* plow_build_info(void) {

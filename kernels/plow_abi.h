@@ -97,6 +97,9 @@ int32_t plow_plan_dispatch(void* handle, float* arena, int64_t arena_words, int3
                            int64_t timeout_ms, char* err, int64_t errlen);
 // Records run by the last dispatch (task packets, nops) — for stats and tests.
 void plow_plan_last_counts(void* handle, int64_t* out3);
+// Per-op nanoseconds spent in task packets since the last call (summed over threads; `out_ns`
+// has one slot per op, may be NULL), then profiling switched on or off for later steps.
+void plow_plan_profile(void* handle, int32_t enable, int64_t* out_ns);
 const char* plow_build_info(void);
 
 #ifdef __cplusplus

@@ -642,6 +642,9 @@ def _load_plan(
 # ----------------------------------------------------------------------------- the cache
 
 
+NO_BUDGET_NS = 3_600 * 10**9  # an hour per step (per prefill token): no budget in effect
+
+
 def cache_profile(max_position: int) -> CompileProfile:
     """The ladder a checkpoint run on `--executor cpu` is compiled for."""
     ctx = min(max_position, 2048)
@@ -650,6 +653,10 @@ def cache_profile(max_position: int) -> CompileProfile:
         decode_batches=(1, 2, 4, 8),
         prefill_seqs=tuple(s for s in (16, 64) if s <= ctx) or (ctx,),
         context=ctx,
+        # no step budget: a budget is the user's choice (`plow compile` with a profile); the
+        # plan's own bounds still hold against the target
+        decode_budget_ns=NO_BUDGET_NS,
+        prefill_budget_ns_per_token=NO_BUDGET_NS,
     )
 
 

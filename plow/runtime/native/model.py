@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,13 @@ import numpy as np
 
 from plow.errors import PlowError
 from plow.runtime.cpu.bundle import Bundle
+from plow.runtime.cpu.generate import GenerationStats, Request, generate
 from plow.runtime.cpu.machine import DispatchStats
 from plow.runtime.cpu.model import CpuModel
 from plow.runtime.cpu.plan import Plan
 from plow.runtime.native import library
 from plow.runtime.native.lower import Lowered, lower, stored
+from plow.runtime.sampler import SamplingParams
 
 
 class NativeStepError(PlowError):
@@ -98,6 +101,17 @@ class NativeMachine:
         self.last = DispatchStats(int(counts[0]), (), int(counts[0] + counts[1]), int(counts[1]))
         return self.last
 
+    def profile(self, plan: Plan, enable: bool = True) -> dict[str, int]:
+        """Nanoseconds per op kind spent in task packets since the last call (summed over
+        threads), then per-op timing on (`enable`) or off for the following steps."""
+        _, h = self._handle(plan)
+        ns = np.zeros(max(1, len(plan.ops)), dtype=np.int64)
+        self.lib.plow_plan_profile(h, int(enable), ns.ctypes.data)
+        out: dict[str, int] = {}
+        for op, t in zip(plan.ops, ns.tolist(), strict=False):
+            out[op.kind] = out.get(op.kind, 0) + int(t)
+        return out
+
     def close(self) -> None:
         for _, _, h in self._plans.values():
             self.lib.plow_plan_free(h)
@@ -133,6 +147,22 @@ class NativeModel(CpuModel):
         return sum(int(np.asarray(self._raw[n]).nbytes) for n in self._names)
 
 
+GPU_VENDORS = ("nvidia", "amd")
+
+
+def check_host_target(b: Bundle) -> None:
+    """The native executor runs plans made for a CPU target: a GPU target's plan places its
+    tiles on SMs / CUs, with on-chip pages and scopes of that machine."""
+    t = b.manifest.target
+    name, vendor = str(t.get("name", "?")), str(t.get("vendor", "")).lower()
+    if vendor in GPU_VENDORS:
+        raise PlowError(
+            b.path,
+            f"compiled for target {name!r} ({vendor}): the native executor runs plans for a "
+            "CPU target (recompile with --target cpu)",
+        )
+
+
 def open_native(
     bundle: Bundle | Path | str,
     *,
@@ -143,6 +173,38 @@ def open_native(
 ) -> NativeModel:
     """A `NativeModel` of a bundle (refused like the `cpu` executor refuses it)."""
     library.load(build)  # a missing library is an error before any bundle work
-    m = NativeModel.from_bundle(bundle, verify=verify, threads=threads, build=build, **kw)
+    b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=verify)
+    check_host_target(b)
+    m = NativeModel.from_bundle(b, verify=verify, threads=threads, build=build, **kw)
     assert isinstance(m, NativeModel)
     return m
+
+
+def generate_native(
+    bundle: Bundle | Path | str,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    params: SamplingParams | None = None,
+    stop_ids: tuple[int, ...] = (),
+    multi_step: int = 4,
+    verify: bool = True,
+    threads: int | None = None,
+) -> tuple[list[int], GenerationStats]:
+    """One request through a bundle on the native executor (`plow generate --executor
+    native`); `multi_step` decode steps per host round trip."""
+    if not prompt_ids:
+        raise PlowError("prompt", "empty prompt")
+    model = open_native(bundle, verify=verify, threads=threads, max_batch=1)
+    if len(prompt_ids) + max_new_tokens > model.context:
+        raise PlowError(
+            "--max-new-tokens",
+            f"prompt {len(prompt_ids)} + {max_new_tokens} new tokens exceed the bundle's "
+            f"context {model.context}",
+        )
+    stats = GenerationStats()
+    req = Request(
+        tuple(int(t) for t in prompt_ids), max_new_tokens, params or SamplingParams(), stop_ids
+    )
+    out = generate(model, [req], multi_step=multi_step, stats=stats)
+    return out[0], stats

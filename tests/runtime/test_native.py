@@ -1,0 +1,266 @@
+"""The native executor (kernels/ + plow/runtime/native): certified bundles run by the C++
+persistent kernel on CPU threads.
+
+Greedy tokens equal transformers' on every fixture family, on the `cpu` target and on a
+16-worker CPU target whose plans split reductions (partials + merges, split attention);
+logits within 1e-4 * max(1, |logit|) of transformers'; bitwise-identical tokens and arenas
+across repeated runs and thread counts 1 / 2 / 4, and a request's tokens and logits alone equal
+to the same request inside a batch of different ones. Bad input: a GPU target's bundle, a
+missing library, an opcode this build does not run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from plow.checkpoint import load_checkpoint
+from plow.emit.bundle import compile_bundle
+from plow.emit.wire import HEADER_SIZE, Opcode, read_plan
+from plow.errors import PlowError
+from plow.profile import CompileProfile
+from plow.runtime.cpu import CpuModel, Request, RowDevice, RowInput, generate
+from plow.runtime.native import NativeModel, open_native
+from plow.runtime.native.library import library_path
+from plow.runtime.sampler import SamplingParams
+from plow.target import load_target
+
+NEW = 12
+CONTEXT = 160
+FAMILIES = ["llama", "qwen3", "gemma3"]
+PROMPTS = [
+    [5, 17, 93, 2, 44, 8, 61, 30, 12, 7, 99, 14, 3, 150, 88, 21, 40, 9, 66, 71],
+    [3, 250, 41, 6, 77],
+    [120, 9],
+]
+PROFILE = CompileProfile(
+    name="test", decode_batches=(1, 2, 8), prefill_seqs=(16,), context=CONTEXT
+)
+
+
+def split_target():  # a CPU target with 16 workers: the tiler splits k, norms, attention
+    return load_target("cpu").model_copy(
+        update={"workers": 16, "tile_overhead_ns": 50}
+    )
+
+
+@pytest.fixture(scope="module")
+def bundles(
+    tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, str], Path]:
+    root = tmp_path_factory.mktemp("native")
+    out = {}
+    for fam in FAMILIES:
+        for tname, tgt in (("cpu", load_target("cpu")), ("split", split_target())):
+            out[fam, tname] = root / f"{fam}-{tname}"
+            compile_bundle(tiny_checkpoints[fam], out[fam, tname], tgt, PROFILE, verify=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_checkpoints: dict[str, Path]) -> dict[str, transformers.PreTrainedModel]:
+    return {
+        fam: transformers.AutoModelForCausalLM.from_pretrained(
+            tiny_checkpoints[fam], dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        for fam in FAMILIES
+    }
+
+
+def hf_greedy(model: transformers.PreTrainedModel, ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        gen = model.generate(
+            torch.tensor([ids]), max_new_tokens=NEW, do_sample=False,
+            eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    return gen[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("target", ["cpu", "split"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_native_greedy_tokens_equal_transformers(
+    bundles: dict, hf: dict, family: str, target: str
+) -> None:
+    m = open_native(bundles[family, target], max_batch=8)
+    got = generate(m, [Request(tuple(p), NEW) for p in PROMPTS])
+    assert got == [hf_greedy(hf[family], p) for p in PROMPTS]
+    if target == "split":  # the plans really split: partials and merges ran
+        plan = m.plan(m.decode_bucket(len(PROMPTS)))
+        assert any(op.reduction_axis is not None for op in plan.ops)
+        assert any(p.work == "merge" for p in plan.packets)
+
+
+def _prefill_logits(m: NativeModel | CpuModel, ids: list[int]) -> np.ndarray:
+    t = m.kv.new_table()
+    m.kv.reserve(t, len(ids))
+    rows = []
+    for start in range(0, len(ids), 16):
+        chunk = ids[start : start + 16]
+        plan = m.plan(m.prefill_bucket(1, len(chunk)))
+        m.run_quantum(
+            plan,
+            [RowInput(t, tuple(range(start, start + len(chunk))), tuple(chunk))],
+            [RowDevice(SamplingParams(), None, 1)],
+            1,
+        )
+        rows.append(m.logits(plan)[0])
+    m.kv.release(t)
+    return rows[-1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_native_logits_are_within_1e_4_of_transformers(
+    bundles: dict, hf: dict, family: str
+) -> None:
+    ids = PROMPTS[0]
+    with torch.no_grad():
+        want = hf[family](torch.tensor([ids])).logits[0, -1].numpy()
+    for target in ("cpu", "split"):
+        got = _prefill_logits(open_native(bundles[family, target]), ids)
+        tol = 1e-4 * np.maximum(1.0, np.abs(want))
+        assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want)))
+
+
+def _run(path: Path, threads: int, prompts: list[list[int]] = PROMPTS) -> tuple[list, bytes]:
+    m = open_native(path, max_batch=8, threads=threads)
+    toks = generate(m, [Request(tuple(p), NEW) for p in prompts])
+    return toks, m.arena.snapshot()
+
+
+def test_native_is_bitwise_deterministic_across_runs_and_thread_counts(bundles: dict) -> None:
+    path = bundles["llama", "split"]
+    toks, arena = _run(path, 2)
+    for _ in range(20):
+        assert _run(path, 2) == (toks, arena)
+    for threads in (1, 4):
+        assert _run(path, threads) == (toks, arena)
+
+
+def test_a_request_alone_equals_the_same_request_inside_a_batch_of_eight(
+    bundles: dict,
+) -> None:
+    rng = np.random.default_rng(3)
+    others = [rng.integers(1, 250, size=int(n)).tolist() for n in rng.integers(2, 30, size=7)]
+    mine = PROMPTS[0]
+    for target in ("cpu", "split"):
+        path = bundles["llama", target]
+        alone = open_native(path, max_batch=8)
+        a_tok = generate(alone, [Request(tuple(mine), NEW)])[0]
+        a_log = _prefill_logits(open_native(path, max_batch=8), mine)
+        batch = open_native(path, max_batch=8)
+        got = generate(batch, [Request(tuple(p), NEW) for p in [*others[:3], mine, *others[3:]]])
+        assert got[3] == a_tok
+        # the decode rung of 8 rows: each row's logits are the same bits as the 1-row rung's
+        m8 = open_native(path, max_batch=8)
+        p1, p8 = m8.plan(m8.decode_bucket(1)), m8.plan(m8.decode_bucket(8))
+        assert p1.bucket.batch == 1 and p8.bucket.batch == 8
+        assert np.array_equal(a_log, _prefill_logits(m8, mine))
+
+
+def test_native_refuses_a_gpu_targets_bundle(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "h100"
+    compile_bundle(tiny_checkpoints["llama"], out, load_target("h100"), PROFILE)
+    with pytest.raises(PlowError, match="compiled for target 'h100'"):
+        open_native(out, verify=False)
+
+
+def test_a_missing_library_is_a_one_line_error_naming_it(bundles: dict, tmp_path: Path) -> None:
+    env = {**os.environ, "PLOW_NATIVE_LIB": str(tmp_path / "nope.so")}
+    r = subprocess.run(
+        [sys.executable, "-m", "plow.cli", "generate", str(bundles["llama", "cpu"]),
+         "--prompt-ids", "1,2,3", "--max-new-tokens", "2", "--executor", "native"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0
+    assert "nope.so" in r.stderr and "make native" in r.stderr
+
+
+def test_an_opcode_this_build_does_not_run_is_refused_before_anything_runs(
+    bundles: dict, tmp_path: Path
+) -> None:
+    path = tmp_path / "b"
+    shutil.copytree(bundles["llama", "cpu"], path)
+    plan_file = path / "plan" / "decode_b1_s160.bin"
+    _, arr = read_plan(plan_file)
+    rec = int(np.flatnonzero(arr["opcode"] == Opcode.RMSNORM)[0])
+    data = bytearray(plan_file.read_bytes())
+    data[HEADER_SIZE + 64 * rec] = int(Opcode.ROUTER)
+    plan_file.write_bytes(bytes(data))
+    m = open_native(path, verify=False)  # the override: an uncertified plan file
+    with pytest.raises(PlowError, match=f"packet {rec}: opcode 13 is not supported"):
+        generate(m, [Request((1, 2, 3), 2)])
+
+
+TSAN_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from plow.runtime.cpu import Request, generate
+    from plow.runtime.native import open_native
+    m = open_native(sys.argv[1], verify=sys.argv[2] == "1", max_batch=8, build="tsan",
+                    threads=4)
+    print(generate(m, [Request((5, 17, 93, 2, 44), 6), Request((3, 250, 41), 6)]))
+    """
+)
+
+
+def _libtsan() -> str:
+    out = subprocess.run(
+        ["g++", "-print-file-name=libtsan.so"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return out
+
+
+def _tsan_run(path: Path, verify: bool) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "LD_PRELOAD": _libtsan(),
+        "TSAN_OPTIONS": "halt_on_error=0 report_signal_unsafe=0 exitcode=0",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", TSAN_SCRIPT, str(path), "1" if verify else "0"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_threadsanitizer_finds_no_race_on_a_certified_plan_and_one_on_a_lowered_threshold(
+    bundles: dict, tmp_path: Path
+) -> None:
+    assert library_path("tsan").is_file(), "run `make tsan`"
+    path = bundles["llama", "split"]
+    clean = _tsan_run(path, verify=True)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    assert "ThreadSanitizer" not in clean.stderr
+    want = clean.stdout.strip()
+    # lower the threshold of a wait that more than one task signals (loaded with the override)
+    broken = tmp_path / "b"
+    shutil.copytree(path, broken)
+    plan_file = broken / "plan" / "decode_b2_s160.bin"
+    _, arr = read_plan(plan_file)
+    sig = np.bincount(arr["signal_counter"][arr["signal_counter"] != 0xFFFFFFFF])
+    cand = [
+        i for i in range(len(arr))
+        if arr["wait_counter"][i] < len(sig) and arr["wait_threshold"][i] > 1
+        and sig[arr["wait_counter"][i]] == arr["wait_threshold"][i]
+    ]  # fmt: skip
+    assert cand
+    data = bytearray(plan_file.read_bytes())
+    for i in cand:
+        at = HEADER_SIZE + 64 * i + 16
+        data[at : at + 4] = (1).to_bytes(4, "little")
+    plan_file.write_bytes(bytes(data))
+    bad = _tsan_run(broken, verify=False)
+    assert bad.returncode == 0 and bad.stdout.startswith("[["), bad.stderr[-2000:]  # it ran
+    assert "WARNING: ThreadSanitizer: data race" in bad.stderr or bad.stdout.strip() != want
