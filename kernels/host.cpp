@@ -55,6 +55,7 @@ struct HostPlan {
   std::atomic<int64_t> tasks_run{0}, nops_run{0};
   bool profile = false;                  // per-op nanoseconds of task packets (plow_plan_profile)
   std::vector<std::atomic<int64_t>> op_ns;
+  std::vector<std::atomic<int64_t>> op_work;  // counted work per op in the last dispatch
   std::string stuck;
   std::mutex stuck_mu;
 };
@@ -164,15 +165,17 @@ void worker_thread(void* argp, int tid) {
           const uint64_t want = hp.per_step[r.wait_counter] * (s - 1) + r.wait_threshold;
           if (hp.counters[r.wait_counter].v.load(std::memory_order_acquire) < want) break;
         }
+        int64_t work;
         if (hp.profile && r.opcode != PLOW_OP_NOP) {
           const auto t0 = std::chrono::steady_clock::now();
-          plow::run_record(ctx, r, scratch.data());
+          work = plow::run_record(ctx, r, scratch.data());
           const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                               std::chrono::steady_clock::now() - t0).count();
           hp.op_ns[r.op_index].fetch_add(ns, std::memory_order_relaxed);
         } else {
-          plow::run_record(ctx, r, scratch.data());
+          work = plow::run_record(ctx, r, scratch.data());
         }
+        if (work != 0) hp.op_work[r.op_index].fetch_add(work, std::memory_order_relaxed);
         if (r.signal_counter != PLOW_NO_COUNTER)
           hp.counters[r.signal_counter].v.fetch_add(1, std::memory_order_release);
         if (r.opcode == PLOW_OP_NOP) ++nops; else ++tasks;
@@ -297,6 +300,7 @@ void* plow_plan_new(const PlowPlan* plan, char* err, int64_t errlen) {
     hp->recs.push_back(r);
   }
   hp->op_ns = std::vector<std::atomic<int64_t>>(static_cast<size_t>(plan->n_ops));
+  hp->op_work = std::vector<std::atomic<int64_t>>(static_cast<size_t>(plan->n_ops));
   hp->counters = new (std::nothrow) Counter[static_cast<size_t>(std::max<int64_t>(plan->n_counters, 1))];
   if (hp->counters == nullptr) return fail("out of memory for the counters");
   return hp;
@@ -319,6 +323,7 @@ int32_t plow_plan_dispatch(void* handle, float* arena, int64_t arena_words, int3
   hp->abort.store(false);
   hp->tasks_run.store(0);
   hp->nops_run.store(0);
+  for (auto& w : hp->op_work) w.store(0, std::memory_order_relaxed);
   hp->stuck.clear();
   StepArgs sa{hp, arena, threads, timeout_ms > 0 ? timeout_ms : 10000};
   pool().run(threads, worker_thread, &sa);
@@ -348,6 +353,11 @@ void plow_plan_profile(void* handle, int32_t enable, int64_t* out_ns) {
   if (out_ns != nullptr)
     for (size_t i = 0; i < hp->op_ns.size(); ++i) out_ns[i] = hp->op_ns[i].exchange(0);
   hp->profile = enable != 0;
+}
+
+void plow_plan_work(void* handle, int64_t* out) {
+  auto* hp = static_cast<HostPlan*>(handle);
+  for (size_t i = 0; i < hp->op_work.size(); ++i) out[i] = hp->op_work[i].load();
 }
 
 const char* plow_build_info(void) {

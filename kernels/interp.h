@@ -48,20 +48,22 @@ PLOW_HD static inline void tile_ranges(const PlowOp& op, int64_t j, Range* r, in
   for (int ax = op.naxes; ax < 3; ++ax) r[ax].a = 0, r[ax].b = 1;
 }
 
-PLOW_HD static void run_tile(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
-                             float* scratch) {
+// Returns the tile's counted work (attention: query-key pairs scored; others 0).
+PLOW_HD static int64_t run_tile(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
+                                float* scratch) {
   switch (op.kind) {
     case PLOW_EMBEDDING: tile_embedding(c, op, r); break;
     case PLOW_RMSNORM: tile_rmsnorm(c, op, r, step); break;
     case PLOW_ROPE: tile_rope(c, op, r); break;
     case PLOW_LINEAR:
     case PLOW_LM_HEAD: tile_linear(c, op, r, step); break;
-    case PLOW_ATTENTION: tile_attention(c, op, r, step, scratch); break;
+    case PLOW_ATTENTION: return tile_attention(c, op, r, step, scratch);
     case PLOW_GATED_MLP:
     case PLOW_RESIDUAL_ADD: tile_elementwise(c, op, r); break;
     case PLOW_SAMPLE: tile_sample(c, op, r, step); break;
     default: break;  // the loader refuses other kinds
   }
+  return 0;
 }
 
 PLOW_HD static void run_merge(const Ctx& c, const PlowOp& op, const int64_t* u, float* scratch) {
@@ -75,20 +77,22 @@ PLOW_HD static void run_merge(const Ctx& c, const PlowOp& op, const int64_t* u, 
   }
 }
 
-// The work of one task packet (a nop or a load does none).
-PLOW_HD static void run_record(const Ctx& c, const Record& rec, float* scratch) {
-  if (rec.opcode == PLOW_OP_NOP || rec.opcode == PLOW_OP_LOAD) return;
+// The work of one task packet (a nop or a load does none); returns its counted work.
+PLOW_HD static int64_t run_record(const Ctx& c, const Record& rec, float* scratch) {
+  if (rec.opcode == PLOW_OP_NOP || rec.opcode == PLOW_OP_LOAD) return 0;
   const PlowOp& op = c.plan->ops[rec.op_index];
   if (rec.flags & PLOW_FLAG_ACCUMULATE) {
-    for (uint32_t k = 0; k < rec.rows; ++k) run_merge(c, op, op.merge + 8 * (rec.row_start + k), scratch);
-    return;
+    for (uint32_t k = 0; k < rec.rows; ++k)
+      run_merge(c, op, op.merge + 8 * (rec.row_start + k), scratch);
+    return 0;
   }
   Range r[3];
-  int64_t step;
+  int64_t step, work = 0;
   for (uint32_t k = 0; k < rec.rows; ++k) {
     tile_ranges(op, rec.row_start + k, r, &step);
-    run_tile(c, op, r, step, scratch);
+    work += run_tile(c, op, r, step, scratch);
   }
+  return work;
 }
 
 }  // namespace plow

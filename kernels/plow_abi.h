@@ -100,6 +100,8 @@ void plow_plan_last_counts(void* handle, int64_t* out3);
 // Per-op nanoseconds spent in task packets since the last call (summed over threads; `out_ns`
 // has one slot per op, may be NULL), then profiling switched on or off for later steps.
 void plow_plan_profile(void* handle, int32_t enable, int64_t* out_ns);
+// Counted work per op in the last dispatch (attention: query-key pairs scored), one slot per op.
+void plow_plan_work(void* handle, int64_t* out);
 const char* plow_build_info(void);
 
 #ifdef __cplusplus

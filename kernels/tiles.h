@@ -274,8 +274,9 @@ PLOW_HD static inline float* kv_row(const Ctx& c, int64_t layer, int64_t kind, i
 // key). Keys past a row's live length do no work: the tile writes its empty partial and returns,
 // so the cost follows the sequence, not the compiled context. Writes this step's keys/values
 // into the pool (the tile holding the token's first query head and its key index).
-PLOW_HD static void tile_attention(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
-                                   float* scratch) {
+PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Range* r,
+                                      int64_t step, float* scratch) {
+  int64_t scored = 0;  // (query row, key) pairs scored: the work, reported to the host
   const AttnGeom g(op);
   const PlowPlan* p = c.plan;
   const float* q = c.A + op.t[0];
@@ -328,6 +329,7 @@ PLOW_HD static void tile_attention(const Ctx& c, const PlowOp& op, const Range* 
       if (live && j1 > s0 && qpos >= 0) {
         const float* qv = q + ((bi * g.T + t) * g.H + head) * D;
         const int64_t n = j1 - s0;
+        scored += n;
         for (int64_t j = 0; j < n; ++j) {
           const int64_t kp = key_lo + s0 + j;
           bool ok = kp <= qpos && (window <= 0 || qpos - kp < window);
@@ -370,6 +372,7 @@ PLOW_HD static void tile_attention(const Ctx& c, const PlowOp& op, const Range* 
       }
     }
   }
+  return scored;
 }
 
 // Attention merge: rows [u0, u1) of the split, output columns [c0, c1) of [B*T, H*D]; steps in

@@ -264,3 +264,39 @@ def test_threadsanitizer_finds_no_race_on_a_certified_plan_and_one_on_a_lowered_
     bad = _tsan_run(broken, verify=False)
     assert bad.returncode == 0 and bad.stdout.startswith("[["), bad.stderr[-2000:]  # it ran
     assert "WARNING: ThreadSanitizer: data race" in bad.stderr or bad.stdout.strip() != want
+
+
+def test_attention_work_follows_the_live_length_not_the_compiled_context(
+    bundles: dict,
+) -> None:
+    m = open_native(bundles["llama", "split"], max_batch=8)
+    plan = m.plan(m.decode_bucket(1))
+    attn = next(op for op in plan.ops if op.kind == "attention" and op.layer == 0)
+    heads, context = int(attn.attrs["heads"]), plan.bucket.seq
+    assert attn.steps[1] > 1  # the key range is split across tiles
+    for pos in (4, 37, 120):
+        t = m.kv.new_table()
+        m.kv.reserve(t, pos + 1)
+        m.write_inputs(plan, [RowInput(t, (pos,), (7,))])
+        m.dispatch(plan)
+        assert m.machine.work(plan)[attn.name] == heads * (pos + 1) < heads * context
+        m.kv.release(t)
+
+
+def test_bf16_weights_run_in_bf16_and_give_transformers_tokens(tmp_path: Path) -> None:
+    from plow.testing import make_tiny_checkpoint
+
+    ck = make_tiny_checkpoint("llama", 4, tmp_path / "ck", dtype="bfloat16")
+    out = tmp_path / "b"
+    compile_bundle(ck, out, load_target("cpu"), PROFILE, verify=True)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        ck, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    m = open_native(out, max_batch=8)
+    got = generate(m, [Request(tuple(p), NEW) for p in PROMPTS])
+    assert got == [hf_greedy(ref, p) for p in PROMPTS]
+    w = m.weights["model.layers.0.mlp.up_proj.weight"]
+    assert str(w.dtype) == "bfloat16"  # not widened
+    ckpt = load_checkpoint(ck)
+    fp32 = sum(int(np.prod(np.asarray(a).shape)) * 4 for a in ckpt.weights.values())
+    assert m.weight_bytes * 2 <= fp32 + 64

@@ -131,6 +131,8 @@ def load(build: str = "release") -> ctypes.CDLL:
     ]
     lib.plow_plan_last_counts.restype = None
     lib.plow_plan_last_counts.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]
+    lib.plow_plan_work.restype = None
+    lib.plow_plan_work.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.plow_plan_profile.restype = None
     lib.plow_plan_profile.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]
     return lib

@@ -112,6 +112,14 @@ class NativeMachine:
             out[op.kind] = out.get(op.kind, 0) + int(t)
         return out
 
+    def work(self, plan: Plan) -> dict[str, int]:
+        """Counted work per op of the last dispatch of `plan` (attention: query-key pairs
+        scored — it follows the rows' live lengths, not the rung's context)."""
+        _, h = self._handle(plan)
+        out = np.zeros(max(1, len(plan.ops)), dtype=np.int64)
+        self.lib.plow_plan_work(h, out.ctypes.data)
+        return {op.name: int(w) for op, w in zip(plan.ops, out.tolist(), strict=False) if w}
+
     def close(self) -> None:
         for _, _, h in self._plans.values():
             self.lib.plow_plan_free(h)
