@@ -30,6 +30,7 @@ refused (HTTP 429 with `Retry-After`) when the predicted wait exceeds the config
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
@@ -172,15 +173,114 @@ class Decision:
     reason: str = ""
 
 
+# ------------------------------------------------------------------- the queue ahead of an arrival
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What a request still needs from the engine: slot ticks and (fitted) prefill seconds.
+
+    A request holds its slot for `ceil(prompt / budget)` prefill launches (the last one samples
+    its first token) plus `max_tokens - 1` decode ticks: its own `max_tokens` is the most it
+    can ask for, so a prediction built from it is an upper bound (it ends earlier on a stop)."""
+
+    ticks: int
+    prefill_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """The dispatcher's slot table and queue as a new arrival finds them.
+
+    `busy`: remaining ticks of each bound slot (0 for one that frees on the next tick);
+    `waiting`: ticks of each waiting request in FIFO order, or None when the queue is too long
+    to schedule one by one (then `waiting_ticks`, their sum, gives Graham's bound);
+    `prefill_ahead_s`: the fitted prefill seconds still owed to requests ahead of the arrival;
+    `launch_cap_s`: the fitted seconds of one full prefill launch (the most one tick can add)."""
+
+    busy: Sequence[int]
+    free_slots: int
+    waiting: Sequence[int] | None
+    waiting_ticks: int
+    prefill_ahead_s: float
+    launch_cap_s: float
+
+
+def start_ticks(
+    busy: Sequence[int], free_slots: int, waiting: Sequence[int] | None, waiting_ticks: int
+) -> float:
+    """Ticks until a new arrival gets a slot, with FIFO admission into the first free slot.
+
+    With `waiting` given this is the list schedule itself: each waiting request takes the slot
+    that frees first and holds it for its ticks; the arrival takes the next one. Without it,
+    Graham's bound: until the arrival starts no slot is idle (otherwise it or someone ahead of
+    it would have been admitted), so B * start <= (work of the busy slots + work ahead)."""
+    slots = len(busy) + free_slots
+    if slots == 0:
+        return math.inf
+    if waiting is None:
+        if waiting_ticks == 0 and free_slots > 0:
+            return 0.0
+        return (sum(busy) + waiting_ticks) / slots
+    heap = [0] * free_slots + list(busy)
+    heapq.heapify(heap)
+    for t in waiting:
+        heapq.heappush(heap, heapq.heappop(heap) + t)
+    return float(heap[0])
+
+
+@dataclass
+class TickEstimate:
+    """Step times under load: the startup line and prefill fit, each scaled by an
+    exponentially weighted average of measured / predicted over the ticks that ran.
+
+    The startup calibration times the engine alone; under load a tick also carries the host's
+    sampling and detokenisation of every row, the event loop's share of the GIL and whatever
+    else the machine runs, so a served tick can take several times the calibrated one. The
+    average starts as the plain mean of the first `1 / alpha` observations (so a few ticks
+    replace the calibration) and then forgets with weight `alpha` per tick."""
+
+    step: StepTimes
+    prefill: PrefillFit
+    alpha: float = 0.1
+    decode_factor: float = 1.0
+    prefill_factor: float = 1.0
+    decode_seen: int = 0
+    prefill_seen: int = 0
+
+    def _update(self, old: float, seen: int, ratio: float) -> float:
+        a = max(self.alpha, 1.0 / (seen + 1))
+        return old + a * (ratio - old)
+
+    def observe(self, decoding: int, decode_s: float, prefill_rows: int, prefill_s: float) -> None:
+        """One tick: `decode_s` is its time outside the prefill launch (the decode launch,
+        sampling, detokenisation, bookkeeping) with `decoding` rows; `prefill_s` the launch."""
+        if decoding > 0 and decode_s > 0:
+            ratio = decode_s / self.step.tick_s(decoding)
+            self.decode_factor = self._update(self.decode_factor, self.decode_seen, ratio)
+            self.decode_seen += 1
+        if prefill_rows > 0 and prefill_s > 0:
+            ratio = prefill_s / max(self.prefill.seconds(prefill_rows), 1e-9)
+            self.prefill_factor = self._update(self.prefill_factor, self.prefill_seen, ratio)
+            self.prefill_seen += 1
+
+    def decode_tick_s(self, b: float) -> float:
+        return self.decode_factor * self.step.tick_s(b)
+
+
 @dataclass
 class AdmissionController:
-    """Online side of the model: arrival-rate and length estimates, window, admit/refuse."""
+    """Online side: each arrival's predicted queue wait from the requests ahead of it (their
+    own remaining ticks and prefills at the measured step time); the M/D/1 model for the
+    batch-formation window and for reports."""
 
     model: QueueModel
     max_wait_s: float = 60.0
     horizon_s: float = 30.0
     default_prompt: float = 32.0
     default_out: float = 16.0
+    ewma_alpha: float = 0.1
+    max_scheduled: int = 64  # longer queues use Graham's bound instead of the list schedule
     _arrivals: deque[float] = field(default_factory=deque)
     _prompts: deque[int] = field(default_factory=lambda: deque(maxlen=256))
     _outs: deque[int] = field(default_factory=lambda: deque(maxlen=256))
@@ -188,6 +288,10 @@ class AdmissionController:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _window: float = 0.0
     _window_at: float = -1.0
+    estimate: TickEstimate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.estimate = TickEstimate(self.model.step, self.model.prefill, self.ewma_alpha)
 
     def _rate(self, now: float) -> float:
         while self._arrivals and self._arrivals[0] < now - self.horizon_s:
@@ -196,6 +300,7 @@ class AdmissionController:
         return len(self._arrivals) / span
 
     def means(self) -> tuple[float, float]:
+        """Mean prompt tokens and mean `max_tokens` of recent arrivals (for the window)."""
         p = float(np.mean(self._prompts)) if self._prompts else self.default_prompt
         n = float(np.mean(self._outs)) if self._outs else self.default_out
         return p, n
@@ -204,14 +309,10 @@ class AdmissionController:
         with self._lock:
             self._arrivals.append(now)
             self._prompts.append(prompt_tokens)
-            if not self._outs:
-                self.default_out = float(max_tokens)
-
-    def finished(self, completion_tokens: int) -> None:
-        with self._lock:
-            self._outs.append(completion_tokens)
+            self._outs.append(max_tokens)
 
     def predict(self, now: float, extra_arrivals: int = 0) -> Prediction:
+        """The M/D/1 steady-state prediction at the current arrival rate (window, reports)."""
         with self._lock:
             lam = self._rate(now) + extra_arrivals / max(
                 min(self.horizon_s, now - self._start), 1.0
@@ -226,16 +327,54 @@ class AdmissionController:
             self._window_at = now
         return self._window
 
-    def decide(self, now: float, waiting: int, free_slots: int) -> Decision:
-        """Admit or refuse one new arrival given the dispatcher's current queue.
+    # -- the per-arrival prediction ------------------------------------------------------
 
-        While the estimated load is stable (rho < 1) the predicted wait is the larger of the
-        M/D/1 mean and the deterministic drain time of the requests already waiting. When the
-        estimated rate exceeds the service rate there is no steady state: the prediction is
-        the drain time alone, so a burst is queued until its drain time passes the bound."""
-        pred = self.predict(now, extra_arrivals=1)
-        backlog = max(0, waiting + 1 - free_slots) * pred.service_s / self.model.slots
-        wait = backlog if math.isinf(pred.wait_queue_s) else max(pred.wait_s, backlog)
+    def work(self, prompt_tokens: int, max_tokens: int, budget: int) -> Work:
+        """Slot ticks and fitted prefill seconds of a new request."""
+        launches = -(-prompt_tokens // max(1, budget))
+        return Work(
+            launches + max(0, max_tokens - 1),
+            self.model.prefill.seconds(prompt_tokens, launches) if prompt_tokens else 0.0,
+        )
+
+    def observe_tick(
+        self, decoding: int, decode_s: float, prefill_rows: int, prefill_s: float
+    ) -> None:
+        with self._lock:
+            self.estimate.observe(decoding, decode_s, prefill_rows, prefill_s)
+
+    def queue_wait(self, state: QueueState) -> float:
+        """Predicted seconds from arrival to slot admission for a new request.
+
+        The arrival first waits for the tick in progress (a decode over the busy slots, plus at
+        most one prefill launch); then, if no slot is free for it, for `start_ticks` more
+        ticks at the measured full-batch decode time plus the prefills of everyone ahead
+        (each runs once, inside one of those ticks). On an idle engine it may also wait out
+        the batch-formation window."""
+        est = self.estimate
+        slots = len(state.busy) + state.free_slots
+        with self._lock:
+            pf = est.prefill_factor
+            current = (
+                est.decode_tick_s(len(state.busy)) + pf * min(state.prefill_ahead_s,
+                                                              state.launch_cap_s)
+                if state.busy
+                else self._window
+            )  # fmt: skip
+            start = start_ticks(state.busy, state.free_slots, state.waiting, state.waiting_ticks)
+            if start <= 0.0:
+                return current
+            return current + start * est.decode_tick_s(slots) + pf * state.prefill_ahead_s
+
+    def decide(self, now: float, state: QueueState) -> Decision:
+        """Admit or refuse one new arrival given the slot table and queue ahead of it.
+
+        The wait is predicted from the requests ahead (their own `max_tokens`, never the
+        lengths of past requests) at the step time measured under load; a request is refused
+        when that exceeds the bound. The dispatcher also refuses, at admission time, a request
+        that waited past the bound anyway (the prediction was low), so no admitted request
+        waits longer than `max_wait_s`."""
+        wait = self.queue_wait(state)
         if wait > self.max_wait_s:
             retry = max(1, math.ceil(wait - self.max_wait_s))
             return Decision(

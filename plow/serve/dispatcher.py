@@ -8,7 +8,10 @@ One thread per served model drives its `Engine`. Each iteration of its loop is a
    engine is idle) admission may wait for the batch-formation window chosen by the M/D/1
    model (`admission.py`), so that several prompts share one prefill launch; while requests
    decode, arrivals are admitted at the next tick, so a request arriving mid-generation gets
-   its first token without waiting for the others to finish;
+   its first token without waiting for the others to finish. A request that has waited
+   longer than the admission bound is refused here instead of admitted (finish reason
+   "refused", HTTP 429), so the bound holds for every admitted request even when the
+   arrival-time prediction was low;
 3. at most one prefill launch: the chunk size minimises the priced cost of the prompts still
    to prefill (`prefill_cost.choose_chunk_size`), and chunks of several requests are packed
    into the launch under the token budget (`max_num_batched_tokens` minus one token per
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -35,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from plow.runtime.sampler import SamplingParams, make_generator, sample_row
-from plow.serve.admission import AdmissionController, Decision
+from plow.serve.admission import AdmissionController, Decision, QueueState, Work
 from plow.serve.detok import TextStream
 from plow.serve.engine import Engine, KVUsage, PrefillChunk
 from plow.serve.metrics import ModelMetrics
@@ -51,11 +55,12 @@ class GenerationEvent:
     request_id: str
     text: str
     token_ids: tuple[int, ...]
-    finish_reason: str | None  # None while running; "stop", "length", "abort" or "error"
+    finish_reason: str | None  # None while running; "stop", "length", "abort", "refused", "error"
     prompt_tokens: int
     completion_tokens: int
     tick: int
     error: str | None = None
+    retry_after_s: int | None = None  # with "refused": when a retry could be admitted
 
 
 @dataclass
@@ -107,6 +112,7 @@ class Request:
     cancelled: bool = False
     finished: bool = False
     last_token_t: float = 0.0
+    work: Work | None = None  # predicted slot ticks and prefill (admission), set on submit
 
 
 @dataclass
@@ -159,26 +165,35 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._kv = engine.kv_usage()
         self._ids = itertools.count()
+        self._waiting_ticks = 0  # sum of the waiting requests' Work.ticks
+        self._waiting_prefill_s = 0.0  # sum of their fitted prefill seconds
         m = self.metrics
         m.gauge(
-            "plow:num_requests_running", "Requests holding a slot.", lambda: self.stats().running
+            "vllm:num_requests_running", "Requests holding a slot.", lambda: self.stats().running
         )
         m.gauge(
-            "plow:num_requests_waiting",
+            "vllm:num_requests_waiting",
             "Requests waiting for a slot.",
             lambda: self.stats().waiting,
         )
+        m.gauge(
+            "vllm:kv_cache_usage_perc", "Key-value pool usage (0..1).", lambda: self._kv.fraction
+        )
         m.gauge("plow:slots_in_use", "Slots bound to a request.", lambda: self.stats().slots_in_use)
         m.gauge("plow:slots_total", "Slots in the table (max batch).", lambda: engine.max_batch)
-        m.gauge(
-            "plow:kv_cache_usage_perc", "Key-value pool usage (0..1).", lambda: self._kv.fraction
-        )
         m.gauge("plow:kv_cache_pages_used", "Key-value pages in use.", lambda: self._kv.pages_used)
         m.gauge(
             "plow:kv_cache_pages_total",
             "Key-value pages in the pool.",
             lambda: self._kv.pages_total,
         )
+        if admission is not None:
+            m.gauge(
+                "plow:admission_decode_tick_seconds",
+                "Full-batch decode tick the admission controller predicts with (the startup "
+                "calibration scaled by the moving average of measured ticks).",
+                lambda: admission.estimate.decode_tick_s(engine.max_batch),
+            )
 
     # ----------------------------------------------------------------------------- threads
 
@@ -200,18 +215,80 @@ class Dispatcher:
     def new_id(self, prefix: str = "cmpl") -> str:
         return f"{prefix}-{self.name}-{next(self._ids)}-{time.monotonic_ns() % 10**9:09d}"
 
+    @property
+    def _launch_budget(self) -> int:
+        """Prompt tokens one prefill launch takes at least (the budget less a full decode)."""
+        return max(1, self.max_num_batched_tokens - self.engine.max_batch)
+
+    def _work(self, prompt_tokens: int, max_tokens: int) -> Work:
+        assert self.admission is not None
+        return self.admission.work(prompt_tokens, max_tokens, self._launch_budget)
+
+    def _queue_state(self) -> QueueState:
+        """The slot table and queue as an arrival now finds them (call with the lock held).
+        Reads the running requests' progress without the dispatcher thread's cooperation:
+        a count may be a tick stale, which moves a prediction by one tick."""
+        assert self.admission is not None
+        fit = self.fit
+        busy: list[int] = []
+        ahead = self._waiting_prefill_s
+        budget = self._launch_budget
+        for r in self._active.values():
+            if r.finished or r.cancelled:
+                busy.append(0)
+                continue
+            left = len(r.prompt_ids) - r.prefilled
+            if left > 0:
+                launches = -(-left // budget)
+                busy.append(launches + max(0, r.max_tokens - 1))
+                ahead += fit.seconds(left, launches)
+            else:
+                busy.append(max(0, r.max_tokens - len(r.generated)))
+        waiting = (
+            [r.work.ticks if r.work is not None else 0 for r in self._waiting]
+            if len(self._waiting) <= self.admission.max_scheduled
+            else None
+        )
+        return QueueState(
+            busy, len(self._free), waiting, self._waiting_ticks, ahead,
+            fit.seconds(self.max_num_batched_tokens),
+        )  # fmt: skip
+
+    def _enqueue(self, r: Request) -> None:
+        self._waiting.append(r)
+        if r.work is not None:
+            self._waiting_ticks += r.work.ticks
+            self._waiting_prefill_s += r.work.prefill_s
+
+    def _dequeued(self, r: Request) -> None:
+        """Bookkeeping for `r` having left the waiting queue."""
+        if r.work is not None:
+            self._waiting_ticks -= r.work.ticks
+            self._waiting_prefill_s -= r.work.prefill_s
+        if not self._waiting:  # no drift from float sums
+            self._waiting_ticks, self._waiting_prefill_s = 0, 0.0
+
+    def predicted_wait(self) -> float:
+        """The queue wait a request arriving now is predicted (0 without admission control)."""
+        if self.admission is None:
+            return 0.0
+        with self._cv:
+            return self.admission.queue_wait(self._queue_state())
+
     def submit(self, req: Request, *, check: bool = True) -> Decision:
         """Queue a request unless admission control refuses it; the decision says which."""
         now = time.monotonic()
         with self._cv:
             decision = Decision(True, 0.0, 0)
-            if check and self.admission is not None:
-                decision = self.admission.decide(now, len(self._waiting), len(self._free))
-                if not decision.admit:
-                    self.metrics.inc("plow:request_refused_total")
-                    return decision
             if self.admission is not None:
+                if check:
+                    decision = self.admission.decide(now, self._queue_state())
+                    if not decision.admit:
+                        self.metrics.refused("arrival")
+                        return decision
+                req.work = self._work(len(req.prompt_ids), req.max_tokens)
                 self.admission.arrival(now, len(req.prompt_ids), req.max_tokens)
+            self.metrics.request_max_tokens.observe(req.max_tokens)
             req.record = RequestRecord(
                 req.id, len(req.prompt_ids), req.max_tokens, now, self.tick,
                 predicted_wait_s=decision.predicted_wait_s,
@@ -222,7 +299,7 @@ class Dispatcher:
             while len(self._records) > self._history:
                 self._records.popitem(last=False)
             self._by_id[req.id] = req
-            self._waiting.append(req)
+            self._enqueue(req)
             self._cv.notify_all()
         return decision
 
@@ -299,13 +376,17 @@ class Dispatcher:
                     self._by_id.pop(r.id, None)
             for r in [r for r in self._waiting if r.cancelled]:
                 self._waiting.remove(r)
+                self._dequeued(r)
                 self._finish(r, "abort", "", tick)
                 self._by_id.pop(r.id, None)
             self._free.sort()
-            # 2. admit
+            # 2. admit; a request still waiting past the bound is refused instead (its
+            # predicted wait was too low), so no admitted request waited longer than the bound
             now = time.monotonic()
+            self._refuse_late(now, tick)
             while self._waiting and self._free:
                 r = self._waiting.popleft()
+                self._dequeued(r)
                 slot = self._free.pop(0)
                 self.engine.add(slot, r.prompt_ids)
                 r.slot = slot
@@ -314,11 +395,12 @@ class Dispatcher:
                 r.record.admitted_t = now
                 r.record.admitted_tick = tick
                 r.record.slot = slot
-                self.metrics.observe(self.metrics.queue, now - r.record.arrival_t)
+                self.metrics.queue.observe(now - r.record.arrival_t)
             active = list(self._active.values())
         pending = [r for r in active if r.prefilled < len(r.prompt_ids) and not r.cancelled]
         decoding = [r for r in active if r.generated and not r.finished and not r.cancelled]
         launched = False
+        prefill_rows, prefill_s = 0, 0.0
         # 3. one packed prefill launch
         if pending:
             budget = max(1, self.max_num_batched_tokens - len(decoding))
@@ -331,16 +413,18 @@ class Dispatcher:
                 for r, n in zip(owners, remaining, strict=False)
                 if r.slot is not None
             ]
+            t0 = time.monotonic()
             logits = self.engine.prefill(chunks)
-            launched = True
-            self.metrics.inc("plow:prefill_launches_total")
             now = time.monotonic()
+            launched = True
+            prefill_rows, prefill_s = sum(c.length for c in chunks), now - t0
+            self.metrics.prefill_launches.inc()
             for r, ch, row in zip(owners, chunks, logits, strict=True):
                 r.prefilled += ch.length
                 assert r.record is not None
                 r.record.prefill_ticks.append(tick)
                 r.record.prefill_chunks.append(ch.length)
-                self.metrics.inc("plow:prompt_tokens_total", ch.length)
+                self.metrics.prompt_tokens.inc(ch.length)
                 if r.prefilled == len(r.prompt_ids):
                     self._emit_token(r, sample_row(row, r.params, r.rng), tick, now)
         # 4. one decode launch
@@ -354,8 +438,42 @@ class Dispatcher:
         with self._cv:
             self._kv = self.engine.kv_usage()
         if launched:
-            self.metrics.inc("plow:engine_ticks_total")
-            self.metrics.observe(self.metrics.tick, time.monotonic() - t_start)
+            elapsed = time.monotonic() - t_start
+            self.metrics.engine_ticks.inc()
+            self.metrics.tick.observe(elapsed)
+            if self.admission is not None:
+                self.admission.observe_tick(
+                    len(decoding), elapsed - prefill_s, prefill_rows, prefill_s
+                )
+
+    def _refuse_late(self, now: float, tick: int) -> None:
+        """Refuse the waiting requests whose wait already exceeds the admission bound (the
+        queue is in arrival order, so they are a prefix). Call with the lock held."""
+        if self.admission is None:
+            return
+        bound = self.admission.max_wait_s
+        late: list[Request] = []
+        while self._waiting:
+            rec = self._waiting[0].record
+            assert rec is not None
+            if now - rec.arrival_t <= bound:
+                break
+            r = self._waiting.popleft()
+            self._dequeued(r)
+            self._by_id.pop(r.id, None)
+            late.append(r)
+        if not late:
+            return
+        wait = self.admission.queue_wait(self._queue_state())
+        retry = max(1, math.ceil(wait - bound))
+        for r in late:
+            self.metrics.refused("deadline")
+            self._finish(
+                r, "refused", "", tick,
+                error=f"no slot within the queue-wait bound {bound:g} s (predicted wait now "
+                f"{wait:.3f} s)",
+                retry_after_s=retry,
+            )  # fmt: skip
 
     # ----------------------------------------------------------------------------- outputs
 
@@ -364,15 +482,16 @@ class Dispatcher:
         r.generated.append(tok)
         rec = r.record
         m = self.metrics
-        m.inc("plow:generation_tokens_total")
+        m.generation_tokens.inc()
         if rec.first_token_t is None:
             rec.first_token_t = now
             rec.first_token_tick = tick
-            m.observe(m.ttft, now - rec.arrival_t)
+            m.ttft.observe(now - rec.arrival_t)
             if rec.admitted_t is not None:
-                m.observe(m.prefill, now - rec.admitted_t)
+                m.prefill.observe(now - rec.admitted_t)
         else:
-            m.observe(m.itl, now - r.last_token_t)
+            m.itl.observe(now - r.last_token_t)
+            m.tpot.observe(now - r.last_token_t)
         r.last_token_t = now
         finish: str | None = None
         if tok in r.stop_token_ids:
@@ -404,27 +523,36 @@ class Dispatcher:
         tick: int,
         toks: tuple[int, ...] = (),
         error: str | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         if r.finished:
             return
         r.finished = True
         now = time.monotonic()
         rec = r.record
+        m = self.metrics
         if rec is not None:
             rec.finish_t = now
             rec.finish_tick = tick
             rec.finish_reason = reason
             rec.completion_tokens = len(r.generated)
             if reason in ("stop", "length"):
-                self.metrics.observe(self.metrics.e2e, now - rec.arrival_t)
-        if reason in ("stop", "length"):
-            self.metrics.inc("plow:request_success_total")
-            if self.admission is not None:
-                self.admission.finished(len(r.generated))
-        elif reason == "abort":
-            self.metrics.inc("plow:request_aborted_total")
+                m.e2e.observe(now - rec.arrival_t)
+                m.request_prompt.observe(len(r.prompt_ids))
+                m.request_generation.observe(len(r.generated))
+                if rec.admitted_t is not None:
+                    m.inference.observe(now - rec.admitted_t)
+                if rec.first_token_t is not None:
+                    m.decode.observe(r.last_token_t - rec.first_token_t)
+                    if len(r.generated) > 1:
+                        m.request_tpot.observe(
+                            (r.last_token_t - rec.first_token_t) / (len(r.generated) - 1)
+                        )
+        if reason in ("stop", "length", "abort"):
+            m.finished(reason)
         self._send(r, GenerationEvent(
-            r.id, delta, toks, reason, len(r.prompt_ids), len(r.generated), tick, error
+            r.id, delta, toks, reason, len(r.prompt_ids), len(r.generated), tick, error,
+            retry_after_s,
         ))  # fmt: skip
 
     def _send(self, r: Request, ev: GenerationEvent) -> None:
@@ -438,6 +566,7 @@ class Dispatcher:
             reqs = list(self._active.items())
             waiting = list(self._waiting)
             self._waiting.clear()
+            self._waiting_ticks, self._waiting_prefill_s = 0, 0.0
             for slot, r in reqs:
                 self.engine.free(slot)
                 self._free.append(slot)

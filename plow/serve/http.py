@@ -1,11 +1,31 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn): several models, one dispatcher each.
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream: true` as
-server-sent events), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), and
-`GET /debug/requests/{id}` (a request's timeline in dispatcher ticks) and `GET /debug/admission`
-(each model's calibrated step times, prefill fit and current M/D/1 prediction), both for tests
-and benchmarks and behind the API key like /v1. Errors use the OpenAI body
-`{"error": {"message", "type", "param", "code"}}`.
+server-sent events), `GET /v1/models`, `GET /v1/models/{id}`, `POST /tokenize`,
+`POST /detokenize` (vLLM's), `GET /health`, `GET /metrics` (Prometheus, through
+`prometheus_client`), and `GET /debug/requests/{id}` (a request's timeline in dispatcher ticks)
+and `GET /debug/admission` (each model's calibrated and measured step times, prefill fit and
+current predictions), both for tests and benchmarks and behind the API key like /v1. Errors
+use the OpenAI body `{"error": {"message", "type", "param", "code"}}` with `code` a string or
+null.
+
+What keeps one client from hurting the others:
+
+- the body is read by an ASGI gate before any route sees it, counting bytes as they arrive:
+  past `max_request_bytes` (default 8 MiB) the rest is drained without being kept and the
+  answer is 413, so a 50 MB upload costs no memory;
+- JSON parsing is strict (pydantic strict mode: `"10"` is not an integer, `"yes"` not a bool)
+  and every string must be valid Unicode;
+- a prompt that cannot fit the context is refused before tokenising when its character count
+  alone proves it (a token covers at most `max_token_chars` characters for tokenizers that
+  never drop input), and tokenisation (and chat-template rendering) runs in a worker thread
+  through `encode_batch`, which releases the GIL, so `/health` and the running streams keep
+  being served while a large prompt is tokenised;
+- each request watches its connection for the whole of its life (non-streaming included):
+  a client that goes away is aborted at once and its slot is freed on the dispatcher's next
+  tick;
+- a response starts only when the request's first event arrives (its first token, or its
+  refusal at the queue-wait bound), so a refusal is a real 429 even for `stream: true`.
 """
 
 from __future__ import annotations
@@ -14,18 +34,21 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from plow.checkpoint import load_checkpoint
 from plow.checkpoint.tokenizer import Tokenizer
@@ -35,15 +58,23 @@ from plow.serve.admission import AdmissionController, QueueModel, calibrate_step
 from plow.serve.dispatcher import Dispatcher, GenerationEvent
 from plow.serve.dispatcher import Request as GenRequest
 from plow.serve.engine import Engine, ReferenceEngine
-from plow.serve.metrics import ModelMetrics, render_all
+from plow.serve.metrics import CONTENT_TYPE_LATEST, ModelMetrics, render_all
 from plow.serve.prefill_cost import PrefillFit, fit_prefill, load_fit, sweep_prefill
 from plow.serve.protocol import (
+    MAX_N,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     ModelCard,
     ModelList,
     SamplingFields,
+    TokenizeRequest,
 )
+
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+# After the limit, up to this many more bytes are read and dropped so that the client, still
+# uploading, reads the 413 instead of a connection reset; past it the connection is closed.
+DRAIN_BYTES = 64 << 20
 
 # ------------------------------------------------------------------------------------- errors
 
@@ -78,14 +109,77 @@ def error_response(
     message: str,
     type: str = "invalid_request_error",
     param: str | None = None,
-    code: str | int | None = None,
+    code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     body = {"error": {"message": message, "type": type, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+_STATUS_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+}
+
 # ------------------------------------------------------------------------------------- models
+
+# pre-tokenizers and normalizers that never drop input characters (so every character of the
+# text is covered by some token); anything else disables the character-count pre-check
+_KEEPING_PRE = {"ByteLevel", "Metaspace", "Split", "Digits", "Punctuation", "UnicodeScripts"}
+_KEEPING_NORM = {"Prepend", "Replace", "NFD", "NFKD", "Lowercase"}
+
+
+def _keeps_characters(component: Any, allowed: set[str]) -> bool:
+    if component is None:
+        return True
+    try:
+        spec = json.loads(component.__getstate__())
+    except Exception:
+        return False
+
+    def ok(s: dict[str, Any]) -> bool:
+        kind = s.get("type")
+        if kind == "Sequence":
+            parts = s.get("pretokenizers", s.get("normalizers", []))
+            return all(ok(p) for p in parts)
+        if kind not in allowed or s.get("behavior") == "Removed":
+            return False
+        if kind == "Replace":
+            pattern = s.get("pattern", {})
+            return "String" in pattern and len(s.get("content", "")) >= len(pattern["String"])
+        return True
+
+    return ok(spec)
+
+
+def max_token_chars(tok: Tokenizer) -> int | None:
+    """The most input characters one token can cover, when that bounds the token count of a
+    text from below (`tokens >= ceil(chars / max_token_chars)`); None when it does not (a
+    normalizer or pre-tokenizer that may drop characters, a model that drops unknown ones).
+
+    A token's string in the vocabulary is at least as many UTF-8 bytes as the characters it
+    stands for: byte-level tokens spell each byte as one (1-2 byte) character, SentencePiece
+    tokens spell their characters (a space as the 3-byte `▁`), byte-fallback tokens `<0x..>`
+    one byte in six, added tokens themselves."""
+    inner = tok.inner
+    if not _keeps_characters(inner.normalizer, _KEEPING_NORM):
+        return None
+    if not _keeps_characters(inner.pre_tokenizer, _KEEPING_PRE):
+        return None
+    model = inner.model
+    kind = type(model).__name__
+    if kind == "BPE":
+        byte_level = b'"ByteLevel"' in (
+            inner.pre_tokenizer.__getstate__() if inner.pre_tokenizer is not None else b""
+        )
+        if not (byte_level or model.byte_fallback or model.unk_token is not None):
+            return None  # an unknown character would be dropped
+    elif kind not in ("WordPiece", "Unigram"):
+        return None
+    vocab = inner.get_vocab(with_added_tokens=True)
+    return max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=1) or 1
 
 
 @dataclass
@@ -97,10 +191,24 @@ class ServedModel:
     max_context: int
     vocab_size: int
     created: int = field(default_factory=lambda: int(time.time()))
+    token_chars: int | None = None  # max_token_chars(tokenizer), set by load_served_model
 
     @property
     def engine(self) -> Engine:
         return self.dispatcher.engine
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`, as `Tokenizer.encode` (a BOS when the tokenizer adds one)
+        with `add_special_tokens`. Through `encode_batch`, which releases the GIL (`encode`
+        holds it for the whole call): run it in a worker thread."""
+        enc = self.tokenizer.inner.encode_batch([text], add_special_tokens=False)[0]
+        ids: list[int] = list(enc.ids)
+        tok = self.tokenizer
+        if add_special_tokens and tok.add_bos and tok.bos_token is not None:
+            bos = tok.inner.token_to_id(tok.bos_token)
+            if bos is not None:
+                ids = [bos, *ids]
+        return ids
 
 
 def quick_prefill_fit(engine: Engine, name: str) -> PrefillFit:
@@ -165,7 +273,10 @@ def load_served_model(
         admission=admission,
         metrics=ModelMetrics(served),
     )
-    return ServedModel(served, str(directory), tok, dispatcher, engine.max_context, spec.vocab_size)
+    return ServedModel(
+        served, str(directory), tok, dispatcher, engine.max_context, spec.vocab_size,
+        token_chars=max_token_chars(tok),
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- chat
@@ -208,6 +319,120 @@ def _message_text(content: Any) -> str:
     return "".join(parts)
 
 
+# ------------------------------------------------------------------------------------- bodies
+
+B = TypeVar("B", bound=BaseModel)
+
+_UNION_TAGS = {"str", "int", "float", "bool", "none", "list", "dict"}
+
+
+def _param(loc: Sequence[Any]) -> str | None:
+    """The field path of a validation error, without pydantic's union-member tags."""
+    out: list[str] = []
+    for x in loc:
+        if isinstance(x, str) and (x in _UNION_TAGS or "[" in x or x == "body"):
+            continue
+        out.append(str(x))
+    return ".".join(out) or None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_body(model: type[B], raw: bytes) -> B:
+    """Strict JSON → `model`, every failure a 400 with the OpenAI error body."""
+    try:
+        obj = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, NaN, too deep
+        raise ApiError(400, f"malformed JSON body: {e}", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        errs = e.errors(include_url=False)
+        # for a union, the member that matches the value's JSON type says the most
+        specific = [er for er in errs if not er["type"].endswith("_type")] or errs
+        first = specific[0]
+        msg = "; ".join(f"{_param(er['loc']) or 'body'}: {er['msg']}" for er in specific[:3])
+        raise ApiError(400, msg, param=_param(first["loc"])) from None
+
+
+# ------------------------------------------------------------------------------------- the gate
+
+
+def _protected(path: str) -> bool:
+    return path.startswith(("/v1", "/debug", "/tokenize", "/detokenize"))
+
+
+class _Gate:
+    """Pure ASGI in front of the routes: the API key, then the body, read here under the size
+    limit (counted as it arrives, never buffered past the limit) and replayed to the app; the
+    receive channel after the body goes straight through, so a route can watch it for the
+    client's disconnect."""
+
+    def __init__(self, app: ASGIApp, server: Server) -> None:
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        srv = self.server
+        headers = Headers(scope=scope)
+        if (
+            srv.api_key is not None
+            and _protected(scope["path"])
+            and headers.get("authorization", "") != f"Bearer {srv.api_key}"
+        ):
+            resp = error_response(401, "Incorrect API key provided.", code="invalid_api_key")
+            await resp(scope, receive, send)
+            return
+        limit = srv.max_request_bytes
+        over = False
+        with contextlib.suppress(ValueError):
+            over = int(headers.get("content-length", "0")) > limit
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body = msg.get("body", b"")
+            size += len(body)
+            more = bool(msg.get("more_body", False))
+            if over or size > limit:
+                over = True
+                chunks.clear()
+                if size > limit + DRAIN_BYTES:
+                    break
+            elif body:
+                chunks.append(body)
+        if over:
+            resp = error_response(
+                413,
+                f"request body larger than the limit of {limit} bytes",
+                code="request_too_large",
+                headers={"Connection": "close"},
+            )
+            await resp(scope, receive, send)
+            return
+        data = b"".join(chunks)
+        chunks.clear()
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": data, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
 # ------------------------------------------------------------------------------------- server
 
 
@@ -231,22 +456,72 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+def _stream_error(ev: GenerationEvent) -> str:
+    kind = "rate_limit_exceeded" if ev.finish_reason == "refused" else "internal_error"
+    return _sse({"error": {"message": ev.error or ev.finish_reason, "type": kind,
+                           "param": None, "code": kind}})  # fmt: skip
+
+
 @dataclass
 class _Job:
-    model: ServedModel
-    request_id: str
-    queue: asyncio.Queue[GenerationEvent]
-    prompt_tokens: int
+    """The n requests (one per choice) of one HTTP request, their events on one queue, and
+    a task watching the connection that aborts them all when the client goes away."""
 
-    async def events(self) -> AsyncIterator[GenerationEvent]:
-        while True:
-            ev = await self.queue.get()
-            yield ev
+    model: ServedModel
+    request_ids: list[str]
+    queue: asyncio.Queue[tuple[int, GenerationEvent]]
+    prompt_tokens: int
+    watcher: asyncio.Task[None] | None = None
+    disconnected: bool = False
+    _open: int = 0
+
+    def __post_init__(self) -> None:
+        self._open = len(self.request_ids)
+
+    def watch(self, http_request: Request) -> None:
+        async def run() -> None:
+            while True:
+                msg = await http_request.receive()
+                if msg["type"] == "http.disconnect":
+                    self.disconnected = True
+                    self.abort()
+                    return
+
+        self.watcher = asyncio.ensure_future(run())
+
+    async def events(self) -> AsyncIterator[tuple[int, GenerationEvent]]:
+        """(choice index, event) until every choice has finished."""
+        while self._open:
+            i, ev = await self.queue.get()
             if ev.finish_reason is not None:
-                return
+                self._open -= 1
+            yield i, ev
 
     def abort(self) -> None:
-        self.model.dispatcher.abort(self.request_id)
+        for rid in self.request_ids:
+            self.model.dispatcher.abort(rid)
+
+    def close(self) -> None:
+        """Abort whatever still runs (no-op for finished requests) and stop watching."""
+        self.abort()
+        if self.watcher is not None:
+            self.watcher.cancel()
+
+
+def _raise_for(ev: GenerationEvent) -> None:
+    if ev.finish_reason == "refused":
+        retry = ev.retry_after_s or 1
+        raise ApiError(
+            429,
+            f"server busy: {ev.error}; retry after {retry} s",
+            type="rate_limit_exceeded",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(retry)},
+        )
+    if ev.finish_reason == "error":
+        raise ApiError(500, ev.error or "engine error", type="internal_error")
+    if ev.finish_reason == "abort":
+        raise ApiError(400, "client disconnected", code="client_disconnected")
 
 
 class Server:
@@ -256,6 +531,7 @@ class Server:
         *,
         api_key: str | None = None,
         seed: int | None = None,
+        max_request_bytes: int | None = None,
     ) -> None:
         names = [m.name for m in models]
         if len(set(names)) != len(names):
@@ -263,11 +539,24 @@ class Server:
         self.models = {m.name: m for m in models}
         self.api_key = api_key
         self.seed = seed
+        if max_request_bytes is None:
+            env = os.environ.get("PLOW_MAX_REQUEST_BYTES")
+            try:
+                max_request_bytes = int(env) if env else DEFAULT_MAX_REQUEST_BYTES
+            except ValueError as e:
+                raise PlowError("PLOW_MAX_REQUEST_BYTES", f"not an integer: {env!r}") from e
+        if max_request_bytes < 1:
+            raise PlowError("--max-request-bytes", f"must be at least 1, got {max_request_bytes}")
+        self.max_request_bytes = max_request_bytes
         self._counter = 0
 
     # -- request handling ---------------------------------------------------------------
 
-    def _model(self, name: str) -> ServedModel:
+    def _model(self, name: str | None) -> ServedModel:
+        if name is None:
+            if len(self.models) == 1:
+                return next(iter(self.models.values()))
+            raise ApiError(400, "several models are served: name one", param="model")
         m = self.models.get(name)
         if m is None:
             raise ApiError(
@@ -278,9 +567,11 @@ class Server:
             )
         return m
 
-    def _params(self, body: SamplingFields) -> SamplingParams:
+    def _params(self, body: SamplingFields, index: int) -> SamplingParams:
         seed = body.seed
-        if seed is None and self.seed is not None:
+        if seed is not None:
+            seed += index  # choice i of n: its own stream, choice 0 the single-choice one
+        elif self.seed is not None:
             self._counter += 1
             digest = hashlib.sha256(f"{self.seed}:{self._counter}".encode()).digest()
             seed = int.from_bytes(digest[:8], "little")
@@ -299,31 +590,85 @@ class Server:
             raise ApiError(400, f"{e.where} {e.problem}", param=e.where) from e
 
     def _common_checks(self, body: SamplingFields, max_tokens: int | None) -> None:
-        if body.n != 1:
-            raise ApiError(400, "n other than 1 is not supported", param="n")
-        if body.logprobs not in (None, False, 0):
-            raise ApiError(400, "logprobs are not supported", param="logprobs")
+        if not 1 <= body.n <= MAX_N:
+            raise ApiError(400, f"n must be in 1..{MAX_N}, got {body.n}", param="n")
+        unsupported = [
+            ("logprobs", body.logprobs not in (None, False, 0)),
+            ("top_logprobs", body.top_logprobs not in (None, 0)),
+            ("presence_penalty", body.presence_penalty not in (None, 0.0)),
+            ("frequency_penalty", body.frequency_penalty not in (None, 0.0)),
+            ("repetition_penalty", body.repetition_penalty not in (None, 1.0)),
+            ("response_format",
+             body.response_format not in (None, {}) and body.response_format != {"type": "text"}),
+        ]  # fmt: skip
+        for name, bad in unsupported:
+            if bad:  # the sampler has no such step yet: say so rather than ignore it
+                raise ApiError(400, f"{name} is not supported by this server", param=name)
         if max_tokens is not None and max_tokens < 1:
             raise ApiError(
                 400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens"
             )
+        bad_ids = [t for t in body.stop_token_ids or [] if t < 0]
+        if bad_ids:
+            raise ApiError(400, f"token id {bad_ids[0]} is negative", param="stop_token_ids")
+
+    @staticmethod
+    def _too_long(m: ServedModel, tokens: int, what: str = "") -> ApiError:
+        return ApiError(
+            400,
+            f"This model's maximum context length is {m.max_context} tokens; the prompt has "
+            f"{what or f'{tokens} tokens'} (at most {m.max_context - 1} leave room for one "
+            f"new token).",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+
+    def _precheck_chars(self, m: ServedModel, text: str, param: str = "prompt") -> None:
+        """Refuse, without tokenising, a text whose length alone proves it overflows."""
+        per = m.token_chars
+        if per is not None and len(text) > per * (m.max_context - 1):
+            least = -(-len(text) // per)
+            err = self._too_long(
+                m, least, f"{len(text)} characters, so at least {least} tokens (one token "
+                f"covers at most {per} characters of this tokenizer)",
+            )  # fmt: skip
+            err.param = param
+            raise err
+
+    async def _tokenize(
+        self, m: ServedModel, text: str, add_special_tokens: bool, param: str
+    ) -> list[int]:
+        self._precheck_chars(m, text, param)
+        try:
+            return await asyncio.to_thread(m.encode, text, add_special_tokens)
+        except UnicodeError as e:  # a surrogate the body checks did not see
+            raise ApiError(400, f"{param}: not valid Unicode text ({e})", param=param) from e
+
+    async def _chat_ids(
+        self, m: ServedModel, messages: list[Any], add_generation_prompt: bool
+    ) -> list[int]:
+        dicts = [{**msg.model_dump(), "content": _message_text(msg.content)} for msg in messages]
+
+        def work() -> list[int]:
+            text = render_chat(m.tokenizer, dicts, add_generation_prompt)
+            self._precheck_chars(m, text, "messages")
+            return m.encode(text, add_special_tokens=False)
+
+        try:
+            return await asyncio.to_thread(work)
+        except UnicodeError as e:
+            raise ApiError(400, f"messages: not valid Unicode text ({e})", param="messages") from e
 
     def _check_prompt(
         self, m: ServedModel, ids: list[int], max_tokens: int | None, default: int | None
     ) -> int:
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
+        if len(ids) >= m.max_context:
+            raise self._too_long(m, len(ids))
         bad = [i for i in ids if not 0 <= i < m.vocab_size]
         if bad:
             raise ApiError(400, f"token id {bad[0]} is outside the vocabulary", param="prompt")
-        if len(ids) >= m.max_context:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {m.max_context} tokens; the prompt has "
-                f"{len(ids)} tokens (at most {m.max_context - 1} leave room for one new token).",
-                param="prompt",
-                code="context_length_exceeded",
-            )
         room = m.max_context - len(ids)
         if max_tokens is None:
             return room if default is None else min(default, room)
@@ -339,67 +684,90 @@ class Server:
         return max_tokens
 
     def _submit(
-        self, m: ServedModel, ids: list[int], body: SamplingFields, max_tokens: int, prefix: str
+        self,
+        m: ServedModel,
+        ids: list[int],
+        body: SamplingFields,
+        max_tokens: int,
+        prefix: str,
+        http_request: Request,
     ) -> _Job:
-        params = self._params(body)
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[GenerationEvent] = asyncio.Queue()
-
-        def sink(ev: GenerationEvent) -> None:
-            with contextlib.suppress(RuntimeError):  # loop closed at shutdown
-                loop.call_soon_threadsafe(queue.put_nowait, ev)
-
+        queue: asyncio.Queue[tuple[int, GenerationEvent]] = asyncio.Queue()
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        stop_ids = frozenset() if body.ignore_eos else m.dispatcher.eos_token_ids
-        rid = m.dispatcher.new_id(prefix)
-        req = GenRequest(rid, ids, params, max_tokens, sink, tuple(stops), stop_ids)
-        decision = m.dispatcher.submit(req)
-        if not decision.admit:
-            raise ApiError(
-                429,
-                f"server busy: {decision.reason}; retry after {decision.retry_after_s} s",
-                type="rate_limit_exceeded",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": str(decision.retry_after_s)},
-            )
-        return _Job(m, rid, queue, len(ids))
+        stop_ids = frozenset(body.stop_token_ids or ()) | (
+            frozenset() if body.ignore_eos else m.dispatcher.eos_token_ids
+        )
+        params = [self._params(body, i) for i in range(body.n)]
+        rids: list[str] = []
+        job = _Job(m, rids, queue, len(ids))
+        for i in range(body.n):
 
-    async def _collect(self, job: _Job, http_request: Request) -> tuple[str, GenerationEvent]:
-        parts: list[str] = []
-        it = job.events().__aiter__()
+            def sink(ev: GenerationEvent, i: int = i) -> None:
+                with contextlib.suppress(RuntimeError):  # loop closed at shutdown
+                    loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
+
+            rid = m.dispatcher.new_id(prefix)
+            req = GenRequest(rid, ids, params[i], max_tokens, sink, tuple(stops), stop_ids)
+            decision = m.dispatcher.submit(req)
+            if not decision.admit:
+                job.abort()  # the choices already queued
+                raise ApiError(
+                    429,
+                    f"server busy: {decision.reason}; retry after {decision.retry_after_s} s",
+                    type="rate_limit_exceeded",
+                    code="rate_limit_exceeded",
+                    headers={"Retry-After": str(decision.retry_after_s)},
+                )
+            rids.append(rid)
+        job._open = len(rids)
+        job.watch(http_request)
+        return job
+
+    async def _collect(self, job: _Job, n: int) -> tuple[list[str], list[GenerationEvent]]:
+        parts: list[list[str]] = [[] for _ in range(n)]
+        last: list[GenerationEvent | None] = [None] * n
         try:
-            while True:
-                task = asyncio.ensure_future(it.__anext__())
-                while True:
-                    done, _ = await asyncio.wait({task}, timeout=0.5)
-                    if done:
-                        break
-                    if await http_request.is_disconnected():
-                        task.cancel()
-                        job.abort()
-                        raise ApiError(400, "client disconnected", code="client_disconnected")
-                ev = task.result()
-                parts.append(ev.text)
+            async for i, ev in job.events():
+                if ev.finish_reason in ("refused", "error", "abort"):
+                    _raise_for(ev)
+                parts[i].append(ev.text)
                 if ev.finish_reason is not None:
-                    if ev.finish_reason == "error":
-                        raise ApiError(500, ev.error or "engine error", type="internal_error")
-                    return "".join(parts), ev
+                    last[i] = ev
         finally:
-            job.abort()  # no-op when finished
+            job.close()
+        done = [ev for ev in last if ev is not None]
+        assert len(done) == n
+        return ["".join(p) for p in parts], done
+
+    async def _first(self, job: _Job) -> tuple[int, GenerationEvent]:
+        """Wait for the job's first event before answering: a refusal or an error that comes
+        before any token still gets its own HTTP status."""
+        try:
+            i, ev = await job.queue.get()
+            if ev.finish_reason is not None:
+                job._open -= 1
+                if ev.finish_reason in ("refused", "error", "abort"):
+                    _raise_for(ev)
+            return i, ev
+        except BaseException:
+            job.close()
+            raise
 
     @staticmethod
-    def _usage(ev: GenerationEvent) -> dict[str, int]:
+    def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         return {
-            "prompt_tokens": ev.prompt_tokens,
-            "completion_tokens": ev.completion_tokens,
-            "total_tokens": ev.prompt_tokens + ev.completion_tokens,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
         }
 
-    async def completions(self, body: CompletionRequest, http_request: Request) -> Any:
+    async def completions(self, raw: bytes, http_request: Request) -> Any:
+        body = parse_body(CompletionRequest, raw)
         m = self._model(body.model)
         self._common_checks(body, body.max_tokens)
-        if body.echo or (body.best_of not in (None, 1)):
-            raise ApiError(400, "echo and best_of are not supported", param="echo")
+        if body.best_of not in (None, 1, body.n):
+            raise ApiError(400, "best_of other than n is not supported", param="best_of")
         prompt: Any = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
             if len(prompt) != 1:
@@ -407,45 +775,71 @@ class Server:
                     400, "batched prompts are not supported: send one prompt", param="prompt"
                 )
             prompt = prompt[0]
-        ids = m.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(x) for x in prompt]
+        if isinstance(prompt, str):
+            ids = await self._tokenize(m, prompt, True, "prompt")
+        else:
+            if len(prompt) >= m.max_context:
+                raise self._too_long(m, len(prompt))
+            ids = list(prompt)
         max_tokens = self._check_prompt(m, ids, body.max_tokens, 16)
-        job = self._submit(m, ids, body, max_tokens, "cmpl")
+        echo = ""
+        if body.echo:
+            echo = prompt if isinstance(prompt, str) else m.tokenizer.decode(ids)
+        job = self._submit(m, ids, body, max_tokens, "cmpl", http_request)
         created = int(time.time())
         base = {
-            "id": job.request_id,
+            "id": job.request_ids[0],
             "object": "text_completion",
             "created": created,
             "model": m.name,
         }
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        n = len(job.request_ids)
         if body.stream:
+            first = await self._first(job)
 
             async def gen() -> AsyncIterator[str]:
-                async for ev in job.events():
-                    if ev.finish_reason == "error":
-                        yield _sse({"error": {"message": ev.error, "type": "internal_error",
-                                              "param": None, "code": 500}})  # fmt: skip
+                extra = {"usage": None} if include_usage else {}
+                if echo:
+                    for i in range(n):
+                        choice = {"index": i, "text": echo, "logprobs": None,
+                                  "finish_reason": None}  # fmt: skip
+                        yield _sse({**base, "choices": [choice], **extra})
+                completion = 0
+
+                async def all_events() -> AsyncIterator[tuple[int, GenerationEvent]]:
+                    yield first
+                    async for x in job.events():
+                        yield x
+
+                async for i, ev in all_events():
+                    if ev.finish_reason in ("refused", "error"):
+                        yield _stream_error(ev)
                         break
                     if ev.text or ev.finish_reason is not None:
-                        choice = {"index": 0, "text": ev.text, "logprobs": None,
+                        choice = {"index": i, "text": ev.text, "logprobs": None,
                                   "finish_reason": ev.finish_reason}  # fmt: skip
-                        extra = {"usage": None} if include_usage else {}
                         yield _sse({**base, "choices": [choice], **extra})
-                    if ev.finish_reason is not None and include_usage:
-                        yield _sse({**base, "choices": [], "usage": self._usage(ev)})
+                    if ev.finish_reason is not None:
+                        completion += ev.completion_tokens
+                if include_usage:
+                    yield _sse({**base, "choices": [], "usage": self._usage(len(ids), completion)})
                 yield "data: [DONE]\n\n"
 
-            return _ClosingStream(gen(), job.abort)
-        text, last = await self._collect(job, http_request)
+            return _ClosingStream(gen(), job.close)
+        texts, lasts = await self._collect(job, n)
         return {
             **base,
             "choices": [
-                {"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}
+                {"index": i, "text": echo + texts[i], "logprobs": None,
+                 "finish_reason": lasts[i].finish_reason}
+                for i in range(n)
             ],
-            "usage": self._usage(last),
-        }
+            "usage": self._usage(len(ids), sum(ev.completion_tokens for ev in lasts)),
+        }  # fmt: skip
 
-    async def chat(self, body: ChatCompletionRequest, http_request: Request) -> Any:
+    async def chat(self, raw: bytes, http_request: Request) -> Any:
+        body = parse_body(ChatCompletionRequest, raw)
         m = self._model(body.model)
         max_req = (
             body.max_completion_tokens
@@ -453,51 +847,82 @@ class Server:
             else body.max_tokens
         )
         self._common_checks(body, max_req)
-        messages = [
-            {**msg.model_dump(), "content": _message_text(msg.content)} for msg in body.messages
-        ]
-        text = render_chat(m.tokenizer, messages, body.add_generation_prompt)
-        ids = list(m.tokenizer.inner.encode(text, add_special_tokens=False).ids)
+        ids = await self._chat_ids(m, body.messages, body.add_generation_prompt)
         max_tokens = self._check_prompt(m, ids, max_req, None)
-        job = self._submit(m, ids, body, max_tokens, "chatcmpl")
+        job = self._submit(m, ids, body, max_tokens, "chatcmpl", http_request)
         created = int(time.time())
-        base = {"id": job.request_id, "created": created, "model": m.name}
+        base = {"id": job.request_ids[0], "created": created, "model": m.name}
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        n = len(job.request_ids)
         if body.stream:
+            first = await self._first(job)
             chunk = {**base, "object": "chat.completion.chunk"}
 
             async def gen() -> AsyncIterator[str]:
                 extra = {"usage": None} if include_usage else {}
-                first = {"index": 0, "delta": {"role": "assistant", "content": ""},
-                         "logprobs": None, "finish_reason": None}  # fmt: skip
-                yield _sse({**chunk, "choices": [first], **extra})
-                async for ev in job.events():
-                    if ev.finish_reason == "error":
-                        yield _sse({"error": {"message": ev.error, "type": "internal_error",
-                                              "param": None, "code": 500}})  # fmt: skip
+                for i in range(n):
+                    role = {"index": i, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None}  # fmt: skip
+                    yield _sse({**chunk, "choices": [role], **extra})
+                completion = 0
+
+                async def all_events() -> AsyncIterator[tuple[int, GenerationEvent]]:
+                    yield first
+                    async for x in job.events():
+                        yield x
+
+                async for i, ev in all_events():
+                    if ev.finish_reason in ("refused", "error"):
+                        yield _stream_error(ev)
                         break
                     if ev.text or ev.finish_reason is not None:
                         delta = {"content": ev.text} if ev.text else {}
-                        choice = {"index": 0, "delta": delta, "logprobs": None,
+                        choice = {"index": i, "delta": delta, "logprobs": None,
                                   "finish_reason": ev.finish_reason}  # fmt: skip
                         yield _sse({**chunk, "choices": [choice], **extra})
-                    if ev.finish_reason is not None and include_usage:
-                        yield _sse({**chunk, "choices": [], "usage": self._usage(ev)})
+                    if ev.finish_reason is not None:
+                        completion += ev.completion_tokens
+                if include_usage:
+                    usage = self._usage(len(ids), completion)
+                    yield _sse({**chunk, "choices": [], "usage": usage})
                 yield "data: [DONE]\n\n"
 
-            return _ClosingStream(gen(), job.abort)
-        out, last = await self._collect(job, http_request)
+            return _ClosingStream(gen(), job.close)
+        texts, lasts = await self._collect(job, n)
         return {
             **base,
             "object": "chat.completion",
             "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": out},
+                "index": i,
+                "message": {"role": "assistant", "content": texts[i]},
                 "logprobs": None,
-                "finish_reason": last.finish_reason,
-            }],
-            "usage": self._usage(last),
+                "finish_reason": lasts[i].finish_reason,
+            } for i in range(n)],
+            "usage": self._usage(len(ids), sum(ev.completion_tokens for ev in lasts)),
         }  # fmt: skip
+
+    async def tokenize(self, raw: bytes) -> Any:
+        body = parse_body(TokenizeRequest, raw)
+        m = self._model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(400, "give exactly one of prompt and messages", param="prompt")
+        if body.prompt is not None:
+            ids = await self._tokenize(m, body.prompt, body.add_special_tokens, "prompt")
+        else:
+            assert body.messages is not None
+            ids = await self._chat_ids(m, body.messages, body.add_generation_prompt)
+        return {"count": len(ids), "max_model_len": m.max_context, "tokens": ids}
+
+    async def detokenize(self, raw: bytes) -> Any:
+        body = parse_body(DetokenizeRequest, raw)
+        m = self._model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < m.vocab_size]
+        if bad:
+            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary", param="tokens")
+        return {"prompt": await asyncio.to_thread(m.tokenizer.decode, body.tokens)}
+
+    def card(self, m: ServedModel) -> ModelCard:
+        return ModelCard(id=m.name, created=m.created, root=m.root, max_model_len=m.max_context)
 
     # -- app ----------------------------------------------------------------------------
 
@@ -513,21 +938,8 @@ class Server:
                     m.dispatcher.stop()
 
         app = FastAPI(title="plow", lifespan=lifespan, docs_url=None, redoc_url=None)
+        app.add_middleware(_Gate, server=self)
         server = self
-
-        @app.middleware("http")
-        async def auth(request: Request, call_next: Callable[[Request], Any]) -> Any:
-            path = request.url.path
-            if server.api_key is not None and (path.startswith("/v1") or path.startswith("/debug")):
-                header = request.headers.get("authorization", "")
-                if header != f"Bearer {server.api_key}":
-                    return error_response(
-                        401,
-                        "Incorrect API key provided.",
-                        "invalid_request_error",
-                        code="invalid_api_key",
-                    )
-            return await call_next(request)
 
         @app.exception_handler(ApiError)
         async def _api_error(_: Request, e: ApiError) -> JSONResponse:
@@ -537,40 +949,43 @@ class Server:
         async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
             errs = e.errors()
             first = errs[0] if errs else {}
-            loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-            if first.get("type") == "json_invalid":
-                msg = f"malformed JSON body: {first.get('msg', '')}"
-                return error_response(400, msg, param=None, code="invalid_json")
-
-            def where(er: Any) -> str:
-                return ".".join(str(x) for x in er.get("loc", ()) if x != "body") or "body"
-
-            msg = "; ".join(f"{where(er)}: {er.get('msg')}" for er in errs[:3])
-            return error_response(400, msg, param=".".join(loc) or None)
+            msg = "; ".join(f"{_param(er.get('loc', ())) or 'body'}: {er.get('msg')}"
+                            for er in errs[:3])  # fmt: skip
+            return error_response(400, msg, param=_param(first.get("loc", ())))
 
         @app.exception_handler(StarletteHTTPException)
         async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
             kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-            return error_response(e.status_code, str(e.detail), kind, code=e.status_code)
+            code = _STATUS_CODES.get(e.status_code)
+            return error_response(e.status_code, str(e.detail), kind, code=code)
 
         @app.exception_handler(Exception)
         async def _internal(_: Request, e: Exception) -> JSONResponse:
             return error_response(500, f"internal error: {type(e).__name__}: {e}", "internal_error")
 
         @app.post("/v1/completions")
-        async def completions(body: CompletionRequest, request: Request) -> Any:
-            return await server.completions(body, request)
+        async def completions(request: Request) -> Any:
+            return await server.completions(await request.body(), request)
 
         @app.post("/v1/chat/completions")
-        async def chat(body: ChatCompletionRequest, request: Request) -> Any:
-            return await server.chat(body, request)
+        async def chat(request: Request) -> Any:
+            return await server.chat(await request.body(), request)
+
+        @app.post("/tokenize")
+        async def tokenize(request: Request) -> Any:
+            return await server.tokenize(await request.body())
+
+        @app.post("/detokenize")
+        async def detokenize(request: Request) -> Any:
+            return await server.detokenize(await request.body())
 
         @app.get("/v1/models")
         async def models() -> ModelList:
-            return ModelList(data=[
-                ModelCard(id=m.name, created=m.created, root=m.root, max_model_len=m.max_context)
-                for m in server.models.values()
-            ])  # fmt: skip
+            return ModelList(data=[server.card(m) for m in server.models.values()])
+
+        @app.get("/v1/models/{model_id:path}")
+        async def model(model_id: str) -> ModelCard:
+            return server.card(server._model(model_id))
 
         @app.get("/health")
         async def health() -> Any:
@@ -586,9 +1001,9 @@ class Server:
             return {"status": "ok"}
 
         @app.get("/metrics")
-        async def metrics() -> PlainTextResponse:
+        async def metrics() -> Response:
             text = render_all([m.dispatcher.metrics for m in server.models.values()])
-            return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+            return Response(text, media_type=CONTENT_TYPE_LATEST)
 
         @app.get("/debug/admission")
         async def debug_admission() -> Any:
@@ -599,11 +1014,20 @@ class Server:
                 if adm is None:
                     continue
                 p = adm.predict(now)
+                est = adm.estimate
                 out[m.name] = {
                     "slots": adm.model.slots,
                     "max_wait_s": adm.max_wait_s,
                     "step": adm.model.step.model_dump(),
                     "prefill_fit": adm.model.prefill.model_dump(exclude={"points"}),
+                    "measured": {
+                        "decode_factor": est.decode_factor,
+                        "prefill_factor": est.prefill_factor,
+                        "decode_ticks": est.decode_seen,
+                        "prefill_launches": est.prefill_seen,
+                        "full_batch_tick_s": est.decode_tick_s(adm.model.slots),
+                    },
+                    "predicted_wait_now_s": m.dispatcher.predicted_wait(),
                     "prediction": {**asdict(p), "wait_s": p.wait_s},
                 }
             return out

@@ -1,16 +1,32 @@
-"""Prometheus metrics in the text exposition format (version 0.0.4), written by hand.
+"""Prometheus metrics through `prometheus_client`.
 
-Names follow vLLM's where the meaning is the same, under the `plow:` prefix; every series
-carries a `model_name` label. Thread-safe: the dispatcher thread records, the HTTP thread
-renders.
+Names are vLLM's where the meaning is the same (`vllm:num_requests_running`,
+`vllm:time_to_first_token_seconds`, `vllm:prompt_tokens_total`, ...) so that dashboards and
+`vllm bench`-style scrapers work unchanged; series with no vLLM counterpart (slots, key-value
+pages, dispatcher ticks, admission refusals and estimates) keep the `plow:` prefix. Every
+series carries a `model_name` label, as vLLM's do.
+
+Each served model records into its own `CollectorRegistry` (a dispatcher can run without a
+server, and two servers in one process must not share counters); `render_all` merges the
+models' registries into one exposition with each family's samples together. The library's
+metric objects are thread-safe: the dispatcher thread records, the HTTP thread renders.
 """
 
 from __future__ import annotations
 
-import math
-import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.metrics_core import Metric
+
+__all__ = ["CONTENT_TYPE_LATEST", "LATENCY_BUCKETS", "ModelMetrics", "parse_metrics", "render_all"]
 
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -18,122 +34,125 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
-def _fmt(v: float) -> str:
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if float(v).is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    return repr(float(v))
+def _token_buckets(top: int = 1 << 20) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to `top` (vLLM's `build_1_2_5_buckets`)."""
+    out: list[float] = []
+    k = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * k > top:
+                return out
+            out.append(float(m * k))
+        k *= 10
 
 
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-    inner = ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
-    return "{" + inner + "}"
-
-
-@dataclass
-class Histogram:
-    name: str
-    help: str
-    buckets: Sequence[float] = LATENCY_BUCKETS
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    n: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * len(self.buckets)
-
-    def observe(self, v: float) -> None:
-        for i, b in enumerate(self.buckets):
-            if v <= b:
-                self.counts[i] += 1
-        self.total += v
-        self.n += 1
-
-    def render(self, labels: dict[str, str]) -> list[str]:
-        out = []
-        for b, c in zip(self.buckets, self.counts, strict=True):
-            out.append(f"{self.name}_bucket{_labels({**labels, 'le': _fmt(b)})} {c}")
-        out.append(f"{self.name}_bucket{_labels({**labels, 'le': '+Inf'})} {self.n}")
-        out.append(f"{self.name}_sum{_labels(labels)} {_fmt(self.total)}")
-        out.append(f"{self.name}_count{_labels(labels)} {self.n}")
-        return out
-
-
-@dataclass
 class ModelMetrics:
-    """The series of one served model. Gauges are read through callables at render time."""
+    """The series of one served model, in a registry of its own."""
 
-    model_name: str
-    gauges: dict[str, tuple[str, Callable[[], float]]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        reg, name = self.registry, model_name
 
-    def __post_init__(self) -> None:
-        self.ttft = Histogram("plow:time_to_first_token_seconds", "Time to first token.")
-        self.itl = Histogram("plow:inter_token_latency_seconds", "Time between output tokens.")
-        self.e2e = Histogram("plow:e2e_request_latency_seconds", "Arrival to last token.")
-        self.queue = Histogram("plow:request_queue_time_seconds", "Arrival to slot admission.")
-        self.prefill = Histogram(
-            "plow:request_prefill_time_seconds", "Admission to first token (prefill)."
+        def hist(metric: str, doc: str, buckets: Sequence[float] = LATENCY_BUCKETS) -> Histogram:
+            h = Histogram(metric, doc, ["model_name"], registry=reg, buckets=buckets)
+            return h.labels(name)
+
+        def counter(metric: str, doc: str) -> Counter:
+            return Counter(metric, doc, ["model_name"], registry=reg).labels(name)
+
+        # vLLM's request-level histograms
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token in seconds.")
+        self.itl = hist("vllm:inter_token_latency_seconds", "Inter-token latency in seconds.")
+        self.tpot = hist(
+            "vllm:time_per_output_token_seconds",
+            "Time per output token in seconds (each gap between two output tokens).",
         )
-        self.tick = Histogram("plow:engine_tick_seconds", "Wall time of one dispatcher tick.")
-        self.counters: dict[str, tuple[str, float]] = {
-            "plow:prompt_tokens_total": ("Prefilled prompt tokens.", 0.0),
-            "plow:generation_tokens_total": ("Generated tokens.", 0.0),
-            "plow:request_success_total": ("Requests finished (stop or length).", 0.0),
-            "plow:request_aborted_total": ("Requests aborted (client disconnect).", 0.0),
-            "plow:request_refused_total": ("Requests refused by admission control (429).", 0.0),
-            "plow:engine_ticks_total": ("Dispatcher ticks that ran an engine launch.", 0.0),
-            "plow:prefill_launches_total": ("Prefill launches.", 0.0),
-        }
+        self.request_tpot = hist(
+            "vllm:request_time_per_output_token_seconds",
+            "Per request: (last token - first token) / (output tokens - 1), seconds.",
+        )
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Arrival to last token, seconds.")
+        self.queue = hist("vllm:request_queue_time_seconds", "Arrival to slot admission, seconds.")
+        self.prefill = hist(
+            "vllm:request_prefill_time_seconds", "Admission to first token (prefill), seconds."
+        )
+        self.decode = hist("vllm:request_decode_time_seconds", "First to last token, seconds.")
+        self.inference = hist(
+            "vllm:request_inference_time_seconds", "Admission to last token, seconds."
+        )
+        tokens = _token_buckets()
+        self.request_prompt = hist(
+            "vllm:request_prompt_tokens", "Prompt tokens per finished request.", tokens
+        )
+        self.request_generation = hist(
+            "vllm:request_generation_tokens", "Output tokens per finished request.", tokens
+        )
+        self.request_max_tokens = hist(
+            "vllm:request_params_max_tokens", "The max_tokens of each queued request.", tokens
+        )
+        # vLLM's counters
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prefilled prompt tokens.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.")
+        self._success = Counter(
+            "vllm:request_success",
+            "Finished requests by finish reason (stop, length, abort).",
+            ["model_name", "finished_reason"],
+            registry=reg,
+        )
+        for reason in ("stop", "length", "abort"):
+            self._success.labels(name, reason)  # present at 0 from the start
+        # plow-only
+        self.tick = hist("plow:engine_tick_seconds", "Wall time of one dispatcher tick.")
+        self.engine_ticks = counter(
+            "plow:engine_ticks", "Dispatcher ticks that ran an engine launch."
+        )
+        self.prefill_launches = counter("plow:prefill_launches", "Prefill launches.")
+        self._refused = Counter(
+            "plow:request_refused",
+            "Requests refused by admission control (429): at arrival (predicted wait over the "
+            "bound) or at the deadline (still waiting for a slot when the bound ran out).",
+            ["model_name", "at"],
+            registry=reg,
+        )
+        for at in ("arrival", "deadline"):
+            self._refused.labels(name, at)
 
-    def inc(self, name: str, v: float = 1.0) -> None:
-        with self.lock:
-            h, old = self.counters[name]
-            self.counters[name] = (h, old + v)
+    def finished(self, reason: str) -> None:
+        """Count a finished request (`stop`, `length` or `abort`)."""
+        self._success.labels(self.model_name, reason).inc()
 
-    def observe(self, hist: Histogram, v: float) -> None:
-        with self.lock:
-            hist.observe(v)
+    def refused(self, at: str) -> None:
+        self._refused.labels(self.model_name, at).inc()
 
     def gauge(self, name: str, help: str, fn: Callable[[], float]) -> None:
-        self.gauges[name] = (help, fn)
-
-    def families(self) -> list[tuple[str, str, str, list[str]]]:
-        """(name, type, help, sample lines) per metric family."""
-        labels = {"model_name": self.model_name}
-        fams: list[tuple[str, str, str, list[str]]] = []
-        with self.lock:
-            for name, (h, fn) in self.gauges.items():
-                fams.append((name, "gauge", h, [f"{name}{_labels(labels)} {_fmt(float(fn()))}"]))
-            for name, (h, v) in self.counters.items():
-                fams.append((name, "counter", h, [f"{name}{_labels(labels)} {_fmt(v)}"]))
-            for hist in (self.ttft, self.itl, self.e2e, self.queue, self.prefill, self.tick):
-                fams.append((hist.name, "histogram", hist.help, hist.render(labels)))
-        return fams
+        """A gauge read through `fn` at scrape time."""
+        Gauge(name, help, ["model_name"], registry=self.registry).labels(
+            self.model_name
+        ).set_function(fn)
 
 
-def render_all(models: Sequence[ModelMetrics]) -> str:
-    """Several models in one exposition, each family's samples together."""
-    order: list[str] = []
-    merged: dict[str, tuple[str, str, list[str]]] = {}
-    for m in models:
-        for name, kind, h, lines in m.families():
-            if name not in merged:
-                order.append(name)
-                merged[name] = (kind, h, [])
-            merged[name][2].extend(lines)
-    out: list[str] = []
-    for name in order:
-        kind, h, lines = merged[name]
-        out += [f"# HELP {name} {h}", f"# TYPE {name} {kind}", *lines]
-    return "\n".join(out) + "\n"
+class _Merged:
+    """Several registries as one collector: each family once, its samples from every model;
+    the `_created` timestamps prometheus_client adds to counters and histograms are dropped."""
+
+    def __init__(self, models: Sequence[ModelMetrics]) -> None:
+        self.models = models
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for m in self.models:
+            for fam in m.registry.collect():
+                out = merged.get(fam.name)
+                if out is None:
+                    out = merged[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                out.samples.extend(s for s in fam.samples if not s.name.endswith("_created"))
+        yield from merged.values()
+
+
+def render_all(models: Sequence[ModelMetrics]) -> bytes:
+    """Several models in one exposition (Prometheus text format 0.0.4)."""
+    return generate_latest(_Merged(models))
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -30,6 +30,19 @@ def tiny_ckpt_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_checkpoint("qwen3", 1, tmp_path_factory.mktemp("serve") / "tiny-qwen")
 
 
+def model_samples(text: str, model: str) -> dict[str, float]:
+    label = f'model_name="{model}"'
+    out: dict[str, float] = {}
+    for key, v in parse_metrics(text).items():
+        name, _, rest = key.partition("{")
+        labels = [x for x in rest.rstrip("}").split(",") if x]
+        if label not in labels:
+            continue
+        others = [x for x in labels if x != label]
+        out[name + ("{" + ",".join(others) + "}" if others else "")] = v
+    return out
+
+
 @dataclass
 class LiveServer:
     url: str
@@ -38,9 +51,10 @@ class LiveServer:
     thread: threading.Thread
 
     def metrics(self, model: str = "tiny") -> dict[str, float]:
+        """One model's samples: `name` for a series labelled only by the model, otherwise
+        `name{other="labels"}` (e.g. `vllm:request_success_total{finished_reason="abort"}`)."""
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        suffix = f'{{model_name="{model}"}}'
-        return {k[: -len(suffix)]: v for k, v in parse_metrics(text).items() if k.endswith(suffix)}
+        return model_samples(text, model)
 
     def record(self, request_id: str) -> dict[str, object]:
         r = httpx.get(
@@ -58,8 +72,8 @@ class LiveServer:
         while True:
             m = self.metrics(model)
             busy = (
-                m["plow:slots_in_use"] + m["plow:num_requests_running"]
-                + m["plow:num_requests_waiting"]
+                m["plow:slots_in_use"] + m["vllm:num_requests_running"]
+                + m["vllm:num_requests_waiting"]
             )  # fmt: skip
             if busy == 0 or time.monotonic() > deadline:
                 return m

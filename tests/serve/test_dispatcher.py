@@ -10,6 +10,7 @@ import pytest
 from plow.checkpoint import Checkpoint, load_checkpoint
 from plow.runtime.reference import forward_logits, generate_greedy
 from plow.runtime.sampler import SamplingParams
+from plow.serve.admission import AdmissionController, QueueModel, StepTimes
 from plow.serve.dispatcher import Dispatcher, GenerationEvent, Request
 from plow.serve.engine import Engine, EngineError, PrefillChunk, ReferenceEngine
 from plow.serve.prefill_cost import PrefillFit
@@ -173,3 +174,28 @@ def test_stop_token_and_stop_string(ckpt: Checkpoint) -> None:
     run_until_idle(d)
     out = "".join(e.text for e in events)
     assert events[-1].finish_reason == "stop" and out == text[: text.find(stop)]
+
+
+def test_a_request_waiting_past_the_bound_is_refused_instead_of_admitted(
+    ckpt: Checkpoint,
+) -> None:
+    eng = ReferenceEngine.from_checkpoint(ckpt, max_batch=1, max_context=128)
+    fit = PrefillFit(launch_s=0.0, per_row_s=1e-5)
+    step = StepTimes(d0_s=0.001, d1_s=0.0, max_batch=1)
+    adm = AdmissionController(QueueModel(step, fit, 1), max_wait_s=5.0)
+    d = Dispatcher("t", eng, ckpt.tokenizer.decode, prefill_fit=fit, admission=adm,
+                   max_num_batched_tokens=64)  # fmt: skip
+    a = submit(d, "a", [3, 4, 5], 30)
+    d._tick()
+    b = submit(d, "b", [6, 7], 2)  # predicted about 30 ticks of 1 ms: queued
+    c = submit(d, "c", [8, 9], 2)
+    rec_b, rec_c = d.record("b"), d.record("c")
+    assert rec_b is not None and rec_c is not None and rec_b.predicted_wait_s < 5.0
+    rec_b.arrival_t -= 10.0  # b has waited 10 s already (the prediction was wrong)
+    d._tick()
+    assert b[-1].finish_reason == "refused" and (b[-1].retry_after_s or 0) >= 1
+    assert rec_b.admitted_tick is None and rec_b.finish_reason == "refused"
+    assert not c and d.stats().waiting == 1  # c, within the bound, still waits its turn
+    run_until_idle(d)
+    assert c[-1].finish_reason == "length" and a[-1].finish_reason == "length"
+    assert rec_c.admitted_t is not None and rec_c.admitted_t - rec_c.arrival_t <= 5.0

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serve.conftest import API_KEY, LiveServer
 
@@ -24,6 +25,11 @@ def client(live: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{live.url}/v1", api_key=API_KEY, max_retries=0)
 
 
+ABORTED = 'vllm:request_success_total{finished_reason="abort"}'
+STOPPED = 'vllm:request_success_total{finished_reason="stop"}'
+LENGTH = 'vllm:request_success_total{finished_reason="length"}'
+
+
 def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {API_KEY}"}
 
@@ -31,13 +37,31 @@ def auth() -> dict[str, str]:
 def test_models_health_and_metrics(live: LiveServer, client: openai.OpenAI) -> None:
     assert sorted(m.id for m in client.models.list()) == ["tiny", "tiny-b"]
     assert httpx.get(f"{live.url}/health").json() == {"status": "ok"}
-    text = httpx.get(f"{live.url}/metrics").text
-    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
-                 "e2e_request_latency_seconds", "request_queue_time_seconds",
-                 "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-                 "prompt_tokens_total", "generation_tokens_total", "slots_in_use"):  # fmt: skip
-        assert f"# TYPE plow:{name} " in text
-    assert 'model_name="tiny-b"' in text
+    r = httpx.get(f"{live.url}/metrics")
+    assert r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}  # a valid exposition
+    for name, kind in [
+        ("vllm:time_to_first_token_seconds", "histogram"),
+        ("vllm:time_per_output_token_seconds", "histogram"),
+        ("vllm:inter_token_latency_seconds", "histogram"),
+        ("vllm:e2e_request_latency_seconds", "histogram"),
+        ("vllm:request_queue_time_seconds", "histogram"),
+        ("vllm:num_requests_running", "gauge"),
+        ("vllm:num_requests_waiting", "gauge"),
+        ("vllm:kv_cache_usage_perc", "gauge"),
+        ("vllm:prompt_tokens", "counter"),
+        ("vllm:generation_tokens", "counter"),
+        ("vllm:request_success", "counter"),
+        ("plow:slots_in_use", "gauge"),
+        ("plow:engine_tick_seconds", "histogram"),
+        ("plow:request_refused", "counter"),
+    ]:
+        assert families[name].type == kind, name
+    # one family per name with both models' samples in it, no _created series
+    models = {s.labels["model_name"] for s in families["vllm:num_requests_running"].samples}
+    assert models == {"tiny", "tiny-b"}
+    assert "_created" not in r.text
+    assert r.text.count("# TYPE vllm:num_requests_running ") == 1
 
 
 def test_completion_and_stream_agree(live: LiveServer, client: openai.OpenAI) -> None:
@@ -129,7 +153,7 @@ def test_disconnect_mid_stream_frees_slot_and_pages(live: LiveServer) -> None:
     after = live.wait_idle()
     assert during["plow:slots_in_use"] == 1 and during["plow:kv_cache_pages_used"] > 0
     assert after["plow:slots_in_use"] == 0 and after["plow:kv_cache_pages_used"] == 0
-    assert after["plow:request_aborted_total"] == before["plow:request_aborted_total"] + 1
+    assert after[ABORTED] == before[ABORTED] + 1
     rec = live.record(rid)
     assert rec["finish_reason"] == "abort" and rec["completion_tokens"] < 200  # type: ignore[operator]
     assert rec["freed_tick"] is not None
@@ -168,16 +192,16 @@ def test_64_streaming_clients_with_random_disconnects(live: LiveServer) -> None:
 
     outcomes = asyncio.run(run())
     after = live.wait_idle(timeout=30)
-    assert after["plow:slots_in_use"] == 0 and after["plow:num_requests_running"] == 0
-    assert after["plow:num_requests_waiting"] == 0 and after["plow:kv_cache_pages_used"] == 0
+    assert after["plow:slots_in_use"] == 0 and after["vllm:num_requests_running"] == 0
+    assert after["vllm:num_requests_waiting"] == 0 and after["plow:kv_cache_pages_used"] == 0
     complete = outcomes.count("complete")
     # every client that stayed got its whole answer; some really left mid-stream
     assert all(
         o == "complete" for o, (_, leave, _) in zip(outcomes, plan, strict=True) if not leave
     )
     assert 5 <= outcomes.count("left") <= sum(1 for _, leave, _ in plan if leave)
-    ok = after["plow:request_success_total"] - before["plow:request_success_total"]
-    aborted = after["plow:request_aborted_total"] - before["plow:request_aborted_total"]
+    ok = sum(after[k] - before[k] for k in (STOPPED, LENGTH))
+    aborted = after[ABORTED] - before[ABORTED]
     assert ok + aborted == 64 and ok >= complete  # a client may leave after its last token
 
 
@@ -188,7 +212,12 @@ def test_64_streaming_clients_with_random_disconnects(live: LiveServer) -> None:
         ({"model": "tiny", "prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
         ({"model": "tiny", "prompt": list(range(3, 303))}, 400, "prompt"),
         ({"model": "tiny", "prompt": "x", "max_tokens": 10_000}, 400, "max_tokens"),
-        ({"model": "tiny", "prompt": "x", "n": 2}, 400, "n"),
+        ({"model": "tiny", "prompt": "x", "n": 0}, 400, "n"),
+        ({"model": "tiny", "prompt": "x", "n": 17}, 400, "n"),
+        ({"model": "tiny", "prompt": "x", "logprobs": 2}, 400, "logprobs"),
+        ({"model": "tiny", "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ({"model": "tiny", "prompt": "x", "response_format": {"type": "json_object"}}, 400,
+         "response_format"),
         ({"model": "tiny", "prompt": "x", "temperature": -1}, 400, "temperature"),
         ({"model": "tiny"}, 400, "prompt"),
     ],
@@ -200,7 +229,7 @@ def test_bad_requests_get_openai_errors(
     assert r.status_code == status
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["param"] == param
-    assert err["message"]
+    assert err["message"] and (err["code"] is None or isinstance(err["code"], str))
 
 
 def test_malformed_json_wrong_key_and_server_keeps_serving(
