@@ -37,10 +37,16 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+# The largest model (in parameters) `spec_from_config` accepts: 2.5x Llama-3.1-405B, whose
+# plan-only compile for h200 takes about 20 s; far larger configs would plan for hours.
+MAX_PARAMETERS = 10**12
+
+
 def _first_error(e: ValidationError) -> str:
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err["loc"]) or "config"
-    return f"field {loc!r}: {err['msg']}"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"field {loc!r}: {msg}"
 
 
 def spec_from_config(config: dict[str, Any], where: Path | str) -> ModelSpec:
@@ -55,11 +61,20 @@ def spec_from_config(config: dict[str, Any], where: Path | str) -> ModelSpec:
             f"(supported: {', '.join(supported_model_types())})",
         )
     try:
-        return family(config)
+        spec = family(config)
     except ValidationError as e:
         raise ConfigError(where, _first_error(e)) from e
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(where, str(e)) from e
+    n = spec.parameter_count()
+    if n > MAX_PARAMETERS:
+        raise ConfigError(
+            where,
+            f"{n:.3g} parameters (num_hidden_layers {spec.num_layers}, hidden_size "
+            f"{spec.hidden_size}, intermediate_size {spec.intermediate_size}, vocab_size "
+            f"{spec.vocab_size}): more than the {MAX_PARAMETERS:.0e} this machine can plan",
+        )
+    return spec
 
 
 def load_spec(path: Path) -> ModelSpec:
@@ -94,14 +109,29 @@ def weight_files(directory: Path) -> list[Path]:
     return found
 
 
+def check_tokenizer(tokenizer: Tokenizer, spec: ModelSpec, path: Path) -> None:
+    """The tokenizer fits the model: it has tokens, and every id it can produce is a row of
+    the embedding (models often pad `vocab_size` past the tokenizer's, never the reverse)."""
+    n = tokenizer.vocab_size
+    if n == 0:
+        raise CheckpointError(path, "the tokenizer has no tokens")
+    if n > spec.vocab_size:
+        raise CheckpointError(
+            path,
+            f"the tokenizer has {n} tokens, more than the model's vocab_size {spec.vocab_size} "
+            "(config.json): its ids past the embedding could not be run",
+        )
+
+
 def load_checkpoint(path: Path | str) -> Checkpoint:
     directory = Path(path)
     if not directory.is_dir():
         raise CheckpointError(directory, "not a checkpoint directory")
     spec = load_spec(directory)
-    weights = WeightStore.open(weight_files(directory))
+    weights = WeightStore.open(weight_files(directory), where=directory)
     weights.check_shapes(spec.weight_shapes())
     tokenizer = Tokenizer.load(directory)
+    check_tokenizer(tokenizer, spec, directory / "tokenizer.json")
     gen_path = directory / "generation_config.json"
     generation = _read_json(gen_path) if gen_path.is_file() else {}
     return Checkpoint(directory, spec, weights, tokenizer, generation)

@@ -29,14 +29,17 @@ class Tokenizer:
         try:
             inner = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust library raises plain Exceptions
-            raise CheckpointError(path, f"cannot read tokenizer: {e}") from e
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise CheckpointError(path, f"cannot read the tokenizer: {first}") from e
         cfg: dict[str, Any] = {}
         cfg_path = directory / "tokenizer_config.json"
         if cfg_path.is_file():
             try:
                 cfg = json.loads(cfg_path.read_text())
-            except json.JSONDecodeError as e:
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise CheckpointError(cfg_path, f"malformed JSON: {e}") from e
+            if not isinstance(cfg, dict):
+                raise CheckpointError(cfg_path, "expected a JSON object")
 
         def token(key: str) -> str | None:
             v = cfg.get(key)

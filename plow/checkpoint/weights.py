@@ -81,14 +81,24 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     return entries
 
 
-class WeightStore(Mapping[str, np.ndarray]):
-    """Name → read-only memory-mapped array, over one or many safetensors files."""
+class MissingTensor(CheckpointError, KeyError):
+    """A tensor the model needs is in none of the checkpoint's safetensors files: a one-line
+    `PlowError` naming the checkpoint and the tensor, and a `KeyError` for `Mapping` users."""
 
-    def __init__(self, entries: dict[str, TensorEntry]) -> None:
+    def __str__(self) -> str:
+        return f"{self.where}: {self.problem}"
+
+
+class WeightStore(Mapping[str, np.ndarray]):
+    """Name → read-only memory-mapped array, over one or many safetensors files; `where` (the
+    checkpoint directory, or the file) is what errors about a missing tensor name."""
+
+    def __init__(self, entries: dict[str, TensorEntry], where: Path | str = "weights") -> None:
         self._entries = entries
+        self.where = Path(where)
 
     @classmethod
-    def open(cls, files: list[Path]) -> WeightStore:
+    def open(cls, files: list[Path], where: Path | str | None = None) -> WeightStore:
         entries: dict[str, TensorEntry] = {}
         for f in files:
             for name, e in read_header(f).items():
@@ -97,14 +107,30 @@ class WeightStore(Mapping[str, np.ndarray]):
                         f, f"tensor {name!r} also appears in {entries[name].file.name}"
                     )
                 entries[name] = e
-        return cls(entries)
+        if where is None:
+            parents = {f.parent for f in files}
+            where = files[0] if len(files) == 1 else parents.pop() if len(parents) == 1 else "."
+        return cls(entries, where)
+
+    def _missing(self, name: str) -> MissingTensor:
+        files = sorted({e.file.name for e in self._entries.values()})
+        return MissingTensor(
+            self.where,
+            f"tensor {name!r} is missing from the safetensors files ({', '.join(files) or 'none'})",
+        )
 
     def entry(self, name: str) -> TensorEntry:
-        return self._entries[name]
+        e = self._entries.get(name)
+        if e is None:
+            raise self._missing(name)
+        return e
 
     def __getitem__(self, name: str) -> np.ndarray:
-        e = self._entries[name]
+        e = self.entry(name)
         return np.memmap(e.file, dtype=e.dtype, mode="r", offset=e.offset, shape=e.shape)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
@@ -121,9 +147,7 @@ class WeightStore(Mapping[str, np.ndarray]):
         for name, shape in expected.items():
             e = self._entries.get(name)
             if e is None:
-                raise CheckpointError(
-                    name, "tensor missing from the checkpoint's safetensors files"
-                )
+                raise self._missing(name)
             if e.shape != shape:
                 raise CheckpointError(
                     e.file, f"tensor {name!r} has shape {list(e.shape)}, expected {list(shape)}"

@@ -187,7 +187,7 @@ def copy_weights(source: Path, names: list[str], dest: Path) -> WeightsInfo:
     from plow.checkpoint.loader import weight_files
     from plow.checkpoint.weights import WeightStore
 
-    store = WeightStore.open(weight_files(source))
+    store = WeightStore.open(weight_files(source), where=source)
     header: dict[str, Any] = {"__metadata__": {"format": "pt", "writer": "plow"}}
     pos = 0
     entries = []
@@ -336,8 +336,11 @@ def write_bundle_files(
 
 
 def _check_full_source(src: Path) -> None:
-    """A full bundle needs weights and a tokenizer: say so before planning."""
-    from plow.checkpoint.loader import weight_files
+    """A full bundle needs weights and a tokenizer that fit the config: say so before planning
+    (and so before anything is written). Every tensor the config implies is in the safetensors
+    files with its shape, and `tokenizer.json` loads with `tokenizers` and fits the vocabulary
+    (`plow.checkpoint.load_checkpoint`, the checks `generate` and `serve` make)."""
+    from plow.checkpoint.loader import load_checkpoint, weight_files
 
     if not src.is_dir():
         raise PlowError(src, "a full bundle needs a checkpoint directory: pass --plan-only")
@@ -347,6 +350,7 @@ def _check_full_source(src: Path) -> None:
         raise PlowError(src, f"{e.problem}: pass --plan-only to plan from the config alone") from e
     if not (src / "tokenizer.json").is_file():
         raise PlowError(src / "tokenizer.json", "missing: a full bundle ships the tokenizer")
+    load_checkpoint(src)
 
 
 def compile_bundle(

@@ -2,11 +2,54 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import Callable
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from plow.checkpoint.spec import RopeSpec
+
+# What this machine can plan (docs/bundle.md, "Config sizes"): each size field of a config is
+# an integer (not a float such as the JSON number 1e9, not a bool) in 1..its bound, and the
+# whole model at most MAX_PARAMETERS parameters (checked in `plow.checkpoint.loader`). The
+# bounds are well above every released dense model (Llama-3.1-405B: 126 layers, hidden 16384,
+# intermediate 53248; Gemma-3: vocabulary 262144) and far below what hangs the planner.
+MAX_LAYERS = 1024
+MAX_HIDDEN = 1 << 17
+MAX_INTERMEDIATE = 1 << 20
+MAX_VOCAB = 1 << 22
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 4096
+MAX_POSITIONS = 1 << 24
+
+
+def _json(v: object) -> str:
+    try:
+        return json.dumps(v)
+    except (TypeError, ValueError):
+        return repr(v)
+
+
+def _size_check(bound: int) -> Callable[[object], int]:
+    def check(v: object) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"must be an integer in 1..{bound}, got {_json(v)}")
+        if not 1 <= v <= bound:
+            raise ValueError(f"must be in 1..{bound}, got {v}")
+        return v
+
+    return check
+
+
+# Strict positive integers at most their bound (the config's size fields).
+Layers = Annotated[int, BeforeValidator(_size_check(MAX_LAYERS))]
+Hidden = Annotated[int, BeforeValidator(_size_check(MAX_HIDDEN))]
+Intermediate = Annotated[int, BeforeValidator(_size_check(MAX_INTERMEDIATE))]
+Vocab = Annotated[int, BeforeValidator(_size_check(MAX_VOCAB))]
+Heads = Annotated[int, BeforeValidator(_size_check(MAX_HEADS))]
+HeadDim = Annotated[int, BeforeValidator(_size_check(MAX_HEAD_DIM))]
+Positions = Annotated[int, BeforeValidator(_size_check(MAX_POSITIONS))]
 
 
 class DecoderConfig(BaseModel):
@@ -15,15 +58,15 @@ class DecoderConfig(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     model_type: str
-    vocab_size: PositiveInt
-    hidden_size: PositiveInt
-    intermediate_size: PositiveInt
-    num_hidden_layers: PositiveInt
-    num_attention_heads: PositiveInt
-    num_key_value_heads: PositiveInt | None = None
-    head_dim: PositiveInt | None = None
+    vocab_size: Vocab
+    hidden_size: Hidden
+    intermediate_size: Intermediate
+    num_hidden_layers: Layers
+    num_attention_heads: Heads
+    num_key_value_heads: Heads | None = None
+    head_dim: HeadDim | None = None
     rms_norm_eps: float = Field(default=1e-6, gt=0)
-    max_position_embeddings: PositiveInt = 2048
+    max_position_embeddings: Positions = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     bos_token_id: int | None = None

@@ -9,6 +9,8 @@ from typing import Any
 
 from plow.checkpoint.families.common import (
     DecoderConfig,
+    Layers,
+    Positions,
     global_rope,
     rope_from_dict,
     spec_fields,
@@ -22,9 +24,9 @@ class Gemma3Config(DecoderConfig):
     tie_word_embeddings: bool = True
     hidden_activation: str = "gelu_pytorch_tanh"
     query_pre_attn_scalar: float = 256
-    sliding_window: int = 4096
+    sliding_window: Positions = 4096
     layer_types: list[str] | None = None
-    sliding_window_pattern: int | None = None
+    sliding_window_pattern: Layers | None = None
     rope_local_base_freq: float = 10000.0
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None

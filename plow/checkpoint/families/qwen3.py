@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plow.checkpoint.families.common import DecoderConfig, global_rope, spec_fields
+from plow.checkpoint.families.common import DecoderConfig, Positions, global_rope, spec_fields
 from plow.checkpoint.spec import Activation, LayerSpec, ModelSpec
 
 MODEL_TYPES = ("qwen3",)
@@ -13,7 +13,7 @@ MODEL_TYPES = ("qwen3",)
 class Qwen3Config(DecoderConfig):
     hidden_act: str = "silu"
     use_sliding_window: bool = False
-    sliding_window: int | None = None
+    sliding_window: Positions | None = None
     max_window_layers: int | None = None
     layer_types: list[str] | None = None
 
