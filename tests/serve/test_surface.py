@@ -1,0 +1,144 @@
+"""The OpenAI surface people use, through the official `openai` client: n > 1, stop strings
+and stop token ids, echo, /v1/models metadata, and vLLM's /tokenize and /detokenize."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from plow.checkpoint import load_checkpoint
+from plow.runtime.reference import generate_greedy
+from tests.serve.conftest import API_KEY, LiveServer
+
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def client(live: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key=API_KEY, max_retries=0)
+
+
+def test_n_choices_each_with_its_own_stream(client: openai.OpenAI) -> None:
+    kw = dict(model="tiny", prompt="Once upon", max_tokens=12, temperature=1.0, seed=7)
+    many = client.completions.create(n=3, **kw)  # type: ignore[call-overload]
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    assert many.usage.completion_tokens == 36 and many.usage.prompt_tokens > 0
+    texts = [c.text for c in many.choices]
+    assert len(set(texts)) > 1  # different seeds, different samples
+    one = client.completions.create(**kw)  # type: ignore[call-overload]
+    assert one.choices[0].text == texts[0]  # choice 0 is the single-choice request
+    # streamed: deltas of each index add up to that choice's text
+    chunks = list(client.completions.create(n=3, stream=True, **kw))  # type: ignore[call-overload]
+    joined = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
+              for i in range(3)]  # fmt: skip
+    assert joined == texts
+    finals = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(c.index for c in finals) == [0, 1, 2]
+
+
+def test_chat_n_and_stream_agree(client: openai.OpenAI) -> None:
+    msgs = [{"role": "user", "content": "tell me"}]
+    full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, n=2,  # type: ignore[arg-type]
+                                          seed=3)  # fmt: skip
+    assert [c.index for c in full.choices] == [0, 1]
+    assert full.usage is not None and full.usage.completion_tokens == 16
+    stream = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, n=2,  # type: ignore[arg-type]
+                                            seed=3, stream=True)  # fmt: skip
+    parts: dict[int, str] = {0: "", 1: ""}
+    for c in stream:
+        for ch in c.choices:
+            parts[ch.index] += ch.delta.content or ""
+    assert [parts[0], parts[1]] == [c.message.content for c in full.choices]
+
+
+def test_stop_strings_and_stop_token_ids(
+    client: openai.OpenAI, live: LiveServer, tiny_ckpt: Path
+) -> None:
+    kw = dict(model="tiny", prompt="The quick brown", max_tokens=24, temperature=0,
+              extra_body={"ignore_eos": True})  # fmt: skip
+    free = client.completions.create(**kw)  # type: ignore[call-overload]
+    text = free.choices[0].text
+    assert free.choices[0].finish_reason == "length" and len(text) > 6
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    cut = client.completions.create(stop=[stop, "\x00never"], **kw)  # type: ignore[call-overload]
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[: text.find(stop)]
+    streamed = client.completions.create(stop=stop, stream=True, **kw)  # type: ignore[call-overload]
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == cut.choices[0].text
+    # stop token ids (vLLM's extension): the 4th greedy token ends the output
+    tok = {"model": "tiny", "prompt": "The quick brown"}
+    ids = httpx.post(f"{live.url}/tokenize", headers=HEADERS, json=tok, timeout=30).json()["tokens"]
+    out_ids = generate_greedy(load_checkpoint(tiny_ckpt), ids, 8)
+    target = out_ids[3]
+    first = out_ids.index(target)
+    r = client.completions.create(  # type: ignore[call-overload]
+        model="tiny", prompt=ids, max_tokens=8, temperature=0,
+        extra_body={"ignore_eos": True, "stop_token_ids": [target]},
+    )  # fmt: skip
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == first + 1
+
+
+def test_echo_prepends_the_prompt(client: openai.OpenAI) -> None:
+    kw = dict(model="tiny", prompt="Hello there", max_tokens=5, temperature=0)
+    plain = client.completions.create(**kw)  # type: ignore[call-overload]
+    echoed = client.completions.create(echo=True, **kw)  # type: ignore[call-overload]
+    assert echoed.choices[0].text == "Hello there" + plain.choices[0].text
+    streamed = client.completions.create(echo=True, stream=True, **kw)  # type: ignore[call-overload]
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == echoed.choices[0].text
+
+
+def test_models_metadata(client: openai.OpenAI, live: LiveServer) -> None:
+    card = client.models.retrieve("tiny")
+    assert card.id == "tiny" and card.owned_by == "plow" and card.object == "model"
+    extra = card.model_extra or {}
+    assert extra["max_model_len"] == live.server.models["tiny"].max_context == 256
+    assert extra["root"] == live.server.models["tiny"].root
+    listed = {m.id: m for m in client.models.list()}
+    assert (listed["tiny-b"].model_extra or {})["max_model_len"] > 0
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
+def test_tokenize_and_detokenize_round_trip(live: LiveServer, client: openai.OpenAI) -> None:
+    text = "Grüße, world"
+    r = httpx.post(f"{live.url}/tokenize", headers=HEADERS, timeout=30,
+                   json={"model": "tiny", "prompt": text})  # fmt: skip
+    body = r.json()
+    assert r.status_code == 200 and body["count"] == len(body["tokens"]) > 0
+    assert body["max_model_len"] == 256
+    # the count is what a completion is charged for the same prompt
+    c = client.completions.create(model="tiny", prompt=text, max_tokens=1)
+    assert c.usage.prompt_tokens == body["count"]
+    d = httpx.post(f"{live.url}/detokenize", headers=HEADERS, timeout=30,
+                   json={"model": "tiny", "tokens": body["tokens"]})  # fmt: skip
+    assert d.status_code == 200 and d.json()["prompt"] == text
+    hi = [{"role": "user", "content": "hi"}]
+    chat = httpx.post(f"{live.url}/tokenize", headers=HEADERS, timeout=30,
+                      json={"model": "tiny", "messages": hi})  # fmt: skip
+    cc = client.chat.completions.create(model="tiny", max_tokens=1,
+                                        messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    assert cc.usage is not None and chat.json()["count"] == cc.usage.prompt_tokens
+    # errors: unknown model, ids outside the vocabulary, no key
+    bad = httpx.post(f"{live.url}/detokenize", headers=HEADERS, timeout=30,
+                     json={"model": "tiny", "tokens": [10**9]})  # fmt: skip
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    missing = httpx.post(f"{live.url}/tokenize", headers=HEADERS, timeout=30,
+                         json={"prompt": "x"})  # two models served: name one  # fmt: skip
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "model"
+    assert httpx.post(f"{live.url}/tokenize", json={"model": "tiny", "prompt": "x"},
+                      timeout=30).status_code == 401  # fmt: skip
+
+
+def test_unsupported_sampling_fields_are_refused_not_ignored(client: openai.OpenAI) -> None:
+    for kw in ({"logprobs": 2}, {"presence_penalty": 1.0}, {"frequency_penalty": 0.5}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="tiny", prompt="x", max_tokens=2, **kw)  # type: ignore[call-overload]
+        assert e.value.body["param"] == next(iter(kw))  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="tiny", max_tokens=2, messages=[{"role": "user", "content": "x"}],
+            response_format={"type": "json_object"},
+        )  # fmt: skip
