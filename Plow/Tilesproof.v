@@ -10,9 +10,11 @@
     - T5 [check_bounds_reject_sound], [check_tiling_plan_reject_sound].
     - T6 [decode_step_reads_weights], [decode_step_time_ge_weights],
       [decode_per_token_ge_weights] (in [Bounds.v]).
-    - Top: [checkpoint_b_sound]. *)
+    - The tiling part: [check_tiling_plan_sound].  The tasks and shapes
+      ([Partition.v]): [Partitionproof.check_plan_tasks_sound].
+    - Top: [checkpoint_b_sound], the two together. *)
 From Coq Require Import NArith List Bool Lia.
-From Plow Require Import Loc Tiles Bounds.
+From Plow Require Import Loc Tiles Bounds Partition Partitionproof.
 Import ListNotations.
 Local Open Scope N_scope.
 
@@ -399,10 +401,9 @@ Qed.
 
 (** ** Checkpoint B *)
 
-(** What an accepted payload establishes, op by op (T1, T2, T3) and for the
+(** What an accepted tiling establishes, op by op (T1, T2, T3) and for the
     plan (T4/T5 bounds within the budget, T6 weight traffic accounted). *)
-Theorem checkpoint_b_sound : forall p,
-  check_tiling_plan p = Accept ->
+Definition tiling_plan_ok (p : plan) : Prop :=
   let min := tg_min_tile (pl_target p) in
   Forall (fun o =>
     (* T1/T2: every axis legally tiled, every point covered exactly once *)
@@ -420,8 +421,11 @@ Theorem checkpoint_b_sound : forall p,
   (* T4/T5: the lower bounds fit the budget *)
   plan_bytes p * ns_per_s <= pl_budget_ns p * tg_bandwidth (pl_target p) /\
   plan_flops p * ns_per_s <= pl_budget_ns p * tg_peak (pl_target p).
+
+Theorem check_tiling_plan_sound : forall p,
+  check_tiling_plan p = Accept -> tiling_plan_ok p.
 Proof.
-  intros p H min. unfold check_tiling_plan in H.
+  intros p H. unfold tiling_plan_ok. unfold check_tiling_plan in H.
   destruct (check_ops (tg_min_tile (pl_target p)) 0 (pl_ops p)) eqn:E; [|discriminate].
   apply check_ops_sound in E. apply check_bounds_accept in H.
   split; [|exact H].
@@ -432,4 +436,18 @@ Proof.
   repeat split; auto; try apply Hcost.
   eapply Forall_impl; [|exact Hax]. intros a Ha. apply sum_masked_all.
   apply bounds_of_axis_covered. apply Ha.
+Qed.
+
+(** Checkpoint B, the whole: the tiling ([tiling_plan_ok]) and, when the
+    payload lists the tasks (always, from a bundle), the task partition,
+    extents = shapes, opcodes and flags of every op ([op_tasks_ok]). *)
+Theorem checkpoint_b_sound : forall p xs,
+  check_checkpoint_b p xs = Accept ->
+  tiling_plan_ok p /\
+  (forall l, xs = Some l -> Forall2 op_tasks_ok (pl_ops p) l).
+Proof.
+  intros p xs H. unfold check_checkpoint_b in H.
+  destruct (check_tiling_plan p) eqn:E; [|discriminate].
+  split; [apply check_tiling_plan_sound; exact E|].
+  intros l ->. apply check_plan_tasks_sound. exact H.
 Qed.

@@ -18,6 +18,8 @@ FORBIDDEN = re.compile(r"\b(Admitted|admit|Axiom|Axioms|Parameter|Conjecture)\b"
 TOP_THEOREMS = [
     "Plow.Countersproof.checkpoint_d_sound",
     "Plow.Tilesproof.checkpoint_b_sound",
+    "Plow.Tilesproof.check_tiling_plan_sound",
+    "Plow.Partitionproof.check_plan_tasks_sound",
     "Plow.Tilesproof.check_tiling_plan_reject_sound",
     "Plow.Bounds.decode_per_token_ge_weights",
     "Plow.Bounds.decode_per_token_floor",

@@ -13,6 +13,18 @@ tile of 16 — is one masked step). The oracle (Plow.Tiles.check_tiling_plan) ac
 - the plan: `sum(bytes) >= weight_bytes`, `sum(bytes) * 1e9 <= budget_ns * bandwidth` and
   `sum(flops) * 1e9 <= budget_ns * peak` (the makespan lower bounds fit the budget);
 
+With `plan` on every op (what `plow verify` derives from a bundle; a tiling checked before
+scheduling has none), also (Plow.Partition.check_plan_tasks):
+
+- the op's kind has a shape rule and the op table's `opcode` is the kind's;
+- every axis extent is what the kind's rule computes from the op's tensor shapes
+  (`inputs`/`outputs`, in operand order; docs/oracle.md "Checkpoint B" lists the dims);
+- the compute tasks' ranges `[start, start + count)` partition the tiles `[0, prod(steps))`
+  (row-major over the axes, last axis fastest), the merge tasks' ranges the merge units
+  `[0, merge_units)`; each op's `tasks` are sorted by `start`; loads lie within the tiles;
+- each task packet's opcode is its op's (merges: the kind's merge opcode or allreduce), and
+  `MASKED` is set exactly on the tasks with a tile that overhangs an extent.
+
 (theorem Plow.Tilesproof.checkpoint_b_sound). Integers only on the wire.
 """
 
@@ -32,6 +44,35 @@ class TileAxis(BaseModel):
     steps: int = Field(ge=0)  # tile steps along the axis
 
 
+class TileTask(BaseModel):
+    """One task of an op, as its task packet says (a task is a packet of the plan file)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: int = Field(ge=0)  # task index in the plan (stream order of the task packets)
+    name: str  # the schedule file's task name (reasons only)
+    start: int = Field(ge=0)  # packet row_start: first unit (tile, or merge unit)
+    count: int = Field(ge=0)  # packet rows: number of units
+    opcode: int = Field(ge=0)
+    flags: int = Field(ge=0)
+
+
+class TileOpPlan(BaseModel):
+    """What checkpoint B checks of an op beyond its tiling (module docstring)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    opcode: int = Field(ge=0)  # the op table's opcode
+    inputs: list[list[int]]  # shapes of the op's input tensors, operand order
+    outputs: list[list[int]]  # shapes of its output tensors
+    heads: int = Field(default=0, ge=0)  # attrs the shape rules read (0: absent)
+    head_dim: int = Field(default=0, ge=0)
+    group: int = Field(default=0, ge=0)  # rmsnorm group (0: the last dim)
+    window: int | None = Field(default=None, ge=0)  # attention sliding window
+    merge_units: int = Field(default=0, ge=0)  # merge units of a split reduction (0: not split)
+    tasks: list[TileTask]  # sorted by start
+
+
 class TileOp(BaseModel):
     """One op of the tile graph: its axes, arithmetic, charged cost and memory traffic."""
 
@@ -44,6 +85,7 @@ class TileOp(BaseModel):
     flops: int = Field(ge=0)  # flops_per_point * prod(extent): arithmetic on the true extents
     charged_cost: int = Field(ge=0)  # cost the tiler charged (>= padded work)
     bytes: int = Field(ge=0)  # bytes moved to/from device memory by this op
+    plan: TileOpPlan | None = None  # tasks and shapes (all ops or none)
 
 
 class TileTarget(BaseModel):
