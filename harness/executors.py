@@ -39,6 +39,7 @@ from plow.errors import PlowError
 from plow.runtime.cpu.machine import DispatchStats
 from plow.runtime.cpu.model import CpuModel
 from plow.runtime.cpu.plan import Plan
+from plow.runtime.native.model import NativeModel, check_host_target
 from plow.runtime.reference import ReferenceSession
 
 if TYPE_CHECKING:
@@ -219,6 +220,18 @@ class _CpuModel(CpuModel):
         return st
 
 
+class _NativeModel(NativeModel):
+    """A `NativeModel` that reports every launch to the study, as `_CpuModel` does."""
+
+    study: CompiledStudy | None = None
+
+    def dispatch(self, plan: Plan, **kw: object) -> DispatchStats:
+        st = super().dispatch(plan, **kw)
+        if self.study is not None:
+            self.study.record(plan.bucket, plan.source)
+        return st
+
+
 def cpu_model(
     ckpt: Checkpoint, *, max_batch: int, max_context: int, compiled: CompiledStudy | None
 ) -> CpuModel:
@@ -295,6 +308,77 @@ class CpuExecutor:
         )
 
 
+class NativeExecutor:
+    """The native persistent kernel (issue 12): the study's certified bundles run by the C++
+    interpreter of `kernels/` on CPU threads (`plow.runtime.native`)."""
+
+    name = "native"
+    description = (
+        "the certified bundle's packet stream on the native persistent kernel "
+        "(kernels/, C++: one thread per plan worker, monotonic atomic counters)"
+    )
+
+    def unavailable_reason(self) -> str | None:
+        from plow.runtime.native import library
+
+        try:
+            library.load()
+        except PlowError as e:
+            return str(e)
+        return None
+
+    def _model(
+        self,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int,
+        max_context: int,
+        compiled: CompiledStudy | None,
+    ) -> Any:
+        if compiled is None:
+            raise PlowError("executor native", "runs the study's certified bundles (step a)")
+        plans = [
+            bp for bp in compiled.plans_for(max_context) if bp.bucket.batch >= max_batch
+        ] or compiled.plans_for(max_context)
+        if not plans:
+            raise PlowError("compile", f"no certified plan for context {max_context}")
+        bundle = compiled.bundle(plans[0].bucket, ckpt.weights)
+        if bundle is None:
+            raise PlowError("compile", f"no certified bundle for bucket {plans[0].bucket.name}")
+        check_host_target(bundle)
+        model = _NativeModel.from_bundle(bundle, max_batch=max_batch, max_context=max_context)
+        assert isinstance(model, _NativeModel)
+        model.study = compiled
+        return model
+
+    def open(
+        self,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int,
+        max_context: int,
+        compiled: CompiledStudy | None = None,
+    ) -> Runner:
+        from plow.runtime.cpu.engine import CpuEngine, CpuRunner
+
+        model = self._model(ckpt, max_batch=max_batch, max_context=max_context, compiled=compiled)
+        return CpuRunner(CpuEngine(model))
+
+    def serving_engine(
+        self,
+        ckpt: Checkpoint,
+        *,
+        max_batch: int,
+        max_context: int,
+        compiled: CompiledStudy | None = None,
+    ) -> Any:
+        from plow.runtime.cpu.engine import CpuEngine
+
+        return CpuEngine(
+            self._model(ckpt, max_batch=max_batch, max_context=max_context, compiled=compiled)
+        )
+
+
 def gpu_present() -> bool:
     """An NVIDIA GPU is visible: a device node, or `nvidia-smi` on PATH."""
     if os.environ.get("PLOW_ASSUME_NO_GPU"):
@@ -333,7 +417,7 @@ class CudaExecutor:
 
 
 EXECUTORS: dict[str, Executor] = {
-    e.name: e for e in (ReferenceExecutor(), CpuExecutor(), CudaExecutor())
+    e.name: e for e in (ReferenceExecutor(), NativeExecutor(), CpuExecutor(), CudaExecutor())
 }
 
 

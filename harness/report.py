@@ -351,6 +351,35 @@ def render(info: RunInfo) -> str:
                     f"- Growth from context {wl.context_lengths[0]} to "
                     f"{wl.context_lengths[-1]}, batch {b}: **{g.value:.2f}x**"
                 )
+        compare = [
+            m for m in info.metrics if m.surface == "compare" and m.metric == "decode_step_ms"
+        ]
+        for other in dict.fromkeys(m.executor for m in compare):
+            L += [
+                "",
+                f"### Beside the `{other}` executor (same run, same bundles)",
+                "",
+                "| context | "
+                + " | ".join(
+                    f"batch {b}: {info.executor} / {other} ms (ratio)" for b in wl.batch_sizes
+                )
+                + " |",
+                "| --- |" + " --- |" * len(wl.batch_sizes),
+            ]
+            for ctx in wl.context_lengths:
+                cells = []
+                for b in wl.batch_sizes:
+                    mine = find(info.metrics, "raw", "decode_step_ms", ctx, b)
+                    theirs = next(
+                        (m for m in compare if m.executor == other and m.context == ctx
+                         and m.batch == b), None,
+                    )  # fmt: skip
+                    cells.append(
+                        f"{mine.value:.1f} / {theirs.value:.1f} ({theirs.value / mine.value:.1f}x)"
+                        if mine and theirs and mine.value > 0
+                        else ""
+                    )
+                L.append(f"| {ctx} | " + " | ".join(cells) + " |")
         L += [
             "",
             "### Host utilisation",

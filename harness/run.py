@@ -3,6 +3,7 @@ gate, (c) performance surfaces, (d) publish. Used by `plow eval`."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -282,6 +283,30 @@ def _run_study(
             wl.seeds[0],
             on_step=lambda d: prog.update(rt, advance=1, detail=d),
         )
+        for other in wl.compare_executors:
+            if other == ex.name:
+                continue
+            ox = get_executor(other)
+            ct = prog.add_task(f"raw decode steps on {other}", total=total, detail="")
+            info.metrics += [
+                dataclasses.replace(m, surface="compare")
+                for m in measure.decode_sweep(
+                    lambda ctx, ox=ox: ox.open(  # type: ignore[misc]
+                        ckpt,
+                        max_batch=wl.batch_sizes[-1],
+                        max_context=ctx + measured_positions(wl),
+                        compiled=compiled,
+                    ),
+                    ckpt.spec.vocab_size,
+                    wl.context_lengths,
+                    wl.batch_sizes,
+                    ms.warmup_steps,
+                    ms.decode_steps,
+                    wl.seeds[0],
+                    on_step=lambda d, ct=ct: prog.update(ct, advance=1, detail=d),  # type: ignore[misc]
+                )
+                if m.surface == "raw"
+            ]
         st = prog.add_task("serving, cold start, e2e", total=4, detail="serving loop")
         first_ids = prompts[0][1]
         info.metrics += measure.serving_overhead(

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from plow.errors import ConfigError
 
 PositiveInt = Annotated[int, Field(gt=0)]
-ExecutorName = Literal["reference", "cpu", "cuda"]
+ExecutorName = Literal["reference", "native", "cpu", "cuda"]
 Precision = Literal["fp32", "bf16", "fp8"]
 
 
@@ -121,6 +121,9 @@ class Workload(_Strict):
     precision: Precision = "fp32"
     target: str = "cpu"
     executor: ExecutorName = "reference"
+    # executors whose raw decode steps are measured too, in the same run, after the study's
+    # own (published beside it as the `compare` surface)
+    compare_executors: list[ExecutorName] = Field(default_factory=list)
     tp_degree: PositiveInt = 1
     context_lengths: Annotated[list[PositiveInt], Field(min_length=1)]
     batch_sizes: Annotated[list[PositiveInt], Field(min_length=1)] = Field(

@@ -5,6 +5,7 @@ such, one-line workload errors, and the GPU workloads' no-GPU stop."""
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import shutil
@@ -409,3 +410,28 @@ def test_index_lists_other_results(tmp_path: Path) -> None:
     (tmp_path / "benchmarks").mkdir()
     text = regenerate_index(tmp_path).read_text()
     assert "(none yet)" in text and "[`benchmarks/`](benchmarks/)" in text
+
+
+def test_a_native_study_publishes_beside_the_cpu_executor(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    wl = _workload(tmp_path / "native.yaml", ckpt, executor="native", compare_executors=["cpu"])
+    out = run_study(wl, console=_quiet(), root=tmp_path / "results")
+    assert out.exit_code == 0 and out.run_dir is not None
+    compiled = json.loads((out.run_dir / "compile.json").read_text())
+    # the native executor runs certified bundle plans only (it prefills through the decode
+    # rungs); the uncertified in-memory prefill plans are the cpu emulator's
+    launches = compiled["launches"]
+    decode = {k: u for k, u in launches.items() if k.startswith("decode")}
+    assert decode and all(u["certified"] and u["from_bundle"] == u["launches"]
+                          for u in decode.values())  # fmt: skip
+    assert all(u["from_bundle"] == 0 for k, u in launches.items() if k not in decode)
+    rows = list(csv.DictReader((out.run_dir / "metrics.csv").open()))
+    raw = {(r["context"], r["batch"]) for r in rows if r["surface"] == "raw"
+           and r["metric"] == "decode_step_ms" and r["executor"] == "native"}  # fmt: skip
+    cmp = {(r["context"], r["batch"]) for r in rows if r["surface"] == "compare"
+           and r["metric"] == "decode_step_ms" and r["executor"] == "cpu"}  # fmt: skip
+    assert raw == cmp == {(str(c), str(b)) for c in CONTEXTS for b in BATCHES}
+    report = (out.run_dir / "report.md").read_text()
+    assert "Beside the `cpu` executor" in report
+    assert json.loads((out.run_dir / "workload.json").read_text())["executor"]["name"] == "native"

@@ -99,7 +99,7 @@ class CpuEngine:
 
     @property
     def kind(self) -> str:
-        return "cpu"
+        return self.model.executor_name
 
     def _slot(self, slot: int) -> _Slot:
         s = self._slots.get(slot)
@@ -218,7 +218,7 @@ class CpuRunner:
 
     @property
     def executor(self) -> str:
-        return "cpu"
+        return self.engine.model.executor_name
 
     @property
     def max_batch(self) -> int:

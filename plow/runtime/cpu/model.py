@@ -90,6 +90,8 @@ class CpuModel:
     lossy); `fuse_argmax` fuses greedy sampling into the lm_head tasks (`plan.fuse_argmax`;
     the same tokens, bit for bit, without the sample op's scan of the logits)."""
 
+    executor_name = "cpu"  # the executor this model is (engines and runners report it)
+
     def __init__(
         self,
         spec: ModelSpec,

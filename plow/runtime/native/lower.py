@@ -183,10 +183,10 @@ def _lower_op(
         o.f[0] = float(op.attrs["scale"])
         o.w0, o.w0_dtype = weight(op.inputs[1])
     elif k == "rmsnorm":
-        s = shape(op.inputs[0]).shape
-        g = int(op.attrs.get("group", s[-1]))
+        xs = shape(op.inputs[0]).shape
+        g = int(op.attrs.get("group", xs[-1]))
         o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.outputs[0]), part
-        o.d[0], o.d[1] = g, math.prod(s) // g
+        o.d[0], o.d[1] = g, math.prod(xs) // g
         o.d[2] = _view2(shape(op.outputs[0]).shape)[1]
         o.d[3] = op.steps[1]
         o.f[0], o.f[1] = float(op.attrs["eps"]), float(op.attrs.get("offset", 0.0))

@@ -11,6 +11,7 @@ refusal rules as the `cpu` executor (`plow.runtime.cpu.bundle.Bundle.open`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from collections.abc import Sequence
@@ -85,7 +86,7 @@ class NativeMachine:
         return max(1, min(len(plan.stream.queues), usable_cores()))
 
     def dispatch(self, plan: Plan, **_: Any) -> DispatchStats:
-        _, h = self._handle(plan)
+        h = self._handle(plan)[1]
         arena = self.model.arena
         if arena.layout is not plan.layout:
             raise PlowError(plan.bucket.name, "the arena holds another bucket's layout")
@@ -126,14 +127,14 @@ class NativeMachine:
         self._plans.clear()
 
     def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
 
 class NativeModel(CpuModel):
     """`CpuModel` on the native machine (module docstring). Build with `from_bundle`."""
+
+    executor_name = "native"
 
     def __init__(
         self,
