@@ -48,6 +48,14 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 help="Verify the written bundle (oracle B-F) before it is moved into place.",
             ),
         ] = False,
+        force: Annotated[
+            bool,
+            typer.Option(
+                "--force",
+                help="Replace an existing bundle at -o (never the source, never a directory "
+                "that is not a bundle).",
+            ),
+        ] = False,
         profile_file: Annotated[
             Path | None,
             typer.Option("--profile", help="A compile profile JSON (buckets, budgets)."),
@@ -78,7 +86,13 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
         """Compile a checkpoint into a bundle (plan files, op tables, weights, tokenizer)."""
         from plow.cli_bundle import certificate_table, compile_table
         from plow.compile import STAGES
-        from plow.emit.bundle import BUNDLE_STAGES, FINAL_STAGES, compile_bundle
+        from plow.emit.bundle import (
+            BUNDLE_STAGES,
+            FINAL_STAGES,
+            CompileTerminated,
+            check_destination,
+            compile_bundle,
+        )
         from plow.profile import CompileProfile, load_profile
         from plow.target import load_target
 
@@ -95,6 +109,12 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 upd["context"] = context
             if upd:
                 prof = prof.model_copy(update=upd)
+            # What can be refused before planning is refused before the progress display
+            # (an error is then the only line on stderr).
+            from plow.checkpoint import load_spec
+
+            check_destination(source, out, replace=force)
+            n_buckets = len(prof.buckets(load_spec(source).max_position))
             per_bucket = [s for s in (*STAGES, *BUNDLE_STAGES) if not s.startswith("checkpoint")]
             final = [s for s in FINAL_STAGES if verify or s != "verify"]
             with Progress(
@@ -105,6 +125,7 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 TimeElapsedColumn(),
                 console=console,
                 transient=False,
+                disable=not console.is_terminal,  # logs get the table, not frames
             ) as progress:
                 tasks = {"import": progress.add_task("import", total=1)}
                 for s in (*per_bucket, *final):
@@ -119,16 +140,29 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                     else:
                         progress.advance(tasks[name])
 
-                from plow.checkpoint import load_spec
-
-                n_buckets = len(prof.buckets(load_spec(source).max_position))
                 for s in per_bucket:
                     progress.update(tasks[s], total=n_buckets)
                 result = compile_bundle(
-                    source, out, tgt, prof, verify=verify, plan_only=plan_only, on_stage=on_stage
+                    source,
+                    out,
+                    tgt,
+                    prof,
+                    verify=verify,
+                    plan_only=plan_only,
+                    replace=force,
+                    on_stage=on_stage,
                 )
         except PlowError as e:
             fail(e)
+        except (KeyboardInterrupt, CompileTerminated) as e:
+            what = e.signal_name if isinstance(e, CompileTerminated) else "SIGINT"
+            console.print(
+                f"plow: {out}: compile stopped by {what}; its partial output was removed",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(128 + e.signum if isinstance(e, CompileTerminated) else 130) from None
         Console().print(compile_table(result))
         if result.report is not None:
             Console().print(certificate_table(result.report, f"certificates ({out}/certificates)"))

@@ -13,9 +13,12 @@ BUNDLE/
   certificates/<ckpt>.json    written by --verify / `plow verify` (not hashed)
 ```
 
-Writing is atomic: everything is built in `BUNDLE.partial-XXXX` next to `BUNDLE`, verified
-there when asked, then renamed into place; any failure removes the partial directory and
-leaves an existing `BUNDLE` untouched.
+Writing is atomic (docs/bundle.md, "Atomicity"): everything is built in
+`BUNDLE.partial-HOST-PID-XXXX` next to `BUNDLE`, verified there when asked, then renamed into
+place; any failure (an exception, an interrupt, SIGTERM or SIGHUP) removes the partial
+directory and leaves an existing `BUNDLE` untouched, and a later compile of `BUNDLE` removes
+the partial directories of compiles that were killed outright (their PID is gone). A compile
+never writes over its source, and replaces an existing `BUNDLE` only when it is a bundle.
 """
 
 from __future__ import annotations
@@ -24,8 +27,12 @@ import gc
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
+import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -353,6 +360,122 @@ def _check_full_source(src: Path) -> None:
     load_checkpoint(src)
 
 
+# ----------------------------------------------------------------- where the bundle goes
+
+PARTIAL, OLD = "partial", "old"
+
+
+class CompileTerminated(SystemExit):
+    """SIGTERM or SIGHUP arrived during a compile: raised from the signal handler (so every
+    `finally` runs and the partial output is removed); exits with status 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+
+
+@contextmanager
+def signals_raise() -> Iterator[None]:
+    """While compiling, SIGTERM and SIGHUP raise `CompileTerminated` instead of killing the
+    process on the spot (their default), so the partial directory is cleaned up. Only in the
+    main thread, and only for signals nobody else handles; restored on exit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise CompileTerminated(signum)
+
+    saved = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            saved[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+
+def _host() -> str:
+    return "".join(c for c in socket.gethostname() if c.isalnum())[:32] or "host"
+
+
+def side_prefix(out: Path, kind: str) -> str:
+    """The name prefix of `out`'s partial (`kind` "partial") or set-aside ("old") directory
+    made by this process: the host and PID say who owns it."""
+    return f"{out.name}.{kind}-{_host()}-{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, someone else's
+        return True
+    return True
+
+
+def remove_stale_siblings(out: Path) -> list[Path]:
+    """Remove `out`'s partial and set-aside directories left by compiles on this host whose
+    process is gone (killed outright: SIGKILL, a power cut); a set-aside `out` whose swap was
+    cut short is renamed back to `out` instead. Directories of live compiles, of other hosts
+    and without an owner in their name are left alone. Returns what was removed or restored."""
+    parent = out.parent
+    pat = re.compile(rf"{re.escape(out.name)}\.({PARTIAL}|{OLD})-([A-Za-z0-9]+)-(\d+)-.+")
+    done: list[Path] = []
+    try:
+        siblings = sorted(parent.iterdir())
+    except OSError:
+        return done
+    for p in siblings:
+        m = pat.fullmatch(p.name)
+        if m is None or m.group(2) != _host() or _pid_alive(int(m.group(3))):
+            continue
+        if p.is_symlink() or not p.is_dir():
+            continue
+        if m.group(1) == OLD and not out.exists() and (p / MANIFEST).is_file():
+            try:
+                p.rename(out)
+                done.append(p)
+                continue
+            except OSError:
+                pass
+        shutil.rmtree(p, ignore_errors=True)
+        done.append(p)
+    return done
+
+
+def check_destination(source: Path, out: Path, *, replace: bool) -> None:
+    """Refuse (one line, `PlowError`) to write `out` when that could lose data: `out` is the
+    source checkpoint directory or holds the source; `out` exists inside the source directory;
+    `out` exists and `replace` is off; `out` exists and is not a bundle (no manifest.json; an
+    empty directory is fine) or is a symbolic link."""
+    out, src = Path(out), Path(source)
+    dst, src_r = out.resolve(), src.resolve()
+    what = "checkpoint directory" if src_r.is_dir() else "config"
+    if src_r == dst or src_r.is_relative_to(dst):
+        raise PlowError(out, f"is or holds the source {what} {src}: refusing to write over it")
+    if not (out.exists() or out.is_symlink()):
+        return
+    if src_r.is_dir() and dst.is_relative_to(src_r):
+        raise PlowError(out, f"exists inside the source {what} {src}: refusing to replace it")
+    if out.is_symlink():
+        raise PlowError(out, "exists and is a symbolic link: refusing to replace it")
+    if not out.is_dir():
+        raise PlowError(out, "exists and is not a directory")
+    if not replace:
+        raise PlowError(out, "exists: pass --force to replace it")
+    if not (out / MANIFEST).is_file() and any(out.iterdir()):
+        raise PlowError(
+            out, "exists and is not a plow bundle (no manifest.json): refusing to replace it"
+        )
+
+
 def compile_bundle(
     source: Path,
     out: Path,
@@ -361,16 +484,28 @@ def compile_bundle(
     *,
     verify: bool = False,
     plan_only: bool = False,
+    replace: bool = True,
     on_stage: StageCallback | None = None,
 ) -> BundleResult:
     """Compile `source` into the bundle directory `out` (atomically; see the module doc).
 
+    `replace`: an existing bundle at `out` is replaced (`plow compile` passes `--force`);
+    off, an existing `out` is refused. Never replaced, whatever `replace` says: the source (or
+    a directory holding it or inside it) and a directory that is not a bundle.
+
     Raises `PlanRejected` (exit 1) when a bound or (with `verify`) a checkpoint rejects the
     plan; `out` is then left as it was.
     """
-    with gc_paused():
+    with gc_paused(), signals_raise():
         return _compile_bundle(
-            source, out, target, profile, verify=verify, plan_only=plan_only, on_stage=on_stage
+            source,
+            out,
+            target,
+            profile,
+            verify=verify,
+            plan_only=plan_only,
+            replace=replace,
+            on_stage=on_stage,
         )
 
 
@@ -382,6 +517,7 @@ def _compile_bundle(
     *,
     verify: bool,
     plan_only: bool,
+    replace: bool,
     on_stage: StageCallback | None,
 ) -> BundleResult:
     seconds: dict[str, float] = {}
@@ -402,8 +538,8 @@ def _compile_bundle(
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise PlowError(out, f"cannot create the parent directory: {e.strerror or e}") from e
-    if out.exists() and not out.is_dir():
-        raise PlowError(out, "exists and is not a directory")
+    check_destination(Path(source), out, replace=replace)
+    remove_stale_siblings(out)
     if not plan_only:
         _check_full_source(Path(source))
     result = compile_plan(Path(source), target, profile, verify=False, on_stage=on_stage)
@@ -437,7 +573,8 @@ def _compile_bundle(
                 ),
             )
         )
-    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.partial-", dir=parent))
+    tmp = Path(tempfile.mkdtemp(prefix=side_prefix(out, PARTIAL), dir=parent))
+    old: Path | None = None
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -457,14 +594,18 @@ def _compile_bundle(
             report.raise_if_rejected()
             write_certificates(report)
             report.bundle = out
-        old = None
+        # The destination may have changed during a long compile: check it again.
+        check_destination(Path(source), out, replace=replace)
         if out.exists():
-            old = parent / f"{out.name}.old-{os.getpid()}-{time.monotonic_ns()}"
-            out.rename(old)
+            set_aside = parent / f"{side_prefix(out, OLD)}{time.monotonic_ns()}"
+            out.rename(set_aside)
+            old = set_aside
         tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not out.exists():
+            old.rename(out)  # put the previous bundle back
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)  # if cut short: removed by the next compile
     return BundleResult(out, manifest, result, tuple(emitted), report, seconds)
