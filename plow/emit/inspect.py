@@ -5,6 +5,10 @@ counters (live: some packet signals or waits on it), task-level dependency edges
 edges (distinct producer op -> consumer op pairs of the task edges) and the op-level edges
 left after transitive reduction, dead counters (signalled, never waited on), arena bytes by
 region, on-chip peak pages per worker (max, mean, and the budget).
+
+Nothing is reported from a bundle whose files do not check out: `plow verify`'s bundle row
+(every hash in the manifest, no unlisted file, the cross-references) runs first and a
+rejection is a `MalformedBundle` naming the file (exit 2).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from plow.emit.files import OpTable, ScheduleFile
-from plow.emit.verify import _load_json, read_manifest
+from plow.emit.verify import MalformedBundle, _load_json, read_manifest, verify_bundle
 from plow.emit.wire import NO_COUNTER, read_plan
 from plow.memory.arena import Buffer, region_bytes
 from plow.memory.onchip import TaskPages, page_windows, peak_pages
@@ -44,6 +48,9 @@ def inspect_bundle(bundle: Path) -> dict[str, Any]:
     """One JSON-able object: the manifest summary and per-bucket figures."""
     bundle = Path(bundle)
     m = read_manifest(bundle)
+    row = verify_bundle(bundle, checkpoints=()).rows[0]  # the bundle row, no oracle
+    if row.rejected:
+        raise MalformedBundle(bundle, f"{row.reason} (see `plow verify {bundle}`)")
     out: dict[str, Any] = {
         "bundle": str(bundle),
         "model": m.model.model_dump(),
