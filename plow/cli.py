@@ -63,6 +63,46 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
+def _check_runnable(path: Path) -> None:
+    """What `--no-verify` cannot skip: a bundle whose config or weights do not fit its plan
+    cannot run at all (the packet streams would index past the tensors). Raises a one-line
+    `PlowError` that says so, and suggests no flag."""
+    from plow.checkpoint.loader import spec_from_config
+    from plow.checkpoint.weights import WeightStore
+    from plow.emit.bundle import WEIGHTS
+    from plow.runtime.cpu.bundle import BundleRefused, _check_weights, read_manifest
+
+    m = read_manifest(path)
+    cfg_path = path / "config.json"
+    try:
+        config = json.loads(cfg_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PlowError(cfg_path, f"unreadable: {e}") from e
+    if not isinstance(config, dict):
+        raise PlowError(cfg_path, "expected a JSON object")
+    spec = spec_from_config(config, cfg_path)
+    have = {
+        "layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "vocab_size": spec.vocab_size,
+    }
+    for k, v in have.items():
+        planned = getattr(m.model, k)
+        if v != planned:
+            raise PlowError(
+                cfg_path,
+                f"{k} {v}, the plan was compiled for {planned}: the bundle cannot run, even "
+                "with --no-verify (recompile it)",
+            )
+    if not m.plan_only and (path / WEIGHTS).is_file():
+        try:
+            _check_weights(path, m, WeightStore.open([path / WEIGHTS]))
+        except BundleRefused as e:
+            raise PlowError(
+                e.where, f"{e.problem}: the bundle cannot run, even with --no-verify (recompile it)"
+            ) from e
+
+
 @app.command()
 def generate(
     model: Annotated[
@@ -138,7 +178,13 @@ def generate(
             raise PlowError(
                 "--temperature", "stochastic sampling runs on --executor native or cpu"
             )
-        from plow.runtime.cpu.bundle import Bundle, compile_cached, is_bundle
+        from plow.runtime.cpu.bundle import (
+            NO_VERIFY_HINT,
+            Bundle,
+            BundleRefused,
+            compile_cached,
+            is_bundle,
+        )
 
         bundle = None
         if executor is Executor.native:
@@ -148,7 +194,14 @@ def generate(
         if is_bundle(model):
             if executor not in BUNDLE_EXECUTORS:
                 raise PlowError(model, "a bundle runs on --executor native or cpu")
-            bundle = Bundle.open(model, verify=not no_verify)
+            if no_verify:
+                _check_runnable(model)
+            try:
+                bundle = Bundle.open(model, verify=not no_verify)
+            except BundleRefused as e:
+                if NO_VERIFY_HINT in e.problem:
+                    _check_runnable(model)  # the hint holds only if the bundle can run at all
+                raise
             spec, tok = bundle.spec, bundle.tokenizer
         else:
             ckpt = load_checkpoint(model)
