@@ -12,11 +12,37 @@ import typer
 from plow.cli_common import Fail, calibrate_group
 from plow.errors import PlowError
 
+DEFAULT_MAX_NUM_SEQS = 8
+
 
 def _model_dir(path: Path) -> Path:
     if not path.is_dir():
         raise PlowError(path, "not a checkpoint directory")
     return path  # a checkpoint, or a bundle (manifest.json: served by the CPU executor)
+
+
+def _slots(path: Path, requested: int | None) -> int:
+    """The slots `path` is served with: `--max-num-seqs`, or by default 8 for a checkpoint (its
+    engine runs any batch) and the largest decode batch of a bundle's ladder. A bundle whose
+    ladder cannot run the requested batch is an error, never a silent shrink."""
+    from plow.runtime.cpu.bundle import is_bundle, read_manifest
+
+    if not is_bundle(path):
+        return DEFAULT_MAX_NUM_SEQS if requested is None else requested
+    batches = [r.batch for r in read_manifest(path).ladder if r.phase == "decode"]
+    if not batches:
+        raise PlowError(path, "the bundle's ladder has no decode rung: it cannot be served")
+    top = max(batches)
+    if requested is None:
+        return top
+    if requested > top:
+        raise PlowError(
+            "--max-num-seqs",
+            f"{requested} slots, but the ladder of bundle {path} runs decode batches up to "
+            f"{top}: pass --max-num-seqs {top} or less, or serve a bundle compiled with larger "
+            "decode batches (or the checkpoint)",
+        )
+    return requested
 
 
 def _serve_cmd(fail: Fail) -> Callable[..., None]:
@@ -31,8 +57,14 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
         host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
         port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
         max_num_seqs: Annotated[
-            int, typer.Option("--max-num-seqs", min=1, help="Slots per model (max batch).")
-        ] = 8,
+            int | None,
+            typer.Option(
+                "--max-num-seqs",
+                min=1,
+                help="Slots per model (max batch); default 8 for a checkpoint, the largest "
+                "decode batch of a bundle's ladder (a larger value is an error).",
+            ),
+        ] = None,
         max_num_batched_tokens: Annotated[
             int,
             typer.Option("--max-num-batched-tokens", min=1, help="Token budget of one tick."),
@@ -65,6 +97,7 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
         """Serve models over an OpenAI-compatible HTTP API (docs/serving.md)."""
         from rich.console import Console
 
+        from plow.runtime.cpu.bundle import NO_VERIFY_HINT, BundleRefused
         from plow.serve.http import Server, load_served_model, run_server
 
         console = Console(stderr=True)
@@ -74,20 +107,32 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                 raise PlowError(
                     "--served-model-name", f"{len(names)} names for {len(models)} models"
                 )
+            slots = [_slots(_model_dir(path), max_num_seqs) for path in models]
             loaded = []
             for i, path in enumerate(models):
                 name = names[i] if i < len(names) else _model_dir(path).name
                 console.print(f"loading {path} as {name!r} ...", highlight=False)
-                m = load_served_model(
-                    _model_dir(path),
-                    name=name,
-                    max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens,
-                    max_model_len=max_model_len,
-                    max_queue_wait_s=max_queue_wait,
-                )
+                try:
+                    m = load_served_model(
+                        _model_dir(path),
+                        name=name,
+                        max_num_seqs=slots[i],
+                        max_num_batched_tokens=max_num_batched_tokens,
+                        max_model_len=max_model_len,
+                        max_queue_wait_s=max_queue_wait,
+                    )
+                except BundleRefused as e:  # serve has no --no-verify: do not suggest it
+                    raise BundleRefused(
+                        e.where,
+                        e.problem.replace(f" {NO_VERIFY_HINT}", "")
+                        + " (plow serve runs verified bundles only)",
+                    ) from e
+                if m.engine.max_batch != slots[i]:
+                    raise PlowError(
+                        path, f"{slots[i]} slots asked, the engine runs {m.engine.max_batch}"
+                    )
                 adm = m.dispatcher.admission
-                step = adm.model.step.tick_s(max_num_seqs) if adm is not None else 0.0
+                step = adm.model.step.tick_s(slots[i]) if adm is not None else 0.0
                 console.print(
                     f"  {m.engine.kind} engine, {m.engine.max_batch} slots, context "
                     f"{m.max_context}, decode tick {step * 1e3:.2f} ms at full batch, prefill "
