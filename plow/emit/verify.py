@@ -38,9 +38,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from plow.emit.bundle import MANIFEST, WEIGHTS, Manifest, gc_paused, sha256_file
+from plow.emit.bundle import MANIFEST, WEIGHTS, LadderRung, Manifest, gc_paused, sha256_file
 from plow.emit.emit import emit_packets
-from plow.emit.files import OpTable, ScheduleFile
+from plow.emit.files import OpEntry, OpTable, ScheduleFile, TensorEntry
 from plow.emit.wire import (
     HEADER_SIZE,
     NO_COUNTER,
@@ -48,11 +48,15 @@ from plow.emit.wire import (
     VALUE_FIELDS,
     Opcode,
     PacketArray,
+    Phase,
+    PlanHeader,
     WireError,
     decode_plan,
 )
-from plow.errors import PlanRejected, PlowError
-from plow.memory.arena import alloc_payload, live_ranges
+from plow.errors import ConfigError, PlanRejected, PlowError
+from plow.graph import Bucket
+from plow.graph import Phase as GraphPhase
+from plow.memory.arena import ALIGN, alloc_payload, live_ranges
 from plow.memory.onchip import TaskPages, page_windows, split_timeline
 from plow.memory.ordering import check_bundle_sharing
 from plow.oracle import Certificate, run_checkpoint
@@ -65,7 +69,9 @@ from plow.oracle.payloads.counters import (
     with_ranks,
 )
 from plow.oracle.payloads.tiles import TileAxis, TileOp, TilePayload, TileTarget
-from plow.target.model import dtype_bytes
+from plow.profile import CompileProfile
+from plow.target import Target, load_target, shipped_targets
+from plow.target.model import dtype_bytes, rate_class
 
 CHECKPOINTS = ("B", "C", "D", "E", "F")
 
@@ -434,6 +440,455 @@ def check_counters_python(g: CounterGraph) -> str | None:
     return None
 
 
+# ----------------------------------------------------------------- the numbers B, C, F use
+
+# Fields `plow calibrate target cpu` (and the harness's calibration) may change in the cpu
+# target; any other field of a shipped target must be the shipped spec's (`gpus` is --tp).
+CPU_CALIBRATED = frozenset(
+    {
+        "workers",
+        "bandwidth_bytes_per_s",
+        "peak_flops_per_s",
+        "l2_bytes",
+        "onchip_bytes_per_worker",
+        "page_bytes",
+        "tile_overhead_ns",
+        "comment",
+    }
+)
+
+
+def bundle_target(m: Manifest) -> tuple[Target, list[str], list[str]]:
+    """The target the checks compare against, with (problems, notes).
+
+    A shipped target name (`h200`, ...) means the shipped spec (`plow/target/specs/`), with
+    the manifest's `gpus` (the tensor-parallel degree); a manifest whose target differs from
+    the spec in any other field is a problem (except `cpu`'s calibrated fields: the cpu
+    target is measured, and its calibration is the one recorded in the manifest, covered by
+    the bundle digest every certificate carries). A target that is not shipped is the
+    manifest's own record (noted)."""
+    try:
+        declared = Target.model_validate(m.target)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "target"
+        raise MalformedBundle(MANIFEST, f"target field {loc!r}: {err['msg']}") from e
+    if declared.name not in shipped_targets():
+        note = (
+            f"target {declared.name!r} is not shipped: B, C and F compare against the "
+            "manifest's recorded target"
+        )
+        return declared, [], [note]
+    try:
+        shipped = load_target(declared.name)
+    except ConfigError as e:  # pragma: no cover - a broken installation
+        raise MalformedBundle(MANIFEST, str(e)) from e
+    keep = {"gpus"} | (CPU_CALIBRATED if shipped.name == "cpu" else set())
+    problems = []
+    want = shipped.model_dump(mode="json")
+    have = declared.model_dump(mode="json")
+    for k, v in want.items():
+        if k not in keep and have.get(k) != v:
+            problems.append(
+                f"{MANIFEST}: target {declared.name!r} field {k} is {have.get(k)!r}, "
+                f"the shipped spec says {v!r}"
+            )
+            break
+    upd = {k: have[k] for k in keep}
+    return shipped.model_copy(update=upd), problems, []
+
+
+def rung_bucket(r: LadderRung) -> Bucket | str:
+    try:
+        return Bucket(GraphPhase(r.phase), r.batch, r.seq, r.context)
+    except (ValueError, PlowError) as e:
+        return f"rung {r.name!r}: not a bucket ({e})"
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """The plan-level numbers of one rung, from the target, the profile and the op table's
+    shapes (never from the numbers the op table declares)."""
+
+    budget_ns: int
+    bandwidth_bytes_per_s: int
+    peak_flops_per_s: int
+    min_tile: int
+    weight_bytes: int  # bytes of the weights a step reads whole, from shapes and dtypes
+    activation_dtype: str
+    cache_dtype: str
+    budget_pages: int
+    page_bytes: int
+    align: int
+
+
+MATMUL_KINDS = ("linear", "lm_head")
+ROWWISE_KINDS = ("embedding", "rmsnorm", "rope", "gated_mlp", "residual_add", "sample")
+
+
+def expected_numbers(
+    ot: OpTable, target: Target, profile: CompileProfile, bucket: Bucket
+) -> Expected:
+    """What the compiler must have used (plow.tiles.tiler: a matmul computes at the weights'
+    rate, attention at the activations', the row-wise ops at fp32; the compute bound uses
+    the highest rate any op uses; plow.memory: page budget, arena alignment)."""
+    weights = {n: t for n, t in ot.tensors.items() if t.role == "weight"}
+    wdt = next(iter(weights.values())).dtype if weights else "float32"
+    act = profile.activation_dtype or wdt
+    cache = profile.kv_dtype or act
+    rates: set[str] = set()
+    for o in ot.ops:
+        if o.kind in MATMUL_KINDS:
+            rates.add(rate_class(wdt))
+        elif o.kind == "attention":
+            rates.add(rate_class(act))
+        elif o.kind in ROWWISE_KINDS:
+            rates.add("fp32")
+    rates = rates or {rate_class(wdt)}
+    # Weights a step reads whole (T6): all but an embedding table only gathered from.
+    read_whole = {n for o in ot.ops if o.kind != "embedding" for n in o.inputs if n in weights}
+    return Expected(
+        budget_ns=profile.budget_ns(bucket),
+        bandwidth_bytes_per_s=target.bandwidth_bytes_per_s,
+        peak_flops_per_s=max(target.peak_flops_per_s[r] for r in rates),  # type: ignore[index]
+        min_tile=target.min_tile_any_axis,
+        weight_bytes=sum(
+            math.prod(weights[n].shape) * dtype_bytes(weights[n].dtype) for n in read_whole
+        ),
+        activation_dtype=act,
+        cache_dtype=cache,
+        budget_pages=target.onchip_bytes_per_worker // target.page_bytes,
+        page_bytes=target.page_bytes,
+        align=ALIGN,
+    )
+
+
+def declared_number_problems(
+    rung: LadderRung, ot: OpTable, sf: ScheduleFile, ex: Expected, target: Target
+) -> list[str]:
+    """The numbers the files declare that must be the bundle's own (first mismatch per file)."""
+    out: list[str] = []
+    t = ot.tiling
+    for name, have, want in (
+        ("budget_ns", t.budget_ns, ex.budget_ns),
+        ("bandwidth_bytes_per_s", t.bandwidth_bytes_per_s, ex.bandwidth_bytes_per_s),
+        ("peak_flops_per_s", t.peak_flops_per_s, ex.peak_flops_per_s),
+        ("min_tile", t.min_tile, ex.min_tile),
+        ("activation_dtype", t.activation_dtype, ex.activation_dtype),
+        ("cache_dtype", t.cache_dtype, ex.cache_dtype),
+    ):
+        if have != want:
+            out.append(
+                f"{rung.ops}: tiling {name} is {have!r}, target {target.name!r} and the "
+                f"profile give {want!r}"
+            )
+            break
+    if t.weight_bytes < ex.weight_bytes:
+        out.append(
+            f"{rung.ops}: tiling weight_bytes {t.weight_bytes} below the {ex.weight_bytes} "
+            "bytes of the weight tensors its ops read whole"
+        )
+    for name, have, want in (
+        ("workers_per_gpu", sf.workers_per_gpu, target.workers),
+        ("gpus", sf.gpus, target.gpus),
+        ("workers", sf.workers, target.workers * target.gpus),
+        ("pages.budget_pages", sf.pages.budget_pages, ex.budget_pages),
+        ("pages.page_bytes", sf.pages.page_bytes, ex.page_bytes),
+        ("arena.align", sf.arena.align, ex.align),
+    ):
+        if have != want:
+            out.append(f"{rung.schedule}: {name} is {have}, target {target.name!r} gives {want}")
+            break
+    return out
+
+
+def ladder_problems(
+    rung: LadderRung,
+    ot: OpTable,
+    sf: ScheduleFile,
+    header: PlanHeader | None,
+    packets: int | None,
+) -> list[str]:
+    """A rung is what its name says, and its files are its own (docs/bundle.md, `bundle`)."""
+    b = rung_bucket(rung)
+    if isinstance(b, str):
+        return [b]
+    name = b.name
+    out: list[str] = []
+    if rung.name != name:
+        out.append(
+            f"rung {rung.name!r}: phase {rung.phase}, batch {rung.batch}, seq "
+            f"{rung.seq}, context {rung.context} is bucket {name!r}"
+        )
+    for what, rel, want in (
+        ("plan", rung.plan, f"plan/{rung.name}.bin"),
+        ("ops", rung.ops, f"plan/{rung.name}.ops.json"),
+        ("schedule", rung.schedule, f"plan/{rung.name}.schedule.json"),
+    ):
+        if rel != want:
+            out.append(f"rung {rung.name!r}: {what} file {rel!r} is not {want!r}")
+    for what, have_v, want_v in (
+        ("bucket", ot.bucket, rung.name),
+        ("phase", ot.phase, rung.phase),
+        ("batch", ot.batch, rung.batch),
+        ("seq", ot.seq, rung.seq),
+        ("context", ot.context, rung.context),
+    ):
+        if have_v != want_v:
+            out.append(
+                f"{rung.ops}: {what} {have_v!r}, the ladder says {want_v!r} (rung {rung.name!r})"
+            )
+            break
+    if sf.bucket != rung.name:
+        out.append(f"{rung.schedule}: bucket {sf.bucket!r}, the ladder says {rung.name!r}")
+    if header is not None:
+        ph = Phase.PREFILL if rung.phase == "prefill" else Phase.DECODE
+        for what, have_v, want_v in (
+            ("phase", header.phase.name.lower(), ph.name.lower()),
+            ("batch", header.batch, rung.batch),
+            ("seq", header.seq, rung.seq),
+            ("workers", header.workers, sf.workers),
+        ):
+            if have_v != want_v:
+                out.append(
+                    f"{rung.plan}: header {what} {have_v}, the ladder says {want_v} "
+                    f"(rung {rung.name!r})"
+                )
+                break
+    tpr = b.tokens_per_row
+    for tname, want_s in (
+        ("ids", [rung.batch, tpr]),
+        ("positions", [rung.batch, tpr]),
+        ("sample_index", [rung.batch]),
+    ):
+        te = ot.tensors.get(tname)
+        if te is None or te.shape != want_s:
+            out.append(
+                f"{rung.ops}: tensor {tname!r} has shape "
+                f"{None if te is None else te.shape}, rung {rung.name!r} needs {want_s}"
+            )
+            break
+    for tname, te in ot.tensors.items():
+        if te.role == "cache" and (
+            len(te.shape) != 4 or te.shape[0] != rung.batch or te.shape[2] != rung.context
+        ):
+            out.append(
+                f"{rung.ops}: cache {tname!r} has shape {te.shape}, rung {rung.name!r} "
+                f"needs batch {rung.batch} and context {rung.context}"
+            )
+            break
+    for what, have_n, want_n in (
+        ("packets", rung.packets, packets),
+        ("tasks", rung.tasks, len(sf.tasks.name)),
+        ("counters", rung.counters, len(sf.counters.name)),
+        ("arena_bytes", rung.arena_bytes, sf.arena.arena_bytes),
+        ("op table arena_bytes", ot.arena_bytes, sf.arena.arena_bytes),
+    ):
+        if want_n is not None and have_n != want_n:
+            out.append(f"rung {rung.name!r}: {what} {have_n}, the files hold {want_n}")
+            break
+    return out
+
+
+def profile_ladder_problems(bundle: Path, m: Manifest) -> list[str]:
+    """The ladder is the profile's policy for the model's config (`CompileProfile.buckets`)."""
+    from plow.checkpoint.loader import spec_from_config
+
+    try:
+        prof = CompileProfile.model_validate(m.profile)
+    except ValidationError as e:
+        return [f"{MANIFEST}: profile does not parse: {e.errors()[0]['msg']}"]
+    try:
+        spec = spec_from_config(json.loads((bundle / "config.json").read_text()), "config.json")
+        want = [b.name for b in prof.buckets(spec.max_position)]
+    except (OSError, json.JSONDecodeError, PlowError) as e:
+        return [f"config.json: cannot rebuild the ladder from the profile: {e}"]
+    have = [r.name for r in m.ladder]
+    if have != want:
+        return [f"{MANIFEST}: ladder {have} but profile {prof.name!r} asks for {want}"]
+    return []
+
+
+# ----------------------------------------------------------------- checkpoint B
+
+# The reduction axis of each split-able op kind (= plow.schedule.regions.REDUCTION_AXIS,
+# which the runtime reads a merge packet's units with; a test keeps the two equal).
+REDUCTION_AXIS: dict[str, int] = {
+    "linear": 2,
+    "lm_head": 2,
+    "attention": 1,
+    "sample": 1,
+    "rmsnorm": 1,
+}
+
+
+def _chunks(width: int, per_block: int) -> int:
+    """Column chunks of one output block of `width` columns (plow.schedule.regions: chunks at
+    least 16 wide, at most `per_block` of them)."""
+    if width <= 0:
+        return 0
+    k = max(1, min(per_block, width // 16))
+    step = -(-width // k)
+    return -(-width // step)
+
+
+def _last_dim(shape: list[int]) -> int:
+    return shape[-1] if len(shape) >= 2 else 1
+
+
+def merge_unit_count(o: OpEntry, tensors: dict[str, TensorEntry], workers: int) -> int:
+    """The merge units of a split reduction, numbered as the runtime reads a merge packet's
+    units (docs/wire.md: output blocks of the split reduction, `plow.schedule.regions`): one
+    block per tile box off the reduction axis, each cut into column chunks of the output's
+    2-D view; 0 for an op that is not split."""
+    red = REDUCTION_AXIS.get(o.kind)
+    ax = o.axes
+    if red is None or red >= len(ax) or ax[red].steps <= 1:
+        return 0
+    nb = math.prod(a.steps for j, a in enumerate(ax) if j != red)
+    per = max(1, workers // max(1, nb))
+
+    def rows(j: int) -> tuple[int, int]:
+        a = ax[0]
+        return j * a.tile, min((j + 1) * a.tile, a.extent)
+
+    rest0 = nb // max(1, ax[0].steps)  # blocks per step of axis 0
+    if o.kind in MATMUL_KINDS:  # a block writes one n step of the output
+        n = ax[1]
+        widths = [min((j + 1) * n.tile, n.extent) - j * n.tile for j in range(n.steps)]
+        return (nb // max(1, n.steps)) * sum(_chunks(w, per) for w in widths)
+    if o.kind == "sample":
+        return nb * _chunks(1, per)
+    try:
+        shape_in = tensors[o.inputs[0]].shape
+        shape_out = tensors[o.outputs[0]].shape
+    except (KeyError, IndexError):
+        return 0
+    total = 0
+    if o.kind == "attention":
+        heads, kvh, hd = (int(o.attrs.get(k) or 0) for k in ("heads", "kv_heads", "head_dim"))
+        if len(shape_in) < 2 or not (heads and kvh and hd):
+            return 0
+        t = shape_in[1]
+        grp = heads // kvh
+        per_batch, block = t * heads, t * grp
+        for j in range(ax[0].steps):
+            a, b = rows(j)
+            if b <= a:
+                continue
+            if a // per_batch == (b - 1) // per_batch:
+                w = (((b - 1) % per_batch) // block + 1 - (a % per_batch) // block) * grp * hd
+            else:
+                w = heads * hd
+            total += _chunks(w, per)
+        return total * rest0
+    if o.kind == "rmsnorm":
+        ncols = _last_dim(shape_out)
+        g = int(o.attrs.get("group") or ncols)
+        if g <= 0:
+            return 0
+        per_row = max(1, ncols // g)
+        cext = ax[1].extent
+        for j in range(ax[0].steps):
+            a, b = rows(j)
+            if b <= a:
+                continue
+            if a // per_row == (b - 1) // per_row:
+                w = ((b - 1) % per_row - a % per_row) * g + cext
+            else:
+                w = ncols
+            total += _chunks(w, per)
+        return total * rest0
+    return 0
+
+
+def plan_tasks(
+    decoded: PacketArray, grouped: Grouped, names: list[str], nops: int
+) -> dict[int, list[dict[str, int | str]]] | str:
+    """Per op index, its tasks as their task packets say (sorted by start); a string names
+    a task packet whose op is not in the op table."""
+    opi = decoded["op_index"].tolist()
+    rs = decoded["row_start"].tolist()
+    rows = decoded["rows"].tolist()
+    code = decoded["opcode"].tolist()
+    fl = decoded["flags"].tolist()
+    per: dict[int, list[dict[str, int | str]]] = {}
+    for g, m in enumerate(grouped.main):
+        if not 0 <= opi[m] < nops:
+            return f"task {g} (packet {m}): op index {opi[m]} outside the op table ({nops} ops)"
+        per.setdefault(opi[m], []).append(
+            {
+                "task": g,
+                "name": names[g] if g < len(names) else f"#{g}",
+                "start": rs[m],
+                "count": rows[m],
+                "opcode": code[m],
+                "flags": fl[m],
+            }
+        )
+    for ts in per.values():
+        ts.sort(key=lambda t: t["start"])
+    return per
+
+
+def tile_payload_dict(
+    ot: OpTable,
+    ex: Expected,
+    target: Target,
+    tasks: dict[int, list[dict[str, int | str]]],
+    workers: int,
+) -> dict[str, Any]:
+    """The checkpoint B payload of a rung (`TilePayload` JSON, built as plain dicts): per op
+    its axes and cost (op table), shapes and attributes (op table's tensors), merge units,
+    and tasks (plan file); the plan-level numbers from `expected_numbers` — the target's
+    spec and the profile, not the op table's declared `tiling`."""
+    ops = []
+    for i, o in enumerate(ot.ops):
+        a = o.attrs
+
+        def num(k: str, a: dict[str, Any] = a) -> int:
+            v = a.get(k)
+            return int(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+        win = a.get("window")
+        ops.append(
+            {
+                "name": o.name,
+                "kind": o.kind,
+                "axes": [
+                    {"name": x.name, "extent": x.extent, "tile": x.tile, "steps": x.steps}
+                    for x in o.axes
+                ],
+                "flops_per_point": o.cost.flops_per_point,
+                "flops": o.cost.flops,
+                "charged_cost": o.cost.charged_cost,
+                "bytes": o.cost.bytes,
+                "plan": {
+                    "opcode": o.opcode,
+                    "inputs": [ot.tensors[n].shape if n in ot.tensors else [] for n in o.inputs],
+                    "outputs": [ot.tensors[n].shape if n in ot.tensors else [] for n in o.outputs],
+                    "heads": num("heads"),
+                    "head_dim": num("head_dim"),
+                    "group": num("group"),
+                    "window": win if isinstance(win, int) and win >= 0 else None,
+                    "merge_units": merge_unit_count(o, ot.tensors, workers),
+                    "tasks": tasks.get(i, []),
+                },
+            }
+        )
+    return {
+        "ops": ops,
+        "target": {
+            "name": target.name,
+            "bandwidth_bytes_per_s": ex.bandwidth_bytes_per_s,
+            "peak_flops_per_s": ex.peak_flops_per_s,
+            "min_tile": ex.min_tile,
+        },
+        "budget_ns": ex.budget_ns,
+        "weight_bytes": ex.weight_bytes,
+    }
+
+
 # ----------------------------------------------------------------- the other payloads
 
 
@@ -465,7 +920,10 @@ def tile_payload_from_table(ot: OpTable, target: dict[str, Any]) -> TilePayload:
     )
 
 
-def page_payload_from_file(sf: ScheduleFile, chunk: int = 64) -> dict[str, object]:
+def page_payload_from_file(
+    sf: ScheduleFile, chunk: int = 64, budget_pages: int | None = None
+) -> dict[str, object]:
+    """C's payload; `budget_pages`: the target's (`expected_numbers`), default the file's."""
     p = sf.pages
     n = len(sf.tasks.name)
     cols = (p.start, p.finish, p.load, p.weight_pages, p.act_pages)
@@ -475,7 +933,9 @@ def page_payload_from_file(sf: ScheduleFile, chunk: int = 64) -> dict[str, objec
         )
     tasks = [TaskPages(*row) for row in zip(*cols, strict=True)]
     return split_timeline(
-        p.budget_pages, page_windows(sf.tasks.worker, sf.tasks.name, tasks), chunk
+        p.budget_pages if budget_pages is None else budget_pages,
+        page_windows(sf.tasks.worker, sf.tasks.name, tasks),
+        chunk,
     )
 
 
@@ -483,7 +943,8 @@ def tensor_bytes(shape: list[int], dtype: str) -> int:
     return math.prod(shape) * dtype_bytes(dtype)
 
 
-def alloc_payload_from_files(sf: ScheduleFile, ot: OpTable) -> Any:
+def alloc_payload_from_files(sf: ScheduleFile, ot: OpTable, align: int | None = None) -> Any:
+    """F's payload; `align`: the arena alignment (`expected_numbers`), default the file's."""
     roles: dict[str, str] = {}
     scratch: dict[str, int] = {}
     for name, t in ot.tensors.items():
@@ -507,7 +968,9 @@ def alloc_payload_from_files(sf: ScheduleFile, ot: OpTable) -> Any:
         raise MalformedBundle(
             f"schedule {sf.bucket}", f"tensor {sorted(missing)[0]!r} has no place in the arena map"
         )
-    return alloc_payload(sf.arena.arena_bytes, bufs, live, sf.arena.align)
+    return alloc_payload(
+        sf.arena.arena_bytes, bufs, live, sf.arena.align if align is None else align
+    )
 
 
 def wire_payload_dict(body: bytes, packets: PacketArray) -> dict[str, object]:
@@ -559,6 +1022,18 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
         f"{rel}: sha256 differs from the manifest (edited after compilation)" for rel in bad
     ]
     problems += [f"{rel}: not listed in the manifest" for rel in extra]
+    target, tproblems, tnotes = bundle_target(m)
+    problems += tproblems
+    report.notes += tnotes
+    problems += profile_ladder_problems(bundle, m)
+    try:
+        profile = CompileProfile.model_validate(m.profile)
+    except ValidationError:
+        profile = CompileProfile()  # reported by profile_ladder_problems
+    names = [r.name for r in m.ladder]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        problems.append(f"{MANIFEST}: rung {dup!r} listed twice")
     jobs: list[tuple[str, str, Callable[[], Row]]] = []
     for rung in m.ladder:
         ot: OpTable = _load_json(bundle / rung.ops, OpTable)
@@ -580,20 +1055,44 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
         except PlowError as e:
             raise MalformedBundle(bundle / rung.schedule, str(e)) from e
         body = data[HEADER_SIZE:]
+        header: PlanHeader | None = None
         try:
-            _, arr = decode_plan(data)
+            header, arr = decode_plan(data)
             decoded: PacketArray | str = arr
         except WireError as e:
             decoded = f"{rung.plan}: {e}"
+        bucket = rung_bucket(rung)
+        problems += ladder_problems(
+            rung, ot, sf, header, None if isinstance(decoded, str) else len(decoded)
+        )
+        ex = expected_numbers(
+            ot, target, profile, bucket if isinstance(bucket, Bucket) else Bucket.decode(1, 1)
+        )
+        problems += declared_number_problems(rung, ot, sf, ex, target)
+        grouped: Grouped | str = decoded if isinstance(decoded, str) else group_tasks(decoded)
         name = rung.name
 
-        def job_b(ot: OpTable = ot, name: str = name) -> Row:
-            payload = tile_payload_from_table(ot, m.target)
-            row = _row("B", name, run_checkpoint("B", payload))
-            return replace(row, payload=payload.model_dump(mode="json"))
+        def job_b(
+            ot: OpTable = ot,
+            sf: ScheduleFile = sf,
+            ex: Expected = ex,
+            decoded: PacketArray | str = decoded,
+            grouped: Grouped | str = grouped,
+            name: str = name,
+        ) -> Row:
+            if isinstance(decoded, str) or isinstance(grouped, str):
+                why = decoded if isinstance(decoded, str) else grouped
+                return Row("B", name, "reject", (), f"cannot read the tasks: {why}")
+            tasks = plan_tasks(decoded, grouped, list(sf.tasks.name), len(ot.ops))
+            if isinstance(tasks, str):
+                return Row("B", name, "reject", (), tasks)
+            payload = tile_payload_dict(ot, ex, target, tasks, sf.workers_per_gpu)
+            row = _row("B", name, run_checkpoint("B", payload, timeout_s=600))
+            return replace(row, payload=payload)
 
-        def job_c(sf: ScheduleFile = sf, name: str = name) -> Row:
-            return _row("C", name, run_checkpoint("C", page_payload_from_file(sf)))
+        def job_c(sf: ScheduleFile = sf, ex: Expected = ex, name: str = name) -> Row:
+            payload = page_payload_from_file(sf, budget_pages=ex.budget_pages)
+            return _row("C", name, run_checkpoint("C", payload))
 
         def job_d(
             decoded: PacketArray | str = decoded, sf: ScheduleFile = sf, name: str = name
@@ -615,10 +1114,13 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             )
 
         def job_f(
-            sf: ScheduleFile = sf, ot: OpTable = ot, decoded: PacketArray | str = decoded,
+            sf: ScheduleFile = sf,
+            ot: OpTable = ot,
+            decoded: PacketArray | str = decoded,
+            ex: Expected = ex,
             name: str = name,
-        ) -> Row:  # fmt: skip
-            payload = alloc_payload_from_files(sf, ot)
+        ) -> Row:
+            payload = alloc_payload_from_files(sf, ot, ex.align)
             row = _row("F", name, run_checkpoint("F", payload))
             if row.rejected:
                 return row
@@ -666,9 +1168,9 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
     # plans, then C); results are collected in job order.
     order = {ck: i for i, ck in enumerate(CHECKPOINTS)}
     first = {"D": 0, "E": 1, "C": 2}
-    with ThreadPoolExecutor(max_workers=3) as ex:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         started = {
-            k: ex.submit(jobs[k][2])
+            k: pool.submit(jobs[k][2])
             for k in sorted(range(len(jobs)), key=lambda k: (first.get(jobs[k][0], 3), k))
         }
         rows = [started[k].result() for k in range(len(jobs))]
