@@ -1,13 +1,24 @@
-"""Admission control from a deterministic-service (M/D/1) queueing model.
+"""Admission control: a queue-wait bound that holds, predicted from the work ahead.
 
-The step time of an engine is known before any request arrives: it is measured once at
-startup (`calibrate_step_time`: decode ticks at batch 1 and at the full batch, a line
-`t_step(b) = d0 + d1 * b`) and the prefill launch cost comes from the prefill fit
-(`plow/serve/prefill_cost.py`). A compiled step is deterministic, so the service model is
-M/D/1 rather than M/M/1. The symbols (see docs/serving.md for the derivation and limits):
+Each arrival's wait (arrival to slot) is predicted from the state it finds, since admission is
+FIFO and only the requests ahead of it matter: the remaining ticks of every bound slot and of
+every waiting request (prefill launches plus decode ticks up to each request's own
+`max_tokens`, never the lengths of past requests), scheduled onto the slots in order
+(`start_ticks`: the list schedule, or Graham's bound for long queues), at the decode tick and
+prefill cost measured under load (`TickEstimate`: the startup calibration scaled by an
+exponentially weighted average of measured / predicted ticks). An arrival whose predicted wait
+exceeds the bound is refused (HTTP 429 with `Retry-After`); the dispatcher refuses a request
+still waiting when the bound runs out instead of admitting it late, so the bound holds for every
+admitted request.
+
+The step time is first known before any request arrives: `calibrate_step_time` times decode
+ticks at batch 1 and at the full batch (a line `t_step(b) = d0 + d1 * b`) and the prefill launch
+cost comes from the prefill fit (`plow/serve/prefill_cost.py`). A compiled step is
+deterministic, so the steady-state model is M/D/1 rather than M/M/1; it chooses the
+batch-formation window and feeds reports. Its symbols (see docs/serving.md):
 
     lambda    arrival rate, estimated from the arrivals of the last `horizon_s` seconds
-    p, n      mean prompt and mean output tokens of recent requests
+    p, n      mean prompt tokens and mean max_tokens of recent arrivals
     B         slots (the engine's max batch)
     b         expected occupied slots = clamp(lambda * S, 1, B)
     S(w)      slot holding time of a request = launch_s / k(w) + per_row_s * p + n * t_step(b)
@@ -21,11 +32,7 @@ M/D/1 rather than M/M/1. The symbols (see docs/serving.md for the derivation and
 
 The expected latency to the first token for a window w is
 `L(w) = W_win(w) + W_tick + W_q(w) + launch_s / k(w) + per_row_s * p`, and the batch-formation
-window is its minimiser over a grid. The predicted queue wait (arrival to admission) is
-`W_win + W_tick + W_q`, plus a backlog term when requests are already waiting for slots:
-`max(0, waiting + 1 - free_slots) * S / B` (slots free at rate B / S); when the estimated
-rho >= 1 there is no steady state and the drain term alone is the prediction. A request is
-refused (HTTP 429 with `Retry-After`) when the predicted wait exceeds the configured bound.
+window is its minimiser over a grid.
 """
 
 from __future__ import annotations

@@ -163,6 +163,13 @@ def max_token_chars(tok: Tokenizer) -> int | None:
     stands for: byte-level tokens spell each byte as one (1-2 byte) character, SentencePiece
     tokens spell their characters (a space as the 3-byte `▁`), byte-fallback tokens `<0x..>`
     one byte in six, added tokens themselves."""
+    try:
+        return _max_token_chars(tok)
+    except Exception:  # a tokenizer this code does not know: no pre-check, never a failure
+        return None
+
+
+def _max_token_chars(tok: Tokenizer) -> int | None:
     inner = tok.inner
     if not _keeps_characters(inner.normalizer, _KEEPING_NORM):
         return None

@@ -14,10 +14,14 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from plow.checkpoint.tokenizer import Tokenizer
 from plow.serve.engine import Engine, PrefillChunk
-from plow.serve.http import DEFAULT_MAX_REQUEST_BYTES, Server, load_served_model
+from plow.serve.http import DEFAULT_MAX_REQUEST_BYTES, Server, load_served_model, max_token_chars
 from plow.serve.prefill_cost import PrefillFit
+from plow.testing.fixtures import corpus_text
 from tests.serve.conftest import API_KEY, LiveServer, start_server, stop_server
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -323,3 +327,39 @@ def test_error_codes_are_strings_or_null(live: LiveServer) -> None:
     r = httpx.post(f"{live.url}/v1/completions", content=b'{"model": NaN}', timeout=10,
                    headers={**HEADERS, "content-type": "application/json"})  # fmt: skip
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+# --------------------------------------------------------------------- the length pre-check
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(text=st.text(alphabet=sorted(set(corpus_text())) + ["\u4e2d", "\U0001f600", " "],
+                    max_size=400))  # fmt: skip
+def test_the_character_bound_never_exceeds_the_token_count(live: LiveServer, text: str) -> None:
+    """The pre-check may refuse a prompt only when it cannot fit: tokens >= chars / L."""
+    m = live.server.models["tiny"]
+    assert m.token_chars is not None and m.token_chars >= 1
+    assert len(m.encode(text, add_special_tokens=False)) * m.token_chars >= len(text)
+
+
+def test_no_character_bound_for_tokenizers_that_drop_input() -> None:
+    from tokenizers import Tokenizer as HF
+    from tokenizers import models, normalizers, pre_tokenizers
+
+    def tok(pre: object = None, norm: object = None) -> Tokenizer:
+        inner = HF(models.BPE({"a": 0, "[UNK]": 1}, [], unk_token="[UNK]"))
+        if pre is not None:
+            inner.pre_tokenizer = pre
+        if norm is not None:
+            inner.normalizer = norm
+        return Tokenizer(inner)
+
+    assert max_token_chars(tok()) == len("[UNK]")
+    assert max_token_chars(tok(pre_tokenizers.ByteLevel())) is not None
+    assert max_token_chars(tok(pre_tokenizers.Whitespace())) is None  # drops whitespace
+    assert max_token_chars(tok(norm=normalizers.Strip())) is None
+    strip_accents = normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents()])
+    assert max_token_chars(tok(norm=strip_accents)) is None
+    no_unk = Tokenizer(HF(models.BPE({"a": 0}, [])))
+    assert max_token_chars(no_unk) is None  # an unknown character would vanish
