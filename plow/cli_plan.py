@@ -113,8 +113,8 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
             # (an error is then the only line on stderr).
             from plow.checkpoint import load_spec
 
-            check_destination(source, out, replace=force)
             n_buckets = len(prof.buckets(load_spec(source).max_position))
+            check_destination(source, out, replace=force)
             per_bucket = [s for s in (*STAGES, *BUNDLE_STAGES) if not s.startswith("checkpoint")]
             final = [s for s in FINAL_STAGES if verify or s != "verify"]
             with Progress(
