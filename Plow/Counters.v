@@ -128,7 +128,11 @@ Inductive counter_error : Type :=
 | CErr_uncovered (e u t : N)
     (** edge [e] = [(u, t)] is covered neither by a counter nor by queue order *)
 | CErr_cycle (a b ra rb : N)
-    (** [a] must precede [b] but [rank a >= rank b]: possible cycle *).
+    (** [a] must precede [b] but [rank a >= rank b]: possible cycle *)
+| CErr_scope (c scope t0 w0 t w : N)
+    (** counter [c] has [scope] but tasks [t0] (on worker [w0]) and [t] (on [w])
+        both wait on or signal it, and the scope does not reach from one to the
+        other *).
 
 (** First error of [f i x] over the elements [x] of [l] at (binary) positions [i]. *)
 Fixpoint find_errN {A E : Type} (f : N -> A -> option E) (i : N) (l : list A)
@@ -340,3 +344,76 @@ Definition check_all (p : cplan) : option counter_error :=
 (** The checkpoint D checker. *)
 Definition check_counters (p : cplan) : verdict counter_error :=
   match check_all p with None => Accept | Some e => Reject e end.
+
+(** ** Scopes (checkpoint D, continued)
+
+    A counter's scope is the reach of the atomics that signal it and of the
+    loads that wait on it: [0] [cta] (one worker), [1] [device] (one GPU: the
+    workers [g * wpg .. g * wpg + wpg - 1], [wpg] workers per GPU), [2]
+    [system] (anything).  A legal scope covers the placement of every task
+    that signals or waits on the counter.  (Scopes enter nothing above: the
+    semantics of C1/C2 has one coherent memory; this is the condition under
+    which a GPU's scoped atomics give that semantics.) *)
+
+Definition worker_of (p : cplan) (t : N) : N := nth (N.to_nat t) (cp_workers p) 0.
+
+Definition touches (p : cplan) (c t : N) : Prop :=
+  In c (waits_of p t) \/ In c (signals_of p t).
+
+Definition scope_covers (wpg s w1 w2 : N) : Prop :=
+  (s = 0 -> w1 = w2) /\ (s = 1 -> w1 / wpg = w2 / wpg).
+
+(** The scope of counter [c] is [nth c scopes 2] (absent: [system]). *)
+Definition scopes_legal (p : cplan) (scopes : list N) (wpg : N) : Prop :=
+  forall c t1 t2, touches p c t1 -> touches p c t2 ->
+  scope_covers wpg (nth (N.to_nat c) scopes 2) (worker_of p t1) (worker_of p t2).
+
+Definition scope_ok (wpg s w w0 : N) : bool :=
+  if s =? 0 then w =? w0 else if s =? 1 then w / wpg =? w0 / wpg else true.
+
+(** Per counter, the first task (in task order) that waits on or signals it,
+    with its worker. *)
+Definition touch_first (t w : N) (m : trie (N * N)) (l : list N) : trie (N * N) :=
+  fold_left (fun m c => match tfind (nkey c) m with
+                        | Some _ => m
+                        | None => tadd (nkey c) (t, w) m
+                        end) l m.
+
+Fixpoint touch_from (t : N) (wm : trie N) (wts sgs : list (list N)) (m : trie (N * N))
+  : trie (N * N) :=
+  match wts, sgs with
+  | wt :: wts', sg :: sgs' =>
+      let w := get wm 0 t in
+      touch_from (N.succ t) wm wts' sgs' (touch_first t w (touch_first t w m wt) sg)
+  | _, _ => m
+  end.
+
+(** Every task that touches a counter is within the counter's scope of the
+    counter's first toucher ([fm]); [wm] = workers by task, [scm] = scopes
+    by counter. *)
+Definition check_scope_list (wpg : N) (wm : trie N) (fm : trie (N * N)) (scm : trie N)
+  (t : N) (l : list N) : option counter_error :=
+  let w := get wm 0 t in
+  first_err (fun c =>
+    let s := get scm 2 c in
+    match tfind (nkey c) fm with
+    | Some (t0, w0) => if scope_ok wpg s w w0 then None else Some (CErr_scope c s t0 w0 t w)
+    | None => Some (CErr_scope c s t w t w)
+    end) l.
+
+Definition check_scopes (p : cplan) (scopes : list N) (wpg : N) : option counter_error :=
+  let wm := index_map (cp_workers p) in
+  let fm := touch_from 0 wm (cp_waits p) (cp_signals p) Leaf in
+  let scm := index_map scopes in
+  match find_errN (check_scope_list wpg wm fm scm) 0 (cp_waits p) with
+  | Some e => Some e
+  | None => find_errN (check_scope_list wpg wm fm scm) 0 (cp_signals p)
+  end.
+
+(** Checkpoint D: the protocol ([check_counters]), then the scopes. *)
+Definition check_checkpoint_d (p : cplan) (scopes : list N) (wpg : N)
+  : verdict counter_error :=
+  match check_counters p with
+  | Reject e => Reject e
+  | Accept => match check_scopes p scopes wpg with None => Accept | Some e => Reject e end
+  end.

@@ -791,7 +791,7 @@ Qed.
     a task runs only after its predecessors, some worker can step until every
     task has run, executions are finite, and every maximal execution runs
     every task — under any interleaving, for any number of workers. *)
-Theorem checkpoint_d_sound p :
+Theorem check_counters_conclusions p :
   check_counters p = Accept ->
   counter_hypotheses p /\
   (forall tr s t s', exec p init tr s -> step p s t s' ->
@@ -808,4 +808,90 @@ Proof.
   - eapply counters_progress; eauto.
   - intros tr s Hex. destruct (counters_exec_bounded p tr s Hpart Hex) as [? [_ ?]]. auto.
   - eapply counters_maximal_runs_all; eauto.
+Qed.
+
+(** ** Scopes *)
+
+Local Open Scope N_scope.
+
+Lemma check_scope_list_ok wpg wm fm scm t l c :
+  check_scope_list wpg wm fm scm t l = None -> In c l ->
+  exists t0 w0, tfind (nkey c) fm = Some (t0, w0) /\
+    scope_ok wpg (get scm 2 c) (get wm 0 t) w0 = true.
+Proof.
+  intros H Hin. unfold check_scope_list in H.
+  pose proof (first_err_none _ _ H c Hin) as Hc. simpl in Hc.
+  destruct (tfind (nkey c) fm) as [[t0 w0]|]; [|discriminate].
+  exists t0, w0. split; [reflexivity|].
+  destruct (scope_ok _ _ _ _); [reflexivity | discriminate].
+Qed.
+
+Lemma check_scopes_touch p sc wpg c t :
+  check_scopes p sc wpg = None -> touches p c t ->
+  exists t0 w0,
+    tfind (nkey c) (touch_from 0 (index_map (cp_workers p)) (cp_waits p) (cp_signals p) Leaf)
+      = Some (t0, w0) /\
+    scope_ok wpg (nth (N.to_nat c) sc 2) (worker_of p t) w0 = true.
+Proof.
+  intros H [Hw|Hs]; unfold check_scopes in H;
+    destruct (find_errN _ 0 (cp_waits p)) eqn:E1; try discriminate.
+  - unfold waits_of in Hw.
+    destruct (nth_error (cp_waits p) (N.to_nat t)) as [l|] eqn:Et.
+    + pose proof (find_errN_none _ _ 0 E1 (N.to_nat t) l Et) as Hl.
+      rewrite N.add_0_l, N2Nat.id in Hl.
+      rewrite (nth_error_nth _ _ [] Et) in Hw.
+      destruct (check_scope_list_ok _ _ _ _ _ _ c Hl Hw) as (t0 & w0 & Hf & Ho).
+      exists t0, w0. split; [exact Hf|].
+      rewrite !get_index_map in Ho. unfold worker_of. exact Ho.
+    + apply nth_error_None in Et. rewrite nth_overflow in Hw by exact Et. contradiction.
+  - unfold signals_of in Hs.
+    destruct (nth_error (cp_signals p) (N.to_nat t)) as [l|] eqn:Et.
+    + pose proof (find_errN_none _ _ 0 H (N.to_nat t) l Et) as Hl.
+      rewrite N.add_0_l, N2Nat.id in Hl.
+      rewrite (nth_error_nth _ _ [] Et) in Hs.
+      destruct (check_scope_list_ok _ _ _ _ _ _ c Hl Hs) as (t0 & w0 & Hf & Ho).
+      exists t0, w0. split; [exact Hf|].
+      rewrite !get_index_map in Ho. unfold worker_of. exact Ho.
+    + apply nth_error_None in Et. rewrite nth_overflow in Hs by exact Et. contradiction.
+Qed.
+
+(** Accepted scopes are legal: every two tasks that touch a counter are
+    within its scope of each other (both are within it of the counter's
+    first toucher, and "same worker" / "same GPU" are equalities). *)
+Theorem check_scopes_sound p sc wpg :
+  check_scopes p sc wpg = None -> scopes_legal p sc wpg.
+Proof.
+  intros H c t1 t2 H1 H2.
+  destruct (check_scopes_touch p sc wpg c t1 H H1) as (a & wa & Fa & Oa).
+  destruct (check_scopes_touch p sc wpg c t2 H H2) as (b & wb & Fb & Ob).
+  rewrite Fa in Fb. inversion Fb; subst.
+  unfold scope_ok in Oa, Ob. unfold scope_covers.
+  destruct (N.eqb_spec (nth (N.to_nat c) sc 2) 0) as [E0|E0].
+  - apply N.eqb_eq in Oa. apply N.eqb_eq in Ob. split; [intros _; congruence | lia].
+  - destruct (N.eqb_spec (nth (N.to_nat c) sc 2) 1) as [E1|E1].
+    + apply N.eqb_eq in Oa. apply N.eqb_eq in Ob. split; [lia | intros _; congruence].
+    + split; intros; lia.
+Qed.
+
+(** ** Checkpoint D, the whole *)
+
+(** An accepted plan is safe (C1) and deadlock-free (C2) — the conclusions
+    of [check_counters_conclusions] — and its counters' scopes are legal for
+    the placement of their tasks ([scopes_legal]). *)
+Theorem checkpoint_d_sound p sc wpg :
+  check_checkpoint_d p sc wpg = Accept ->
+  (counter_hypotheses p /\
+   (forall tr s t s', exec p init tr s -> step p s t s' ->
+      forall u, In (u, t) (cp_edges p) -> In u tr) /\
+   (forall tr s, exec p init tr s -> (exists x, is_task p x /\ ~ In x tr) ->
+      exists t s', step p s t s') /\
+   (forall tr s, exec p init tr s -> NoDup tr /\ (length tr <= ntasks p)%nat) /\
+   (forall tr s, exec p init tr s -> (forall t s', ~ step p s t s') ->
+      forall x, is_task p x -> In x tr)) /\
+  scopes_legal p sc wpg.
+Proof.
+  unfold check_checkpoint_d. intros H.
+  destruct (check_counters p) eqn:E; [|discriminate].
+  destruct (check_scopes p sc wpg) eqn:Es; [discriminate|].
+  split; [apply check_counters_conclusions; exact E | apply check_scopes_sound; exact Es].
 Qed.

@@ -4,8 +4,9 @@
        "queues":   [ [int] ],                       (* per worker, task indices in order *)
        "counters": [ {"name": str, "threshold": int, "scope": "cta"|"device"|"system"} ],
        "edges":    [ {"producer": int, "consumer": int} ],
-       "ranks":    [int] }                          (* topological rank per task (witness) *)
-   Checker: Plow.Counters.check_counters;
+       "ranks":    [int],                           (* topological rank per task (witness) *)
+       "workers_per_gpu": int }                     (* optional: absent = one GPU (all queues) *)
+   Checker: Plow.Counters.check_checkpoint_d (check_counters, then the scopes);
    soundness: Plow.Countersproof.checkpoint_d_sound. *)
 open Checkers
 
@@ -32,6 +33,7 @@ let read_edge j = (Jnum.int_field "producer" j, Jnum.int_field "consumer" j)
 
 let theorems =
   [ "Plow.Countersproof.checkpoint_d_sound"; "Plow.Countersproof.check_counters_sound";
+    "Plow.Countersproof.check_scopes_sound";
     "Plow.Countersproof.counters_safety"; "Plow.Countersproof.counters_progress";
     "Plow.Countersproof.counters_maximal_runs_all" ]
 
@@ -47,6 +49,20 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
     | `Null -> Verdict.bad "field \"ranks\" is null: fill it with plow.oracle.payloads.counters.with_ranks"
     | j -> ints "ranks" j
   in
+  let wpg =
+    match payload with
+    | `Assoc kv -> (
+        match List.assoc_opt "workers_per_gpu" kv with
+        | None | Some `Null -> max 1 (List.length queues)
+        | Some j ->
+            let w = Jnum.to_int "workers_per_gpu" j in
+            if w < 1 then Verdict.bad "field \"workers_per_gpu\": %d is not positive" w;
+            w)
+    | _ -> 1
+  in
+  let scope_code = function "cta" -> 0 | "device" -> 1 | _ -> 2 in
+  let scope_name = function 0 -> "cta" | 1 -> "device" | _ -> "system" in
+  let scopes = nl (map (fun c -> scope_code c.scope) (Array.to_list counters)) in
   let tl = Array.to_list tasks in
   let plan =
     { cp_workers = nl (map (fun t -> t.worker) tl);
@@ -65,7 +81,7 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
     else task k
   in
   let cname c = if c >= 0 && c < Array.length counters then counters.(c).cname else "?" in
-  match check_counters plan with
+  match check_checkpoint_d plan scopes (Jnum.n_of_int wpg) with
   | Accept -> { accepted = true; reason = None; theorems }
   | Reject e ->
       let reason =
@@ -93,5 +109,13 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
         | CErr_cycle (a, b, ra, rb) ->
             Printf.sprintf "cycle: %s must precede %s (ranks %d >= %d)"
               (task_on (i a)) (task_on (i b)) (i ra) (i rb)
+        | CErr_scope (c, sc, t0, w0, t, w) ->
+            let where w = if i sc = 0 then Printf.sprintf "worker %d" w
+              else Printf.sprintf "worker %d (GPU %d)" w (w / wpg) in
+            Printf.sprintf "counter %d (%s): scope %s but %s on %s and %s on %s both use it (%s)"
+              (i c) (cname (i c)) (scope_name (i sc)) (task (i t0)) (where (i w0)) (task (i t))
+              (where (i w))
+              (if i sc = 0 then "a cta counter is one worker's"
+               else Printf.sprintf "a device counter is one GPU's, %d workers per GPU" wpg)
       in
       { accepted = false; reason = Some reason; theorems = [] }

@@ -74,6 +74,7 @@ from plow.target import Target, load_target, shipped_targets
 from plow.target.model import dtype_bytes, rate_class
 
 CHECKPOINTS = ("B", "C", "D", "E", "F")
+SCOPE_NAMES = ("cta", "device", "system")  # wire scope codes 0, 1, 2
 
 
 class MalformedBundle(PlowError):
@@ -199,6 +200,7 @@ class CounterGraph:
     thresholds: list[int]
     scopes: list[str]
     edges: list[int]  # flat (producer, consumer) pairs
+    workers_per_gpu: int | None = None  # None: one GPU (the oracle's default)
 
     def payload(self) -> CounterPayload:
         p = CounterPayload(
@@ -218,7 +220,12 @@ class CounterGraph:
                 for k in range(0, len(self.edges), 2)
             ],
         )
-        return with_ranks(p)
+        p = with_ranks(p)
+        return (
+            p
+            if self.workers_per_gpu is None
+            else p.model_copy(update={"workers_per_gpu": self.workers_per_gpu})
+        )
 
     def payload_dict(self) -> dict[str, object]:
         """`payload().model_dump(mode="json")` built directly (no model per task or edge);
@@ -240,6 +247,7 @@ class CounterGraph:
                 {"producer": u, "consumer": t} for u, t in zip(e[0::2], e[1::2], strict=True)
             ],
             "ranks": fifo_ranks(self.waits, self.signals, self.queues),
+            **({} if self.workers_per_gpu is None else {"workers_per_gpu": self.workers_per_gpu}),
         }
 
 
@@ -331,6 +339,12 @@ def counter_graph_from_packets(arr: PacketArray, sf: ScheduleFile) -> CounterGra
     for c in (*variants, *(x for x in sc if x != NO_COUNTER)):
         if not 0 <= c < nc:
             return f"a packet references counter {c}, which does not exist ({nc} counters)"
+    # A counter's scope is what its signalling packets' atomics use (the narrowest, if they
+    # differ); a counter nobody signals keeps the schedule file's.
+    scope_of: dict[int, int] = {}
+    for c, code in zip(sc, arr["scope"].tolist(), strict=True):
+        if c != NO_COUNTER:
+            scope_of[c] = min(code, scope_of.get(c, code))
     ids: dict[tuple[int, int], int] = {}
     cnames: list[str] = []
     ths_out: list[int] = []
@@ -344,7 +358,7 @@ def counter_graph_from_packets(arr: PacketArray, sf: ScheduleFile) -> CounterGra
             mine.append(len(cnames))
             cnames.append(sf.counters.name[c] + ("" if len(ths) == 1 else f"@{th}"))
             ths_out.append(th)
-            scopes.append(sf.counters.scope[c])
+            scopes.append(SCOPE_NAMES[scope_of[c]] if c in scope_of else sf.counters.scope[c])
         all_of.append(mine)
     waits = [[ids[(wc[i], wt[i])] for i in pk if wc[i] != NO_COUNTER] for pk in grouped.tasks]
     signals = [
@@ -363,6 +377,7 @@ def counter_graph_from_packets(arr: PacketArray, sf: ScheduleFile) -> CounterGra
         thresholds=ths_out,
         scopes=scopes,
         edges=list(sf.edges),
+        workers_per_gpu=sf.workers_per_gpu,
     )
 
 
@@ -410,6 +425,18 @@ def check_counters_python(g: CounterGraph) -> str | None:
             f"edge {k // 2} ({g.names[u]} -> {g.names[t]}): not covered by any counter "
             "or same-queue order"
         )
+    wpg = g.workers_per_gpu or max(1, len(g.queues))
+    first: dict[int, int] = {}  # counter -> its first toucher (task order)
+    for t in range(n):
+        for c in (*g.waits[t], *g.signals[t]):
+            t0 = first.setdefault(c, t)
+            sc, w, w0 = g.scopes[c], g.workers[t], g.workers[t0]
+            if (sc == "cta" and w != w0) or (sc == "device" and w // wpg != w0 // wpg):
+                return (
+                    f"counter {c} ({g.counter_names[c]}): scope {sc} but task {t0} "
+                    f"({g.names[t0]}) on worker {w0} and task {t} ({g.names[t]}) on worker {w} "
+                    "both use it"
+                )
     # Kahn over tasks 0..n-1 and counters n..n+nc-1.
     succ: list[list[int]] = [[] for _ in range(n + nc)]
     indeg = [0] * (n + nc)

@@ -389,3 +389,50 @@ def test_manifest_is_valid_json_after_edits(tiny_bundles: dict[str, Path], tmp_p
     reforge(b)
     assert json.loads((b / MANIFEST).read_text())["ladder"]
     assert verify_bundle(b).accepted
+
+
+# ----------------------------------------------------------------- D: scopes
+
+
+def _cross_worker_counter(sf: ScheduleFile, scope: str, across_gpus: bool = False) -> int:
+    """A counter of `scope` whose tasks (signallers and waiters) are on two workers (GPUs)."""
+    where: dict[int, set[int]] = {}
+    for t in range(len(sf.tasks.name)):
+        w = sf.tasks.worker[t]
+        for c in (*sf.tasks.waits[t], *sf.tasks.signals[t]):
+            where.setdefault(c, set()).add(w // sf.workers_per_gpu if across_gpus else w)
+    return next(c for c, ws in where.items() if len(ws) > 1 and sf.counters.scope[c] == scope)
+
+
+def test_cross_worker_counter_marked_cta(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+    b = mutant(tiny_bundles["llama"], tmp_path)
+    rung = rungs(b)[0]
+    c = _cross_worker_counter(_sched(b, rung), "device")
+    name = _sched(b, rung).counters.name[c]
+
+    def narrow(d: dict[str, Any]) -> None:
+        d["counters"]["scope"][c] = "cta"
+
+    edit_rung(b, rung, schedule=narrow)
+    report = verify_bundle(b)
+    only_rejected_by(
+        report, "D", f"({name}): scope cta but task", "(a cta counter is one worker's)"
+    )
+    assert not rejected(report, "E")
+
+
+def test_cross_gpu_counter_marked_device(tiny_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    tp2 = load_target("h200").model_copy(update={"gpus": 2})
+    src = compile_bundle(
+        tiny_checkpoints["qwen3"], tmp_path / "tp2", tp2, CompileProfile(), plan_only=True
+    ).out
+    assert verify_bundle(src).accepted
+    b = mutant(src, tmp_path)
+    rung = rungs(b)[0]
+    c = _cross_worker_counter(_sched(b, rung), "system", across_gpus=True)
+
+    def narrow(d: dict[str, Any]) -> None:
+        d["counters"]["scope"][c] = "device"
+
+    edit_rung(b, rung, schedule=narrow)
+    only_rejected_by(verify_bundle(b), "D", f"counter {c} (", "scope device", "132 workers per GPU")

@@ -138,6 +138,7 @@ def test_broken_schedule_is_rejected() -> None:
 
 def test_broken_schedule_is_the_generated_mutant() -> None:
     expected = mut_threshold(fragment(), 2, -1).model_dump(mode="json")
+    assert expected.pop("workers_per_gpu") is None  # the file predates the field
     assert json.loads(BROKEN.read_text()) == expected
 
 
@@ -455,3 +456,42 @@ def test_large_plan_mutants_are_located() -> None:
     bad[a] = 10**9
     r = rejected(p.model_copy(update={"ranks": bad}), "cycle: task", "must precede")
     assert f"task {a} ({p.tasks[a].name})" in r
+
+
+# --------------------------------------------------------------------------- scopes
+
+
+def _scoped(p: CounterPayload, c: int, scope: str, wpg: int | None = None) -> CounterPayload:
+    cs = list(p.counters)
+    cs[c] = cs[c].model_copy(update={"scope": scope})
+    return p.model_copy(update={"counters": cs, "workers_per_gpu": wpg})
+
+
+def test_scope_must_cover_the_placement() -> None:
+    p = fragment()  # counter 0 (L3.norm.done): signalled on worker 0, waited on 0 and 1
+    cert = run_checkpoint("D", _scoped(p, 0, "cta"))
+    assert not cert.accepted
+    assert cert.reason == (
+        "counter 0 (L3.norm.done): scope cta but task 0 (L3.norm) on worker 0 and task 2 "
+        "(L3.qkv#1) on worker 1 both use it (a cta counter is one worker's)"
+    )
+    # device: workers 0..2 on one GPU with 3 workers per GPU, not with 1
+    assert run_checkpoint("D", _scoped(p, 0, "device", 3)).accepted
+    cert = run_checkpoint("D", _scoped(p, 0, "device", 1))
+    assert not cert.accepted and cert.reason is not None
+    assert "scope device but task 0 (L3.norm) on worker 0 (GPU 0)" in cert.reason
+    assert "on worker 1 (GPU 1)" in cert.reason and "1 workers per GPU" in cert.reason
+    ok = run_checkpoint("D", _scoped(p, 0, "system", 3))
+    assert ok.accepted and "Plow.Countersproof.check_scopes_sound" in ok.theorems
+
+
+def test_cta_counter_on_one_worker_is_legal() -> None:
+    # counter 3 (L3.o.done): signalled by L3.o#0 (worker 1), L3.o#1 (worker 2): not cta;
+    # move all of them onto worker 0 and it is
+    p = fragment()
+    ts = [t.model_copy(update={"worker": 0}) for t in p.tasks]
+    q = with_ranks(p.model_copy(update={"tasks": ts, "queues": [list(range(len(ts))), [], []]}))
+    for c in range(len(q.counters)):
+        q = _scoped(q, c, "cta", 3)
+    cert = run_checkpoint("D", q)
+    assert cert.accepted, cert.reason

@@ -17,6 +17,7 @@ FORBIDDEN = re.compile(r"\b(Admitted|admit|Axiom|Axioms|Parameter|Conjecture)\b"
 # Top theorems whose assumptions are printed. Others append their checkpoint's top theorem.
 TOP_THEOREMS = [
     "Plow.Countersproof.checkpoint_d_sound",
+    "Plow.Countersproof.check_scopes_sound",
     "Plow.Tilesproof.checkpoint_b_sound",
     "Plow.Tilesproof.check_tiling_plan_sound",
     "Plow.Partitionproof.check_plan_tasks_sound",

@@ -11,6 +11,9 @@ must respect. The oracle (Plow.Counters.check_counters) accepts when
 - every counter's threshold is the number of tasks that signal it,
 - `ranks` strictly increase along "must precede" (every signaller of a waited counter before
   the waiter, queue order) - an untrusted witness of acyclicity, checked pair by pair;
+- every counter's `scope` covers the placement of the tasks that wait on or signal it: `cta`
+  one worker, `device` one GPU (worker `w` is on GPU `w // workers_per_gpu`; absent: all
+  queues are one GPU), `system` anything;
 
 and then, by Plow.Countersproof.checkpoint_d_sound, every execution (any interleaving, any
 number of workers) runs a task only after its predecessors and runs every task without
@@ -74,6 +77,7 @@ class CounterPayload(BaseModel):
     counters: list[Counter]
     edges: list[Edge]
     ranks: list[int] | None = None
+    workers_per_gpu: int | None = Field(default=None, ge=1)  # None: every queue on one GPU
 
 
 def must_precede(payload: CounterPayload) -> list[tuple[int, int]]:
