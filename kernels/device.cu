@@ -1,0 +1,455 @@
+// plow native kernel — the CUDA build: one persistent step on an NVIDIA GPU.
+//
+// The same interpreter and tile sources as the host build (kernels/interp.h, tiles.h), compiled
+// for the device with PLOW_HD = PLOW_SIMD = __host__ __device__. One launch per decode step,
+// one CTA per plan worker (the plan's workers are the GPU's SMs, as the target says): CTA w
+// walks worker w's queue — the record indices of the plan file whose `worker` field is w, in
+// file order, precomputed by the loader (plow/runtime/cuda/) — and for each record:
+//
+//   thread 0 waits until the record's counter reaches per_step[c] * (step - 1) + threshold
+//            (an acquire load at the counter's scope: the scope its signalling records carry —
+//            wire v1's `scope` byte is the scope of the record's signal — 0 cta -> block
+//            scope, 1 device -> device scope, 2 system -> system scope; cuda::atomic_ref);
+//   the CTA runs the record's units (kernels/interp.h's unit walk; see run_record_cta);
+//   thread 0 increments the record's signal counter (a release fetch-add at the same scope)
+//            after a __syncthreads(), so every thread's writes are ordered before it.
+//
+// Counters are 64-bit words in global memory and only grow, exactly as host.cpp's: nothing is
+// reset between steps. A wait that does not open within `timeout_ns` (only an uncertified plan
+// can do that) stops the step: the first CTA to time out records where it was blocked in the
+// status word, every other CTA leaves at its next wait, and the loader restores the counters to
+// their end-of-step values before raising.
+//
+// Arithmetic: no FMA contraction (nvcc --fmad=false, and the CTA-parallel dot products below
+// use __fmul_rn / __fadd_rn explicitly). The linear / lm_head tile is CTA-parallel: warp w of
+// the CTA computes output columns n = a + w, a + w + warps, ...; lane l of the warp sums
+// elements l, l + 32, ... of the row in order and the warp reduces with shuffles in the same
+// fixed tree as tiles.h's lanes_sum (s = 16, 8, 4, 2, 1: acc[l] += acc[l + s]) — so every
+// output element has exactly dot_f32 / dot_bf16's operation order and the same bits as the host
+// build. rmsnorm's sums of squares are the same warp dot. Element-wise tiles (embedding, rope,
+// gated MLP, residual add) and merges of linear ops split their independent elements over the
+// CTA's threads; attention splits a tile's rows over up to PLOW_ATTN_THREADS threads (each
+// with its own scratch); everything else runs on thread 0 with the others idle (correctness
+// first). Transcendentals (expf, tanhf, sinf, cosf) are CUDA's, not glibc's: within CUDA's
+// documented ulp bounds of the host's, not bitwise equal to them.
+#define PLOW_HD __host__ __device__
+#define PLOW_SIMD __host__ __device__
+
+// The same source compiles with hipcc for AMD GPUs (kernels/Makefile.device, `make hip`): the
+// few CUDA-only spellings (scoped atomics, shuffles, sleep, the nanosecond timer) go through
+// the small layer below. AMD's wavefront is 64 lanes; the dot products use 32-lane groups
+// (shuffles of width 32), so the reduction tree is the same on both.
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>
+#define PLOW_SHFL_DOWN(v, s) __shfl_down((v), (s), 32)
+#define PLOW_SHFL0(v) __shfl((v), 0, 32)
+#define PLOW_SLEEP() __builtin_amdgcn_s_sleep(1)
+#else
+#include <cuda/atomic>
+#define PLOW_SHFL_DOWN(v, s) __shfl_down_sync(0xffffffffu, (v), (s))
+#define PLOW_SHFL0(v) __shfl_sync(0xffffffffu, (v), 0)
+#define PLOW_SLEEP() __nanosleep(64)
+#endif
+
+#if defined(__clang__)
+// run_record (the host build's unit walk) is not used here: run_record_cta replaces it.
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wunused-function"
+#endif
+#include "interp.h"
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif
+
+// The device ABI beyond plow_abi.h: the loader checks plow_device_config against its own
+// constants when it loads the module (plow/runtime/cuda/loader.py), and the host-side test reads
+// it from the compiled PTX.
+#define PLOW_DEVICE_ABI 1
+#define PLOW_BLOCK_THREADS 256
+#define PLOW_ATTN_THREADS 32
+#define PLOW_WARPS (PLOW_BLOCK_THREADS / 32)
+
+// Written by the kernel, read by the loader after each step.
+struct PlowDeviceStatus {
+  unsigned int abort;          // 0: the step finished; 1: a wait timed out
+  unsigned int worker;         // where the first timeout was seen
+  long long packet;            //   (record index in the plan file)
+  unsigned int counter;
+  unsigned int scope;
+  unsigned long long value;    //   the counter's value then
+  unsigned long long want;     //   and what the record waited for
+  unsigned long long tasks;    // task records run by the step
+  unsigned long long nops;     // nop records run by the step
+};
+
+extern "C" __device__ const long long plow_device_config[8] = {
+    PLOW_DEVICE_ABI,
+    PLOW_ABI_VERSION,
+    PLOW_BLOCK_THREADS,
+    PLOW_ATTN_THREADS,
+    static_cast<long long>(sizeof(PlowPlan)),
+    static_cast<long long>(sizeof(PlowOp)),
+    static_cast<long long>(sizeof(PlowDeviceStatus)),
+    PLOW_LANES,
+};
+
+namespace plow_dev {
+
+using plow::Ctx;
+using plow::Range;
+
+// -- counters ------------------------------------------------------------------------------
+#if defined(__HIPCC__)
+__device__ inline unsigned long long counter_load(unsigned long long* p, uint32_t scope) {
+  if (scope == 0) return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_WORKGROUP);
+  if (scope == 2) return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
+
+__device__ inline void counter_signal(unsigned long long* p, uint32_t scope) {
+  if (scope == 0) {
+    __hip_atomic_fetch_add(p, 1ull, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_WORKGROUP);
+  } else if (scope == 2) {
+    __hip_atomic_fetch_add(p, 1ull, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+  } else {
+    __hip_atomic_fetch_add(p, 1ull, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+  }
+}
+
+__device__ inline unsigned long long global_ns() {
+  return __builtin_amdgcn_s_memrealtime() * 10ull;  // the 100 MHz real-time counter
+}
+#else
+template <cuda::thread_scope S>
+__device__ inline unsigned long long load_acquire(unsigned long long* p) {
+  return cuda::atomic_ref<unsigned long long, S>(*p).load(cuda::memory_order_acquire);
+}
+
+template <cuda::thread_scope S>
+__device__ inline void add_release(unsigned long long* p) {
+  cuda::atomic_ref<unsigned long long, S>(*p).fetch_add(1ull, cuda::memory_order_release);
+}
+
+__device__ inline unsigned long long counter_load(unsigned long long* p, uint32_t scope) {
+  if (scope == 0) return load_acquire<cuda::thread_scope_block>(p);
+  if (scope == 2) return load_acquire<cuda::thread_scope_system>(p);
+  return load_acquire<cuda::thread_scope_device>(p);
+}
+
+__device__ inline void counter_signal(unsigned long long* p, uint32_t scope) {
+  if (scope == 0) return add_release<cuda::thread_scope_block>(p);
+  if (scope == 2) return add_release<cuda::thread_scope_system>(p);
+  add_release<cuda::thread_scope_device>(p);
+}
+
+__device__ inline unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
+
+// -- warp dot products with dot_f32's order ------------------------------------------------
+#if PLOW_LANES == 32
+__device__ inline float warp_tree(float acc) {
+  // lanes_sum: for s = 16 .. 1, acc[l] += acc[l + s] (l < s); lane 0 ends with the total
+  for (int s = PLOW_LANES / 2; s > 0; s >>= 1)
+    acc = __fadd_rn(acc, PLOW_SHFL_DOWN(acc, s));
+  return acc;
+}
+
+__device__ inline float wload(const void* w, int32_t dt, int64_t i) {
+  if (dt == PLOW_BF16) return plow::bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  return static_cast<const float*>(w)[i];
+}
+
+// dot(x, w[off ..]) over n, on one warp; the result on every lane.
+__device__ inline float warp_dot(const float* x, const void* w, int32_t dt, int64_t off, int64_t n,
+                                 int lane) {
+  float acc = 0.0f;
+  int64_t k = 0;
+#pragma unroll 4
+  for (; k + PLOW_LANES <= n; k += PLOW_LANES)
+    acc = __fadd_rn(acc, __fmul_rn(x[k + lane], wload(w, dt, off + k + lane)));
+  if (k + lane < n) acc = __fadd_rn(acc, __fmul_rn(x[k + lane], wload(w, dt, off + k + lane)));
+  return PLOW_SHFL0(warp_tree(acc));
+}
+
+// Four rows of x (stride ldx) against one weight row: each result is warp_dot's.
+__device__ inline void warp_dot4(const float* x, int64_t ldx, const void* w, int32_t dt,
+                                 int64_t off, int64_t n, int lane, float* y) {
+  float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+  const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+  int64_t k = 0;
+#pragma unroll 2
+  for (; k + PLOW_LANES <= n; k += PLOW_LANES) {
+    const float wv = wload(w, dt, off + k + lane);
+    a0 = __fadd_rn(a0, __fmul_rn(x0[k + lane], wv));
+    a1 = __fadd_rn(a1, __fmul_rn(x1[k + lane], wv));
+    a2 = __fadd_rn(a2, __fmul_rn(x2[k + lane], wv));
+    a3 = __fadd_rn(a3, __fmul_rn(x3[k + lane], wv));
+  }
+  if (k + lane < n) {
+    const float wv = wload(w, dt, off + k + lane);
+    a0 = __fadd_rn(a0, __fmul_rn(x0[k + lane], wv));
+    a1 = __fadd_rn(a1, __fmul_rn(x1[k + lane], wv));
+    a2 = __fadd_rn(a2, __fmul_rn(x2[k + lane], wv));
+    a3 = __fadd_rn(a3, __fmul_rn(x3[k + lane], wv));
+  }
+  y[0] = PLOW_SHFL0(warp_tree(a0));
+  y[1] = PLOW_SHFL0(warp_tree(a1));
+  y[2] = PLOW_SHFL0(warp_tree(a2));
+  y[3] = PLOW_SHFL0(warp_tree(a3));
+}
+#endif
+
+__device__ inline bool is_fused_lm(const Ctx& c, const PlowOp& op) {
+  return c.plan->fused_lm >= 0 && &op == &c.plan->ops[c.plan->fused_lm];
+}
+
+// -- linear / lm_head: tiles.h's tile_linear, CTA-parallel over the columns -----------------
+__device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, int64_t step) {
+#if PLOW_LANES == 32
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* x = c.A + op.t[0];
+  const int64_t M = op.d[0], N = op.d[1], K = op.d[2];
+  const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
+  float* dst = step >= 0 ? c.A + op.t[2] + step * M * N : c.A + op.t[1];
+  for (int64_t n = r[1].a + warp; n < r[1].b; n += PLOW_WARPS) {
+    int64_t m = r[0].a;
+    float y4[4];
+    for (; m + 4 <= r[0].b; m += 4) {
+      warp_dot4(x + m * K + k0, K, op.w0, op.w0_dtype, n * K + k0, kn, lane, y4);
+      if (lane < 4)
+        dst[(m + lane) * N + n] = step >= 0 ? y4[lane] : plow::epilogue(op, y4[lane], n);
+    }
+    for (; m < r[0].b; ++m) {
+      const float y = warp_dot(x + m * K + k0, op.w0, op.w0_dtype, n * K + k0, kn, lane);
+      if (lane == 0) dst[m * N + n] = step >= 0 ? y : plow::epilogue(op, y, n);
+    }
+  }
+  if (step < 0 && is_fused_lm(c, op)) {
+    __syncthreads();
+    if (threadIdx.x == 0) plow::argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
+  }
+#else
+  if (threadIdx.x == 0) plow::tile_linear(c, op, r, step);
+#endif
+}
+
+// merge_linear: each output element is independent (steps summed in ascending order).
+__device__ void merge_linear_cta(const Ctx& c, const PlowOp& op, const int64_t* u) {
+  const int64_t M = op.d[0], N = op.d[1], steps = op.d[3];
+  const int64_t n0 = u[2] > u[6] ? u[2] : u[6], n1 = u[3] < u[7] ? u[3] : u[7];
+  const float* part = c.A + op.t[2];
+  float* out = c.A + op.t[1];
+  const int64_t cols = n1 > n0 ? n1 - n0 : 0, count = (u[1] - u[0]) * cols;
+  for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+    const int64_t m = u[0] + e / cols, n = n0 + e % cols;
+    float y = part[m * N + n];
+    for (int64_t k = 1; k < steps; ++k) y = __fadd_rn(y, part[(k * M + m) * N + n]);
+    out[m * N + n] = plow::epilogue(op, y, n);
+  }
+  if (n1 > n0 && is_fused_lm(c, op)) {
+    __syncthreads();
+    if (threadIdx.x == 0) plow::argmax_chunks(c, op, u[0], u[1], n0, n1);
+  }
+}
+
+// -- rmsnorm: one warp per row, the sum of squares as tiles.h's sumsq (= dot_f32(x, x)) -------
+__device__ void tile_rmsnorm_cta(const Ctx& c, const PlowOp& op, const Range* r, int64_t step) {
+#if PLOW_LANES == 32
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* x = c.A + op.t[0];
+  const int64_t g = op.d[0];
+  if (step >= 0) {
+    float* part = c.A + op.t[2];
+    const int64_t R = op.d[1];
+    for (int64_t i = r[0].a + warp; i < r[0].b; i += PLOW_WARPS) {
+      const float* xi = x + i * g + r[1].a;
+      const float s = warp_dot(xi, xi, PLOW_F32, 0, r[1].b - r[1].a, lane);
+      if (lane == 0) part[step * R + i] = s;
+    }
+    return;
+  }
+  float* out = c.A + op.t[1];
+  for (int64_t i = r[0].a + warp; i < r[0].b; i += PLOW_WARPS) {
+    const float* xi = x + i * g;
+    const float var = warp_dot(xi, xi, PLOW_F32, 0, g, lane) / static_cast<float>(g);
+    const float den = sqrtf(var + op.f[0]);
+    for (int64_t j = r[1].a + lane; j < r[1].b; j += 32)
+      out[i * g + j] = plow::norm_apply(op, xi[j], den, j);
+  }
+#else
+  if (threadIdx.x == 0) plow::tile_rmsnorm(c, op, r, step);
+#endif
+}
+
+// -- element-wise tiles: every output element on its own (a 1 x 1 sub-range of the tile) ----
+__device__ void tile_elements_cta(const Ctx& c, const PlowOp& op, const Range* r) {
+  const int64_t cols = r[1].b - r[1].a, count = (r[0].b - r[0].a) * cols;
+  for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+    const int64_t i = r[0].a + e / cols, j = r[1].a + e % cols;
+    const Range s[3] = {{i, i + 1}, {j, j + 1}, r[2]};
+    switch (op.kind) {
+      case PLOW_EMBEDDING: plow::tile_embedding(c, op, s); break;
+      case PLOW_ROPE: plow::tile_rope(c, op, s); break;
+      default: plow::tile_elementwise(c, op, s); break;
+    }
+  }
+}
+
+// -- attention: the tile's rows split over PLOW_ATTN_THREADS threads, each with its scratch --
+// Rows are independent (each writes its own output or partial); the key / value cache write of
+// a token happens in the call whose rows hold the token's first query head, so exactly once.
+__device__ int64_t tile_attention_cta(const Ctx& c, const PlowOp& op, const Range* r,
+                                      int64_t step, float* scratch, int64_t scratch_floats) {
+  const int64_t rows = r[0].b - r[0].a;
+  const int64_t parts = rows < PLOW_ATTN_THREADS ? rows : PLOW_ATTN_THREADS;
+  if (static_cast<int64_t>(threadIdx.x) >= parts) return 0;
+  const int64_t per = (rows + parts - 1) / parts;
+  const int64_t a = r[0].a + threadIdx.x * per;
+  const int64_t b = a + per < r[0].b ? a + per : r[0].b;
+  if (a >= b) return 0;
+  const Range s[3] = {{a, b}, r[1], r[2]};
+  return plow::tile_attention(c, op, s, step, scratch + threadIdx.x * scratch_floats);
+}
+
+// The work of one task record on the whole CTA (every thread calls it); returns this thread's
+// share of the counted work. Units of one record write disjoint words (the plan's tiles
+// partition each op), so they need no barrier between them.
+__device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* scratch,
+                                  int64_t scratch_floats) {
+  if (rec.opcode == PLOW_OP_NOP || rec.opcode == PLOW_OP_LOAD) return 0;
+  const PlowOp& op = c.plan->ops[rec.op_index];
+  if (rec.flags & PLOW_FLAG_ACCUMULATE) {
+    for (uint32_t k = 0; k < rec.rows; ++k) {
+      const int64_t* u = op.merge + 8 * (rec.row_start + k);
+      if (op.kind == PLOW_LINEAR || op.kind == PLOW_LM_HEAD)
+        merge_linear_cta(c, op, u);
+      else if (threadIdx.x == 0)
+        plow::run_merge(c, op, u, scratch);
+    }
+    return 0;
+  }
+  Range r[3];
+  int64_t step, work = 0;
+  for (uint32_t k = 0; k < rec.rows; ++k) {
+    plow::tile_ranges(op, rec.row_start + k, r, &step);
+    switch (op.kind) {
+      case PLOW_LINEAR:
+      case PLOW_LM_HEAD: tile_linear_cta(c, op, r, step); break;
+      case PLOW_RMSNORM: tile_rmsnorm_cta(c, op, r, step); break;
+      case PLOW_EMBEDDING:
+      case PLOW_ROPE:
+      case PLOW_GATED_MLP:
+      case PLOW_RESIDUAL_ADD: tile_elements_cta(c, op, r); break;
+      case PLOW_ATTENTION:
+        work += tile_attention_cta(c, op, r, step, scratch, scratch_floats);
+        break;
+      case PLOW_SAMPLE:
+        if (threadIdx.x == 0) plow::tile_sample(c, op, r, step);
+        break;
+      default: break;  // the loader refuses other kinds
+    }
+  }
+  return work;
+}
+
+}  // namespace plow_dev
+
+// One decode step: CTA w runs worker w's queue, records queue[queue_start[w] .. queue_start[w+1]).
+//   plan            the PlowPlan in device memory (its records, ops, weights, tables: device)
+//   arena           the arena (4-byte words): the key-value pool, then the activations
+//   counters        n_counters 64-bit counters, monotonic across steps
+//   per_step        signals per step of each counter (how many records signal it)
+//   counter_scope   each counter's scope (0 cta, 1 device, 2 system): its signallers' `scope`
+//   queue           record indices grouped by worker, file order inside a worker
+//   queue_start     n_workers + 1 offsets into `queue`
+//   scratch         per CTA: PLOW_ATTN_THREADS * scratch_floats floats
+//   op_work         counted work per op (attention: query-key pairs), zeroed by the loader
+//   status          PlowDeviceStatus
+//   step            this step's number (1, 2, ...): a record waits for
+//                   per_step[c] * (step - 1) + threshold
+//   timeout_ns      a wait that does not open within this long stops the step
+//   jitter_ns       0, or: thread 0 sleeps a pseudo-random 0..jitter_ns before every task record
+//                   (tests: it widens the window a lowered threshold leaves open)
+extern "C" __global__ void __launch_bounds__(PLOW_BLOCK_THREADS, 1)
+plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
+          const unsigned long long* per_step, const unsigned char* counter_scope,
+          const int32_t* queue, const int64_t* queue_start,
+          float* scratch, int64_t scratch_floats, unsigned long long* op_work,
+          PlowDeviceStatus* status, unsigned long long step, unsigned long long timeout_ns,
+          unsigned int jitter_ns) {
+  __shared__ int s_abort;
+  const unsigned w = blockIdx.x;
+  const plow::Ctx ctx{arena, plan};
+  float* my_scratch = scratch + static_cast<int64_t>(w) * PLOW_ATTN_THREADS * scratch_floats;
+  const int64_t q0 = queue_start[w], q1 = queue_start[w + 1];
+  unsigned long long tasks = 0, nops = 0;
+  unsigned int rng = 0x9e3779b9u * (w + 1) ^ static_cast<unsigned int>(step);
+  for (int64_t qi = q0; qi < q1; ++qi) {
+    const int64_t idx = queue[qi];
+    const plow::Record rec = plow::decode_record(plan->records + idx * PLOW_RECORD_SIZE);
+    if (threadIdx.x == 0) {
+      int abort = 0;
+      if (rec.wait_counter != PLOW_NO_COUNTER) {
+        unsigned long long* ctr = counters + rec.wait_counter;
+        const uint32_t scope = counter_scope[rec.wait_counter];
+        const unsigned long long want =
+            per_step[rec.wait_counter] * (step - 1) + rec.wait_threshold;
+        unsigned long long seen = plow_dev::counter_load(ctr, scope);
+        if (seen < want) {
+          const unsigned long long t0 = plow_dev::global_ns();
+          unsigned int spins = 0;
+          while ((seen = plow_dev::counter_load(ctr, scope)) < want) {
+            if (++spins < 64) continue;
+            PLOW_SLEEP();
+            if ((spins & 63) != 0) continue;
+            if (*static_cast<volatile unsigned int*>(&status->abort) != 0) {
+              abort = 1;
+              break;
+            }
+            if (plow_dev::global_ns() - t0 > timeout_ns) {
+              if (atomicCAS(&status->abort, 0u, 1u) == 0u) {
+                status->worker = w;
+                status->packet = idx;
+                status->counter = rec.wait_counter;
+                status->scope = scope;
+                status->value = seen;
+                status->want = want;
+                __threadfence_system();
+              }
+              abort = 1;
+              break;
+            }
+          }
+        }
+      }
+      if (!abort && jitter_ns != 0 && rec.opcode != PLOW_OP_NOP) {
+        rng = rng * 1664525u + 1013904223u;
+#if defined(__HIPCC__)
+        const unsigned long long until = plow_dev::global_ns() + (rng >> 8) % jitter_ns;
+        while (plow_dev::global_ns() < until) PLOW_SLEEP();
+#else
+        __nanosleep((rng >> 8) % jitter_ns);
+#endif
+      }
+      s_abort = abort;
+    }
+    __syncthreads();
+    if (s_abort) break;
+    const int64_t work = plow_dev::run_record_cta(ctx, rec, my_scratch, scratch_floats);
+    if (work != 0) atomicAdd(op_work + rec.op_index, static_cast<unsigned long long>(work));
+    __syncthreads();  // every thread's writes of this record before its signal
+    if (threadIdx.x == 0) {
+      if (rec.signal_counter != PLOW_NO_COUNTER)
+        plow_dev::counter_signal(counters + rec.signal_counter, rec.scope);
+      if (rec.opcode == PLOW_OP_NOP) ++nops; else ++tasks;
+    }
+  }
+  if (threadIdx.x == 0) {
+    atomicAdd(&status->tasks, tasks);
+    atomicAdd(&status->nops, nops);
+  }
+}
