@@ -27,6 +27,7 @@ file holds every weight the op tables name with its shape.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections import deque
@@ -68,7 +69,6 @@ from plow.oracle.payloads.counters import (
     Task,
     with_ranks,
 )
-from plow.oracle.payloads.tiles import TileAxis, TileOp, TilePayload, TileTarget
 from plow.profile import CompileProfile
 from plow.target import Target, load_target, shipped_targets
 from plow.target.model import dtype_bytes, rate_class
@@ -103,6 +103,7 @@ class VerifyReport:
     bundle: Path
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    bundle_sha256: str = ""  # bundle_digest of the bundle verified
 
     @property
     def accepted(self) -> bool:
@@ -127,6 +128,47 @@ def _load_json(path: Path, model: type[BaseModel]) -> Any:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"]) or "document"
         raise MalformedBundle(path, f"field {loc!r}: {err['msg']}") from e
+
+
+# Manifest fields that change with every compile of the same inputs (not what runs).
+VOLATILE = ("compiled_at", "stage_seconds")
+CERTIFICATES = "certificates/"
+
+
+def bundle_digest(bundle: Path) -> str:
+    """The digest every certificate of a bundle carries: sha256 of the manifest as JSON
+    (sorted keys, compact) without its volatile fields and without the certificates' own
+    entries of `files`. The manifest holds the sha256 of every other file, so the digest
+    covers the plan files, op tables, schedule files, weights, tokenizer, config and the
+    manifest's ladder, target (a calibration included) and profile."""
+    p = bundle / MANIFEST
+    try:
+        doc = json.loads(p.read_bytes())
+    except (OSError, json.JSONDecodeError) as e:
+        raise MalformedBundle(p, f"unreadable: {e}") from e
+    if not isinstance(doc, dict):
+        raise MalformedBundle(p, "not a JSON object")
+    for k in VOLATILE:
+        doc.pop(k, None)
+    files = doc.get("files")
+    if isinstance(files, dict):
+        doc["files"] = {k: v for k, v in files.items() if not k.startswith(CERTIFICATES)}
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def certificate_file_problems(bundle: Path, m: Manifest) -> list[str]:
+    """The certificate files the manifest lists that are missing or edited since `plow
+    verify` wrote them (one line each)."""
+    out = []
+    for rel, digest in m.files.items():
+        if rel.startswith(CERTIFICATES):
+            p = bundle / rel
+            if not p.is_file():
+                out.append(f"{rel}: missing (listed in the manifest)")
+            elif sha256_file(p) != digest:
+                out.append(f"{rel}: sha256 differs from the manifest (edited after verification)")
+    return out
 
 
 def read_manifest(bundle: Path) -> Manifest:
@@ -708,7 +750,6 @@ def ladder_problems(
         ("packets", rung.packets, packets),
         ("tasks", rung.tasks, len(sf.tasks.name)),
         ("counters", rung.counters, len(sf.counters.name)),
-        ("arena_bytes", rung.arena_bytes, sf.arena.arena_bytes),
         ("op table arena_bytes", ot.arena_bytes, sf.arena.arena_bytes),
     ):
         if want_n is not None and have_n != want_n:
@@ -919,34 +960,6 @@ def tile_payload_dict(
 # ----------------------------------------------------------------- the other payloads
 
 
-def tile_payload_from_table(ot: OpTable, target: dict[str, Any]) -> TilePayload:
-    return TilePayload(
-        ops=[
-            TileOp(
-                name=o.name,
-                kind=o.kind,
-                axes=[
-                    TileAxis(name=a.name, extent=a.extent, tile=a.tile, steps=a.steps)
-                    for a in o.axes
-                ],
-                flops_per_point=o.cost.flops_per_point,
-                flops=o.cost.flops,
-                charged_cost=o.cost.charged_cost,
-                bytes=o.cost.bytes,
-            )
-            for o in ot.ops
-        ],
-        target=TileTarget(
-            name=str(target.get("name", "?")),
-            bandwidth_bytes_per_s=ot.tiling.bandwidth_bytes_per_s,
-            peak_flops_per_s=ot.tiling.peak_flops_per_s,
-            min_tile=ot.tiling.min_tile,
-        ),
-        budget_ns=ot.tiling.budget_ns,
-        weight_bytes=ot.tiling.weight_bytes,
-    )
-
-
 def page_payload_from_file(
     sf: ScheduleFile, chunk: int = 64, budget_pages: int | None = None
 ) -> dict[str, object]:
@@ -1019,6 +1032,13 @@ def _row(ck: str, bucket: str, cert: Certificate) -> Row:
     return Row(ck, bucket, cert.verdict.value, tuple(cert.theorems), cert.reason or "", cert)
 
 
+def _bound(row: Row, digest: str) -> Row:
+    """The row with its certificate bound to the bundle it was derived from."""
+    if row.certificate is None:
+        return row
+    return replace(row, certificate=row.certificate.model_copy(update={"bundle_sha256": digest}))
+
+
 def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -> VerifyReport:
     """Verify a bundle directory; raises `MalformedBundle` (exit 2) when it cannot be read."""
     with gc_paused():
@@ -1028,10 +1048,13 @@ def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -
 def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
     bundle = Path(bundle)
     m = read_manifest(bundle)
-    report = VerifyReport(bundle)
-    # -- hashes
+    report = VerifyReport(bundle, bundle_sha256=bundle_digest(bundle))
+    # -- hashes (the certificates' are the loader's business: verify writes new ones)
+    report.notes += certificate_file_problems(bundle, m)
     bad: list[str] = []
     for rel, digest in m.files.items():
+        if rel.startswith(CERTIFICATES):
+            continue
         p = bundle / rel
         if not p.is_file():
             raise MalformedBundle(p, "listed in the manifest but missing")
@@ -1200,16 +1223,18 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             k: pool.submit(jobs[k][2])
             for k in sorted(range(len(jobs)), key=lambda k: (first.get(jobs[k][0], 3), k))
         }
-        rows = [started[k].result() for k in range(len(jobs))]
+        rows = [_bound(started[k].result(), report.bundle_sha256) for k in range(len(jobs))]
     rows.sort(key=lambda r: (order[r.checkpoint], [x.name for x in m.ladder].index(r.bucket)))
     report.rows += rows
     return report
 
 
 def write_certificates(report: VerifyReport) -> list[str]:
-    """Write `certificates/<ckpt>.json` (one certificate per bucket) and the checkpoint B
-    payloads `payloads/B/<bucket>.json` (small; re-checkable with `run_checkpoint`); returns
-    notes about previous certificates whose payload hash differs (the bundle changed since)."""
+    """Write `certificates/<ckpt>.json` (one certificate per bucket, each carrying the
+    bundle digest) and the checkpoint B payloads `payloads/B/<bucket>.json` (small;
+    re-checkable with `run_checkpoint`), then list the certificate files' sha256 in the
+    manifest's `files` (outside the digest: the digest is what they certify). Returns notes
+    about previous certificates whose payload hash differs (the bundle changed since)."""
     from plow.compile import CheckpointCertificates
 
     d = report.bundle / "certificates"
@@ -1241,8 +1266,24 @@ def write_certificates(report: VerifyReport) -> list[str]:
                 notes.append(f"certificates/{ck}.json: unreadable, replaced")
         doc = CheckpointCertificates(
             checkpoint=ck,
-            accepted=all(x.accepted for x in certs.values() if x is not None),
+            accepted=all(x.accepted for x in certs.values() if x is not None)
+            and not any(r.rejected for r in report.rows if r.checkpoint == ck),
             buckets={b: x for b, x in certs.items() if x is not None},
         )
         p.write_text(doc.model_dump_json(indent=2))
+    _list_certificates(report.bundle)
     return notes
+
+
+def _list_certificates(bundle: Path) -> None:
+    """Record the sha256 of every `certificates/*.json` in the manifest's `files` (the
+    verify hash check then covers them; the bundle digest does not change)."""
+    path = bundle / MANIFEST
+    doc = json.loads(path.read_bytes())
+    files = {k: v for k, v in doc["files"].items() if not k.startswith(CERTIFICATES)}
+    for p in sorted((bundle / "certificates").glob("*.json")):
+        files[f"{CERTIFICATES}{p.name}"] = sha256_file(p)
+    doc["files"] = files
+    tmp = path.with_name(MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)

@@ -16,7 +16,8 @@ class Certificate(BaseModel):
     """The oracle's answer for one checkpoint of one plan.
 
     `theorems` names the Rocq theorems whose hypotheses the checker established (see
-    docs/theorems.md); `payload_sha256` binds the certificate to the exact payload bytes.
+    docs/theorems.md); `payload_sha256` binds the certificate to the exact payload bytes,
+    `bundle_sha256` (set by `plow verify`) to the bundle it was derived from.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -27,6 +28,9 @@ class Certificate(BaseModel):
     theorems: list[str]
     payload_sha256: str
     oracle_version: str
+    # The bundle the payload was derived from (`plow.emit.verify.bundle_digest`); None for a
+    # payload checked outside a bundle (the compiler's in-memory checks, tests).
+    bundle_sha256: str | None = None
 
     @property
     def accepted(self) -> bool:

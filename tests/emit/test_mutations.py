@@ -436,3 +436,104 @@ def test_cross_gpu_counter_marked_device(tiny_checkpoints: dict[str, Path], tmp_
 
     edit_rung(b, rung, schedule=narrow)
     only_rejected_by(verify_bundle(b), "D", f"counter {c} (", "scope device", "132 workers per GPU")
+
+
+# ----------------------------------------------------------------- certificates bound to the bundle
+
+
+def _drop_a_task(b: Path) -> str:
+    rung = rungs(b)[0]
+    sf = _sched(b, rung)
+    victim = _multi_task_op(sf)[-1]
+    edit_rung(b, rung, schedule=lambda d: drop_task(d, victim))
+    return "run by no task"
+
+
+def _narrow_a_scope(b: Path) -> str:
+    rung = rungs(b)[0]
+    c = _cross_worker_counter(_sched(b, rung), "device")
+    edit_rung(b, rung, schedule=lambda d: d["counters"]["scope"].__setitem__(c, "cta"))
+    return "scope cta but task"
+
+
+def _flip_masked(b: Path) -> str:
+    rung = rungs(b)[0]
+    sf = _sched(b, rung)
+    t = next(i for i, m in enumerate(sf.tasks.masked) if not m)
+    edit_rung(b, rung, schedule=lambda d: d["tasks"]["masked"].__setitem__(t, True))
+    return "MASKED is set but none"
+
+
+@pytest.mark.parametrize("mutate", [_drop_a_task, _narrow_a_scope, _flip_masked])
+def test_mutants_are_refused_by_the_loader(
+    tiny_bundles: dict[str, Path], tmp_path: Path, mutate: Any
+) -> None:
+    """The mutant keeps the certificates of the bundle it was made from: the loader refuses
+    them (another bundle digest) and names what `plow verify` rejects."""
+    from plow.runtime.cpu.bundle import Bundle, BundleRefused
+
+    b = mutant(tiny_bundles["llama"], tmp_path)
+    why = mutate(b)
+    assert not verify_bundle(b).accepted
+    with pytest.raises(BundleRefused) as info:
+        Bundle.open(b)
+    msg = str(info.value)
+    assert "its certificate is stale" in msg and why in msg and "\n" not in msg
+
+
+def test_certificates_carry_the_bundle_digest(
+    tiny_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    from plow.emit.verify import bundle_digest, write_certificates
+
+    b = mutant(tiny_bundles["qwen3"], tmp_path)
+    digest = bundle_digest(b)
+    m = json.loads((b / MANIFEST).read_text())
+    assert {f"certificates/{ck}.json" for ck in "BCDEF"} <= set(m["files"])
+    for ck in "BCDEF":
+        doc = json.loads((b / "certificates" / f"{ck}.json").read_text())
+        assert {c["bundle_sha256"] for c in doc["buckets"].values()} == {digest}
+    # volatile fields do not change the digest; anything that runs does
+    edit_manifest(b, lambda m: m.update(compiled_at="1970-01-01T00:00:00Z"))
+    assert bundle_digest(b) == digest
+    edit_manifest(b, lambda m: m["ladder"][0]["cost"].update(makespan_ns=1.0))
+    assert bundle_digest(b) != digest
+    # re-verified: new certificates, listed again; the digest is theirs
+    report = verify_bundle(b)
+    assert report.accepted
+    write_certificates(report)
+    assert json.loads((b / "certificates" / "B.json").read_text())["buckets"][rungs(b)[0]["name"]][
+        "bundle_sha256"
+    ] == bundle_digest(b)
+
+
+def test_stale_or_foreign_or_edited_certificates_are_refused(
+    tiny_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    from plow.runtime.cpu.bundle import Bundle, BundleRefused
+
+    # a benign manifest edit verify accepts: the certificates still name the old bundle
+    b = mutant(tiny_bundles["llama"], tmp_path)
+    edit_manifest(b, lambda m: m["model"].update(source="/elsewhere"))
+    assert verify_bundle(b).accepted
+    with pytest.raises(BundleRefused, match="certified another bundle"):
+        Bundle.open(b)
+    # certificates copied from another bundle
+    b2 = copy_bundle(tiny_bundles["llama"], tmp_path / "foreign")
+    for ck in "BCDEF":
+        src = tiny_bundles["gemma3"] / "certificates" / f"{ck}.json"
+        doc = json.loads(src.read_text())
+        doc["buckets"] = {
+            r["name"]: next(iter(doc["buckets"].values())) for r in rungs(b2)
+        }  # one per rung of this bundle
+        (b2 / "certificates" / f"{ck}.json").write_text(json.dumps(doc))
+    reforge(b2)
+    with pytest.raises(BundleRefused, match="certified another bundle|stale"):
+        Bundle.open(b2)
+    # a certificate file edited after verification (hash not re-forged)
+    b3 = copy_bundle(tiny_bundles["llama"], tmp_path / "edited")
+    p = b3 / "certificates" / "D.json"
+    p.write_text(p.read_text().replace('"accept"', '"accept" ', 1))
+    with pytest.raises(BundleRefused, match=r"certificates/D\.json: sha256 differs"):
+        Bundle.open(b3)
+    assert Bundle.open(tiny_bundles["llama"]).verified

@@ -10,10 +10,12 @@ is not what was verified:
 2. `certificates/<ckpt>.json` exists for B..F, and every rung has an accepted certificate
    (checkpoint D above the oracle's size limit is re-checked in Python, as `plow verify`
    does); a rejected one names the checkpoint, the bucket and the oracle's reason;
-3. each certificate is bound to the files: the payload is re-derived from the bundle's files
-   the way `plow verify` derives it and its sha256 compared with the certificate's. A stale
-   certificate (files edited, manifest hashes re-forged) is re-checked by the oracle on the
-   spot: a rejection refuses the bundle naming the checkpoint and the reason.
+3. each certificate is bound to what runs: it carries the bundle digest
+   (`plow.emit.verify.bundle_digest`: the manifest, with every file's sha256, less its
+   volatile fields) and a certificate of another digest is refused; the certificate files
+   themselves must match their sha256 in the manifest. A stale certificate (files edited,
+   manifest hashes re-forged) is refused; `plow verify` is run once to name what is wrong
+   with the bundle (the checkpoint and the oracle's reason), if anything.
 
 A `--plan-only` bundle has no weights file: `Bundle.open(path, weights=ckpt.weights)` (and
 `load_bundle_plan(..., weights=...)`) opens it with the caller's weights (the checkpoint the
@@ -100,55 +102,26 @@ NO_VERIFY_HINT = "(pass --no-verify to run it anyway)"
 # ----------------------------------------------------------------------------- verification
 
 
-def _derive_payload(ck: str, bundle: Path, m: Manifest, rung: LadderRung) -> tuple[Any, str | None]:
-    """The payload `plow verify` would send for (checkpoint, rung), from the files; or a
-    rejection string when the files do not even yield one (D: malformed stream)."""
-    from plow.emit.emit import emit_packets
-    from plow.emit.verify import (
-        D_ORACLE_MAX_TASKS,
-        alloc_payload_from_files,
-        check_counters_python,
-        counter_graph_from_packets,
-        page_payload_from_file,
-        tile_payload_from_table,
-        wire_payload_dict,
-    )
-    from plow.emit.wire import HEADER_SIZE
-
-    ot = OpTable.model_validate_json((bundle / rung.ops).read_bytes())
-    if ck == "B":
-        return tile_payload_from_table(ot, m.target), None
-    sf = ScheduleFile.model_validate_json((bundle / rung.schedule).read_bytes())
-    if ck == "C":
-        return page_payload_from_file(sf), None
-    if ck == "F":
-        return alloc_payload_from_files(sf, ot), None
-    data = (bundle / rung.plan).read_bytes()
-    if ck == "E":
-        return wire_payload_dict(data[HEADER_SIZE:], emit_packets(sf, ot)), None
-    try:
-        _, arr = decode_plan(data)
-    except WireError as e:
-        return None, f"cannot read the packets: {e}"
-    g = counter_graph_from_packets(arr, sf)
-    if isinstance(g, str):
-        return None, g
-    if len(g.names) > D_ORACLE_MAX_TASKS:
-        return None, check_counters_python(g) or ""  # "" = accepted in Python
-    return g.payload(), None
-
-
 def check_bundle(bundle: Path, m: Manifest) -> list[str]:
     """Steps 1-3 of the module docstring; raises `BundleRefused` (one line, naming the file or
-    the checkpoint); returns notes (stale certificates the oracle re-accepted)."""
+    the checkpoint); returns notes."""
     from plow.compile import CheckpointCertificates
-    from plow.emit.verify import D_ORACLE_MAX_TASKS, verify_bundle
-    from plow.oracle.runner import payload_bytes
+    from plow.emit.verify import (
+        D_ORACLE_MAX_TASKS,
+        bundle_digest,
+        certificate_file_problems,
+        verify_bundle,
+    )
 
     row = verify_bundle(bundle, checkpoints=()).rows[0]
     if row.rejected:
         raise BundleRefused(bundle, f"{row.reason} {NO_VERIFY_HINT}")
-    notes: list[str] = []
+    edited = certificate_file_problems(bundle, m)
+    if edited:
+        raise BundleRefused(bundle, f"{edited[0]} {NO_VERIFY_HINT}")
+    digest = bundle_digest(bundle)
+    stale: list[str] = []
+    big_d = False
     for ck in CHECKPOINTS:
         rel = f"certificates/{ck}.json"
         p = bundle / rel
@@ -164,36 +137,45 @@ def check_bundle(bundle: Path, m: Manifest) -> list[str]:
             raise BundleRefused(p, f"unreadable certificate file: {e}") from e
         for rung in m.ladder:
             cert = doc.buckets.get(rung.name)
-            big_d = ck == "D" and rung.tasks > D_ORACLE_MAX_TASKS
-            if cert is None and not big_d:
+            if cert is None and ck == "D" and rung.tasks > D_ORACLE_MAX_TASKS:
+                big_d = True  # checked in Python by plow verify: re-checked below
+                continue
+            if cert is None:
                 raise BundleRefused(p, f"no certificate for bucket {rung.name} {NO_VERIFY_HINT}")
-            if cert is not None and not cert.accepted:
+            if cert.checkpoint != ck:
+                raise BundleRefused(p, f"bucket {rung.name}: a checkpoint {cert.checkpoint} "
+                                       f"certificate {NO_VERIFY_HINT}")  # fmt: skip
+            if not cert.accepted:
                 raise BundleRefused(
                     p,
                     f"checkpoint {ck} rejected bucket {rung.name}: {cert.reason} {NO_VERIFY_HINT}",
                 )
-            payload, bad = _derive_payload(ck, bundle, m, rung)
-            if bad:
-                raise BundleRefused(
-                    bundle / rung.plan,
-                    f"checkpoint {ck} rejects bucket {rung.name}: {bad} {NO_VERIFY_HINT}",
-                )
-            if payload is None or cert is None:  # big D, accepted in Python
-                continue
-            digest = hashlib.sha256(payload_bytes(ck, payload)).hexdigest()
-            if digest == cert.payload_sha256:
-                continue
-            # The files changed since the certificate was written: run this checkpoint the
-            # way `plow verify` does (the oracle, plus F's Python ordering side condition).
-            again = verify_bundle(bundle, checkpoints=(ck,)).first_rejection()
-            if again is not None:
-                raise BundleRefused(
-                    bundle / rung.plan,
-                    f"checkpoint {ck} rejects bucket {again.bucket} (its certificate is stale: "
-                    f"the files changed since verification): {again.reason} {NO_VERIFY_HINT}",
-                )
-            notes.append(f"{rel}: bucket {rung.name} re-checked (stale certificate), accepted")
-    return notes
+            if cert.bundle_sha256 != digest:
+                stale.append(f"{rel}: bucket {rung.name}")
+    if stale:
+        # The certificates were issued for another bundle (files edited, hashes re-forged):
+        # refused. Verify once to say what is wrong with this one, if anything.
+        again = verify_bundle(bundle).first_rejection()
+        if again is not None:
+            raise BundleRefused(
+                bundle / "certificates",
+                f"checkpoint {again.checkpoint} rejects bucket {again.bucket} (its certificate "
+                f"is stale: the files changed since verification): {again.reason} "
+                f"{NO_VERIFY_HINT}",
+            )
+        raise BundleRefused(
+            bundle / "certificates",
+            f"{stale[0]}: certified another bundle (the files or the manifest changed since "
+            f"verification; run `plow verify {bundle}`) {NO_VERIFY_HINT}",
+        )
+    if big_d:
+        again = verify_bundle(bundle, checkpoints=("D",)).first_rejection()
+        if again is not None:
+            raise BundleRefused(
+                bundle / "certificates",
+                f"checkpoint D rejects bucket {again.bucket}: {again.reason} {NO_VERIFY_HINT}",
+            )
+    return []
 
 
 # ----------------------------------------------------------------------------- the bundle
