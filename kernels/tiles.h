@@ -8,7 +8,7 @@
 // restated there (attention rows ordered ((b*kv_heads + kv)*T + t)*group + g; split
 // reductions write fp32 partials at their step; merges reduce steps in ascending order).
 //
-// Reductions use 16 explicit lanes and a fixed tree, compiled without FMA contraction, so the
+// Reductions use 32 explicit lanes and a fixed tree, compiled without FMA contraction, so the
 // AVX-512, AVX2 and portable builds of the same source give the same bits.
 #ifndef PLOW_TILES_H
 #define PLOW_TILES_H
@@ -51,39 +51,105 @@ PLOW_HD static inline float weight_at(const void* w, int32_t dt, int64_t i) {
   return static_cast<const float*>(w)[i];
 }
 
+// 32 lanes (two AVX-512 / four AVX2 registers in flight), summed by a fixed tree.
+#define PLOW_LANES 32
+
 PLOW_HD static inline float lanes_sum(float* acc) {
-  for (int s = 8; s > 0; s >>= 1)
+  for (int s = PLOW_LANES / 2; s > 0; s >>= 1)
     for (int l = 0; l < s; ++l) acc[l] += acc[l + s];
   return acc[0];
 }
 
+PLOW_HD static inline float bf16_lane(const uint16_t* w, int64_t i) {
+  uint32_t u = static_cast<uint32_t>(w[i]) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// dot(x, w) over n elements; lane l sums elements l, l + 32, ... in order.
 PLOW_SIMD static float dot_f32(const float* x, const float* w, int64_t n) {
-  float acc[16] = {0};
+  float acc[PLOW_LANES] = {0};
   int64_t k = 0;
-  for (; k + 16 <= n; k += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += x[k + l] * w[k + l];
+  for (; k + PLOW_LANES <= n; k += PLOW_LANES)
+    for (int l = 0; l < PLOW_LANES; ++l) acc[l] += x[k + l] * w[k + l];
   for (int l = 0; k + l < n; ++l) acc[l] += x[k + l] * w[k + l];
   return lanes_sum(acc);
 }
 
 PLOW_SIMD static float dot_bf16(const float* x, const uint16_t* w, int64_t n) {
-  float acc[16] = {0};
+  float acc[PLOW_LANES] = {0};
   int64_t k = 0;
-  for (; k + 16 <= n; k += 16)
-    for (int l = 0; l < 16; ++l) {
-      uint32_t u = static_cast<uint32_t>(w[k + l]) << 16;
-      float f;
-      memcpy(&f, &u, 4);
-      acc[l] += x[k + l] * f;
-    }
-  for (int l = 0; k + l < n; ++l) acc[l] += x[k + l] * bf16_to_f32(w[k + l]);
+  for (; k + PLOW_LANES <= n; k += PLOW_LANES)
+    for (int l = 0; l < PLOW_LANES; ++l) acc[l] += x[k + l] * bf16_lane(w, k + l);
+  for (int l = 0; k + l < n; ++l) acc[l] += x[k + l] * bf16_lane(w, k + l);
   return lanes_sum(acc);
+}
+
+// Four rows of x against one weight row: each result has exactly dot_f32's order (a row's bits
+// do not depend on which rows share its tile); the weight row is loaded once for all four.
+PLOW_SIMD static void dot4_f32(const float* x, int64_t ldx, const float* w, int64_t n,
+                               float* y) {
+  float a0[PLOW_LANES] = {0}, a1[PLOW_LANES] = {0}, a2[PLOW_LANES] = {0}, a3[PLOW_LANES] = {0};
+  const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+  int64_t k = 0;
+  for (; k + PLOW_LANES <= n; k += PLOW_LANES)
+    for (int l = 0; l < PLOW_LANES; ++l) {
+      const float wv = w[k + l];
+      a0[l] += x0[k + l] * wv;
+      a1[l] += x1[k + l] * wv;
+      a2[l] += x2[k + l] * wv;
+      a3[l] += x3[k + l] * wv;
+    }
+  for (int l = 0; k + l < n; ++l) {
+    const float wv = w[k + l];
+    a0[l] += x0[k + l] * wv;
+    a1[l] += x1[k + l] * wv;
+    a2[l] += x2[k + l] * wv;
+    a3[l] += x3[k + l] * wv;
+  }
+  y[0] = lanes_sum(a0);
+  y[1] = lanes_sum(a1);
+  y[2] = lanes_sum(a2);
+  y[3] = lanes_sum(a3);
+}
+
+PLOW_SIMD static void dot4_bf16(const float* x, int64_t ldx, const uint16_t* w, int64_t n,
+                                float* y) {
+  float a0[PLOW_LANES] = {0}, a1[PLOW_LANES] = {0}, a2[PLOW_LANES] = {0}, a3[PLOW_LANES] = {0};
+  const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+  int64_t k = 0;
+  for (; k + PLOW_LANES <= n; k += PLOW_LANES)
+    for (int l = 0; l < PLOW_LANES; ++l) {
+      const float wv = bf16_lane(w, k + l);
+      a0[l] += x0[k + l] * wv;
+      a1[l] += x1[k + l] * wv;
+      a2[l] += x2[k + l] * wv;
+      a3[l] += x3[k + l] * wv;
+    }
+  for (int l = 0; k + l < n; ++l) {
+    const float wv = bf16_lane(w, k + l);
+    a0[l] += x0[k + l] * wv;
+    a1[l] += x1[k + l] * wv;
+    a2[l] += x2[k + l] * wv;
+    a3[l] += x3[k + l] * wv;
+  }
+  y[0] = lanes_sum(a0);
+  y[1] = lanes_sum(a1);
+  y[2] = lanes_sum(a2);
+  y[3] = lanes_sum(a3);
 }
 
 PLOW_HD static inline float dot_w(const float* x, const void* w, int32_t dt, int64_t off,
                                   int64_t n) {
   if (dt == PLOW_BF16) return dot_bf16(x, static_cast<const uint16_t*>(w) + off, n);
   return dot_f32(x, static_cast<const float*>(w) + off, n);
+}
+
+PLOW_HD static inline void dot4_w(const float* x, int64_t ldx, const void* w, int32_t dt,
+                                  int64_t off, int64_t n, float* y) {
+  if (dt == PLOW_BF16) return dot4_bf16(x, ldx, static_cast<const uint16_t*>(w) + off, n, y);
+  dot4_f32(x, ldx, static_cast<const float*>(w) + off, n, y);
 }
 
 PLOW_SIMD static float sumsq(const float* x, int64_t n) { return dot_f32(x, x, n); }
@@ -225,11 +291,19 @@ PLOW_HD static void tile_linear(const Ctx& c, const PlowOp& op, const Range* r, 
   const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
   float* dst = step >= 0 ? c.A + op.t[2] + step * M * N : c.A + op.t[1];
   // weight row n is read once from memory and reused from cache for every row m
-  for (int64_t n = r[1].a; n < r[1].b; ++n)
-    for (int64_t m = r[0].a; m < r[0].b; ++m) {
+  for (int64_t n = r[1].a; n < r[1].b; ++n) {
+    int64_t m = r[0].a;
+    float y4[4];
+    for (; m + 4 <= r[0].b; m += 4) {
+      dot4_w(x + m * K + k0, K, op.w0, op.w0_dtype, n * K + k0, kn, y4);
+      for (int i = 0; i < 4; ++i)
+        dst[(m + i) * N + n] = step >= 0 ? y4[i] : epilogue(op, y4[i], n);
+    }
+    for (; m < r[0].b; ++m) {
       const float y = dot_w(x + m * K + k0, op.w0, op.w0_dtype, n * K + k0, kn);
       dst[m * N + n] = step >= 0 ? y : epilogue(op, y, n);
     }
+  }
   if (step < 0 && c.plan->fused_lm >= 0 && &op == &c.plan->ops[c.plan->fused_lm])
     argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
 }

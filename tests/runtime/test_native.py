@@ -210,7 +210,7 @@ TSAN_SCRIPT = textwrap.dedent(
     from plow.runtime.native import open_native
     m = open_native(sys.argv[1], verify=sys.argv[2] == "1", max_batch=8, build="tsan",
                     threads=4)
-    print(generate(m, [Request((5, 17, 93, 2, 44), 6), Request((3, 250, 41), 6)]))
+    print(generate(m, [Request((5, 17, 93, 2, 44), 3), Request((3, 250, 41), 3)]))
     """
 )
 
@@ -230,7 +230,7 @@ def _tsan_run(path: Path, verify: bool) -> subprocess.CompletedProcess[str]:
     }
     return subprocess.run(
         [sys.executable, "-c", TSAN_SCRIPT, str(path), "1" if verify else "0"],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True, text=True, env=env, timeout=500,
     )  # fmt: skip
 
 
