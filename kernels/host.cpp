@@ -34,6 +34,7 @@
 #define PLOW_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 #include "interp.h"
+#include "sampler.h"
 
 namespace {
 
@@ -337,6 +338,43 @@ int32_t plow_plan_dispatch(void* handle, float* arena, int64_t arena_words, int3
       hp->counters[c].v.store(hp->per_step[c] * hp->step);
     set_err(err, errlen, "step stuck: " + hp->stuck);
     return -1;
+  }
+  return 0;
+}
+
+int32_t plow_plan_quantum(void* handle, float* arena, int64_t arena_words, int32_t threads,
+                          int64_t timeout_ms, int32_t steps, const PlowQuantum* q,
+                          const PlowRow* rows, char* err, int64_t errlen) {
+  int32_t* out = plow::I32(arena, q->out);
+  int32_t* pos = plow::I32(arena, q->positions);
+  const int32_t* sidx = plow::I32(arena, q->sample_index);
+  int32_t* ring = plow::I32(arena, q->ring);
+  int32_t* rem = plow::I32(arena, q->remaining);
+  const float* lg = arena + q->logits;
+  const int64_t B = q->batch, T = q->tokens, V = q->vocab;
+  plow::SampleScratch sc;
+  for (int32_t i = 0; i < steps; ++i) {
+    const int32_t rc = plow_plan_dispatch(handle, arena, arena_words, threads, timeout_ms, err, errlen);
+    if (rc != 0) return rc;
+    for (int64_t b = 0; b < B; ++b) {
+      const PlowRow& r = rows[b];
+      if (!r.active || pos[b * T] < 0 || rem[b] <= 0) {
+        ring[i * B + b] = -1;
+        if (T == 1) pos[b * T] = -1;
+        continue;
+      }
+      if (!r.greedy)
+        out[b] = plow::sample_logits(lg + (b * T + sidx[b]) * V, V, r, r.uniforms[i], sc);
+      const int32_t tok = out[b];
+      ring[i * B + b] = tok;
+      rem[b] -= 1;
+      if (T == 1) {
+        const int64_t p = pos[b * T] + 1;
+        bool stop = rem[b] == 0 || p >= q->context;
+        for (int32_t k = 0; k < r.n_stop && !stop; ++k) stop = r.stop[k] == tok;
+        pos[b * T] = stop ? -1 : static_cast<int32_t>(p);
+      }
+    }
   }
   return 0;
 }

@@ -88,6 +88,23 @@ typedef struct {
   int64_t fused_values, fused_index;
 } PlowPlan;
 
+// One batch row of a multi-step quantum (the step epilogue, kernels/sampler.h).
+typedef struct {
+  int32_t active;        // 0: padding (no request in this row)
+  int32_t greedy;        // 1: the packets' argmax; 0: sampled with the filters below
+  float temperature, top_p, min_p;
+  int32_t top_k;
+  int32_t n_stop;
+  const int32_t* stop;   // stop token ids
+  const double* uniforms;  // one per step of the quantum (stochastic rows), from its generator
+} PlowRow;
+
+// Where the epilogue reads and writes (absolute arena words), and the bucket's shape.
+typedef struct {
+  int64_t out, positions, sample_index, ring, remaining, logits;
+  int64_t batch, tokens, vocab, context;
+} PlowQuantum;
+
 // Lifecycle. Errors: NULL / non-zero return and a one-line message in `err`.
 void* plow_plan_new(const PlowPlan* plan, char* err, int64_t errlen);
 void plow_plan_free(void* handle);
@@ -95,6 +112,11 @@ void plow_plan_free(void* handle);
 // Returns 0, or -1 with a message in `err` (a stuck step: no counter moved for `timeout_ms`).
 int32_t plow_plan_dispatch(void* handle, float* arena, int64_t arena_words, int32_t threads,
                            int64_t timeout_ms, char* err, int64_t errlen);
+// `steps` dispatches back to back, each followed by the epilogue (sample stochastic rows, append
+// every row's token to ring[step, row], shrink its budget, advance or retire its position).
+int32_t plow_plan_quantum(void* handle, float* arena, int64_t arena_words, int32_t threads,
+                          int64_t timeout_ms, int32_t steps, const PlowQuantum* q,
+                          const PlowRow* rows, char* err, int64_t errlen);
 // Records run by the last dispatch (task packets, nops) — for stats and tests.
 void plow_plan_last_counts(void* handle, int64_t* out3);
 // Per-op nanoseconds spent in task packets since the last call (summed over threads; `out_ns`

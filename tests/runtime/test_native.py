@@ -300,3 +300,32 @@ def test_bf16_weights_run_in_bf16_and_give_transformers_tokens(tmp_path: Path) -
     ckpt = load_checkpoint(ck)
     fp32 = sum(int(np.prod(np.asarray(a).shape)) * 4 for a in ckpt.weights.values())
     assert m.weight_bytes * 2 <= fp32 + 64
+
+
+SAMPLED = [
+    SamplingParams(temperature=0.8, seed=11),
+    SamplingParams(temperature=1.3, top_k=5, seed=12),
+    SamplingParams(temperature=1.0, top_p=0.7, seed=13),
+    SamplingParams(temperature=0.9, min_p=0.2, top_k=40, top_p=0.95, seed=14),
+    SamplingParams(),  # greedy beside them
+]
+
+
+def _sampled(m: CpuModel, multi_step: int = 1, only: int | None = None) -> list[list[int]]:
+    reqs = [Request(tuple(PROMPTS[i % 3]), NEW, p) for i, p in enumerate(SAMPLED)]
+    if only is not None:
+        reqs = [reqs[only]]
+    return generate(m, reqs, multi_step=multi_step)
+
+
+def test_the_kernels_sampler_gives_the_cpu_executors_tokens_for_every_filter(
+    bundles: dict,
+) -> None:
+    path = bundles["qwen3", "cpu"]
+    want = _sampled(CpuModel.from_bundle(path, max_batch=8))
+    assert len({tuple(t) for t in want}) == len(want)  # the rows really differ
+    assert _sampled(open_native(path, max_batch=8)) == want
+    # several steps per host round trip: the epilogue runs in the kernel between them
+    assert _sampled(open_native(path, max_batch=8), multi_step=4) == want
+    # a seeded request alone draws the same tokens as inside the batch
+    assert _sampled(open_native(path, max_batch=8), only=1) == [want[1]]

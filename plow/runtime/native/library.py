@@ -94,6 +94,30 @@ class PlowPlan(ctypes.Structure):
     ]
 
 
+class PlowRow(ctypes.Structure):
+    _fields_ = [
+        ("active", ctypes.c_int32),
+        ("greedy", ctypes.c_int32),
+        ("temperature", ctypes.c_float),
+        ("top_p", ctypes.c_float),
+        ("min_p", ctypes.c_float),
+        ("top_k", ctypes.c_int32),
+        ("n_stop", ctypes.c_int32),
+        ("stop", ctypes.c_void_p),
+        ("uniforms", ctypes.c_void_p),
+    ]
+
+
+class PlowQuantum(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_int64)
+        for name in (
+            "out", "positions", "sample_index", "ring", "remaining", "logits",
+            "batch", "tokens", "vocab", "context",
+        )
+    ]  # fmt: skip
+
+
 def library_path(build: str = "release") -> Path:
     env = os.environ.get("PLOW_NATIVE_LIB") if build == "release" else None
     return Path(env) if env else BUILD / LIBRARIES[build]
@@ -126,6 +150,19 @@ def load(build: str = "release") -> ctypes.CDLL:
         ctypes.c_int64,
         ctypes.c_int32,
         ctypes.c_int64,
+        ctypes.c_char_p,
+        ctypes.c_int64,
+    ]
+    lib.plow_plan_quantum.restype = ctypes.c_int32
+    lib.plow_plan_quantum.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int32,
+        ctypes.c_int64,
+        ctypes.c_int32,
+        ctypes.POINTER(PlowQuantum),
+        ctypes.POINTER(PlowRow),
         ctypes.c_char_p,
         ctypes.c_int64,
     ]

@@ -24,8 +24,8 @@ from plow.errors import PlowError
 from plow.runtime.cpu.bundle import Bundle
 from plow.runtime.cpu.generate import GenerationStats, Request, generate
 from plow.runtime.cpu.machine import DispatchStats
-from plow.runtime.cpu.model import CpuModel
-from plow.runtime.cpu.plan import Plan
+from plow.runtime.cpu.model import CpuModel, RowDevice, RowInput
+from plow.runtime.cpu.plan import REMAINING, RING, Plan
 from plow.runtime.native import library
 from plow.runtime.native.lower import Lowered, lower, stored
 from plow.runtime.sampler import SamplingParams
@@ -102,6 +102,27 @@ class NativeMachine:
         self.last = DispatchStats(int(counts[0]), (), int(counts[0] + counts[1]), int(counts[1]))
         return self.last
 
+    def quantum(
+        self, plan: Plan, steps: int, q: library.PlowQuantum, rows: ctypes.Array[library.PlowRow]
+    ) -> DispatchStats:
+        """`steps` dispatches of `plan`, each followed by the step epilogue, in one call."""
+        h = self._handle(plan)[1]
+        arena = self.model.arena
+        if arena.layout is not plan.layout:
+            raise PlowError(plan.bucket.name, "the arena holds another bucket's layout")
+        buf = arena.buf
+        err = ctypes.create_string_buffer(512)
+        rc = self.lib.plow_plan_quantum(
+            h, buf.ctypes.data, buf.shape[0], self.threads_for(plan), self.timeout_ms, steps,
+            ctypes.byref(q), rows, err, len(err),
+        )  # fmt: skip
+        if rc != 0:
+            raise NativeStepError(plan.bucket.name, err.value.decode())
+        counts = (ctypes.c_int64 * 3)()
+        self.lib.plow_plan_last_counts(h, counts)
+        self.last = DispatchStats(int(counts[0]), (), int(counts[0] + counts[1]), int(counts[1]))
+        return self.last
+
     def profile(self, plan: Plan, enable: bool = True) -> dict[str, int]:
         """Nanoseconds per op kind spent in task packets since the last call (summed over
         threads), then per-op timing on (`enable`) or off for the following steps."""
@@ -144,7 +165,61 @@ class NativeModel(CpuModel):
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
-        self.machine = NativeMachine(self, threads=threads, build=build)  # type: ignore[assignment]
+        self.machine: NativeMachine = NativeMachine(self, threads=threads, build=build)  # type: ignore[assignment]
+
+    def run_quantum(
+        self,
+        plan: Plan,
+        rows: Sequence[RowInput | None],
+        dev: Sequence[RowDevice | None],
+        steps: int,
+        **kw: object,
+    ) -> np.ndarray:
+        """`CpuModel.run_quantum` with the epilogue in the kernel (kernels/sampler.h): the
+        host writes the inputs once, draws each stochastic row's uniforms from its generator
+        (one per token it may produce: what the `cpu` executor's epilogue draws), and the
+        library runs `steps` steps and epilogues in one call; then the host reads the ring."""
+        if not 1 <= steps <= plan.ring:
+            raise PlowError("multi-step", f"quantum {steps} outside 1..{plan.ring}")
+        if plan.tokens > 1 and steps != 1:
+            raise PlowError("multi-step", "a prefill launch is one step")
+        self.write_inputs(plan, rows)
+        rem = self.arena.view(REMAINING)
+        rem[:] = 0
+        crows = (library.PlowRow * plan.batch)()
+        keep: list[np.ndarray] = []
+        for b, d in enumerate(dev):
+            if d is None or b >= plan.batch:
+                continue
+            rem[b] = d.remaining
+            r = crows[b]
+            r.active, r.greedy = 1, int(d.params.is_greedy)
+            r.temperature, r.top_k = d.params.temperature, d.params.top_k
+            r.top_p, r.min_p = d.params.top_p, d.params.min_p
+            stop = np.asarray(d.stop_ids, dtype=np.int32)
+            u = np.zeros(steps, dtype=np.float64)
+            if not d.params.is_greedy:
+                if d.rng is None:
+                    raise PlowError("rng", "a stochastic row (temperature > 0) needs a generator")
+                n = min(steps, d.remaining)
+                u[:n] = [d.rng.random() for _ in range(n)]
+            keep += [stop, u]
+            r.n_stop, r.stop, r.uniforms = len(stop), stop.ctypes.data, u.ctypes.data
+        base = self.arena.kv_words
+
+        def word(name: str) -> int:
+            return base + plan.layout.slot(name).offset
+
+        q = library.PlowQuantum(
+            word("sample"), word("positions"), word("sample_index"), word(RING),
+            word(REMAINING), word("lm_head"), plan.batch, plan.tokens,
+            self.spec.vocab_size, self.context,
+        )  # fmt: skip
+        st = self.machine.quantum(plan, steps, q, crows)
+        self.last_plan = plan
+        self.steps += steps
+        self.tasks_run += st.tasks * steps
+        return np.array(self.arena.view(RING)[:steps, : plan.batch])
 
     def _weight(self, name: str) -> None:
         if name not in self.weights:
