@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,13 @@ from plow.checkpoint import load_checkpoint
 from plow.runtime.reference import generate_greedy
 
 
-def test_generate_json_matches_the_library(tiny_llama: Path) -> None:
+def _env(tmp_path: Path) -> dict[str, str]:
+    """A private compile cache: the default executor compiles the checkpoint into it, and a
+    bundle cached by another plow version in ~/.cache/plow must not decide the outcome."""
+    return {**os.environ, "PLOW_CACHE": str(tmp_path / "cache")}
+
+
+def test_generate_json_matches_the_library(tiny_llama: Path, tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
@@ -29,6 +36,7 @@ def test_generate_json_matches_the_library(tiny_llama: Path) -> None:
         capture_output=True,
         text=True,
         timeout=120,
+        env=_env(tmp_path),
         check=True,
     )
     out = json.loads(proc.stdout)
@@ -39,7 +47,7 @@ def test_generate_json_matches_the_library(tiny_llama: Path) -> None:
     assert out["text"] == ckpt.tokenizer.decode(out["token_ids"])
 
 
-def test_prompt_ids_outside_the_vocabulary_are_refused(tiny_llama: Path) -> None:
+def test_prompt_ids_outside_the_vocabulary_are_refused(tiny_llama: Path, tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
@@ -53,6 +61,7 @@ def test_prompt_ids_outside_the_vocabulary_are_refused(tiny_llama: Path) -> None
         capture_output=True,
         text=True,
         timeout=120,
+        env=_env(tmp_path),
     )
     assert proc.returncode == 2
     assert "token id 99999 outside the vocabulary" in proc.stderr
