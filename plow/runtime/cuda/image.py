@@ -1,0 +1,146 @@
+"""A lowered plan (`plow.runtime.native.lower.Lowered`, host pointers) as the CUDA kernel reads
+it: the same `PlowPlan` / `PlowOp` descriptors with every pointer moved to device memory, plus
+what the host build derives when it loads a plan (kernels/host.cpp `plow_plan_new`), computed
+here once: each worker's queue (record indices in file order), signals per step of each
+counter, each counter's scope (the scope its signalling records carry), the attention scratch.
+
+`build_image` takes an `upload(array, cache) -> device address` callable, so it runs without a
+GPU: the tests give it a recording fake and check every pointer the kernel will follow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from plow.errors import PlowError
+from plow.runtime.cuda.abi import NO_COUNTER
+from plow.runtime.native.library import KINDS, PlowOp, PlowPlan
+from plow.runtime.native.lower import Lowered
+
+Upload = Callable[[np.ndarray, bool], int]
+OP_POINTERS = ("w0", "w1", "table", "merge")
+
+
+@dataclass
+class DeviceImage:
+    """Device addresses of one plan's descriptors and tables, and their host copies."""
+
+    plan: int
+    queue: int
+    queue_start: int
+    per_step: int
+    counter_scope: int
+    n_workers: int
+    n_counters: int
+    n_ops: int
+    scratch_floats: int
+    per_step_host: np.ndarray
+    scope_host: np.ndarray
+    queue_host: np.ndarray
+    queue_start_host: np.ndarray
+    plan_host: PlowPlan  # the PlowPlan uploaded (device pointers)
+    ops_host: Any  # the PlowOp array uploaded (device pointers)
+    keep: list[Any] = field(default_factory=list)
+
+
+def _address(v: Any) -> int:
+    return int(v) if v else 0
+
+
+def queues(records: np.ndarray, n_workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """Record indices grouped by worker, file order inside a worker (int32), and the
+    `n_workers + 1` offsets of each worker's run (int64)."""
+    w = records["worker"].astype(np.int64)
+    order = np.argsort(w, kind="stable").astype(np.int32)
+    starts = np.searchsorted(w[order], np.arange(n_workers + 1), side="left").astype(np.int64)
+    return order, starts
+
+
+def counter_tables(records: np.ndarray, n_counters: int) -> tuple[np.ndarray, np.ndarray]:
+    """Signals per step of each counter (uint64) and its scope (uint8: the widest scope of
+    its signalling records; device for a counter nothing signals)."""
+    sig = records["signal_counter"].astype(np.int64)
+    live = sig != NO_COUNTER
+    per_step = np.bincount(sig[live], minlength=n_counters).astype(np.uint64)[:n_counters]
+    scope = np.zeros(n_counters, dtype=np.uint8)
+    np.maximum.at(scope, sig[live], records["scope"][live].astype(np.uint8))
+    scope[per_step == 0] = 1
+    return per_step, scope
+
+
+def scratch_floats(ops: Any, n_ops: int) -> int:
+    """Floats of scratch one attention thread needs (host.cpp's rule: keys of a tile + head
+    dim), with the host build's slack."""
+    need = 0
+    for i in range(n_ops):
+        o = ops[i]
+        if o.kind == KINDS["attention"]:
+            keys = o.tile[1] if o.tile[1] > 0 else o.ext[1]
+            need = max(need, int(keys + o.d[4]))
+    return need + 16
+
+
+def build_image(low: Lowered, upload: Upload) -> DeviceImage:
+    """Upload `low`'s descriptors and everything they point into (`upload(array, cache)`;
+    `cache`: the array may be shared with other plans — weights — and uploaded once)."""
+    by_address: dict[int, np.ndarray] = {}
+    for obj in low.keep:
+        if isinstance(obj, np.ndarray) and obj.nbytes:
+            by_address.setdefault(int(obj.ctypes.data), obj)
+    moved: dict[int, int] = {}
+
+    def device(addr: Any, what: str) -> int:
+        a = _address(addr)
+        if a == 0:
+            return 0
+        got = moved.get(a)
+        if got is not None:
+            return got
+        arr = by_address.get(a)
+        if arr is None:
+            raise PlowError(what, "points at memory the lowered plan does not hold (loader bug)")
+        moved[a] = upload(np.ascontiguousarray(arr), True)
+        return moved[a]
+
+    p = low.plan
+    n_ops = int(p.n_ops)
+    src_ops = (PlowOp * max(1, n_ops)).from_address(int(p.ops))
+    ops = (PlowOp * max(1, n_ops)).from_buffer_copy(src_ops)
+    for i in range(n_ops):
+        for f in OP_POINTERS:
+            setattr(ops[i], f, device(getattr(ops[i], f), f"op {i} {f}") or None)
+    records = by_address.get(_address(p.records))
+    if records is None or len(records) != int(p.n_records):
+        raise PlowError("records", "the lowered plan does not hold its records (loader bug)")
+    n_workers, n_counters = int(p.n_workers), int(p.n_counters)
+    order, starts = queues(records, n_workers)
+    per_step, scope = counter_tables(records, n_counters)
+    ops_bytes = np.frombuffer(bytes(ops), dtype=np.uint8).copy()
+    plan = PlowPlan.from_buffer_copy(p)
+    plan.records = device(p.records, "records") or None
+    plan.ops = upload(ops_bytes, False) or None
+    plan.bounds = device(p.bounds, "bounds") or None
+    plan_bytes = np.frombuffer(bytes(plan), dtype=np.uint8).copy()
+    img = DeviceImage(
+        plan=upload(plan_bytes, False),
+        queue=upload(order, False),
+        queue_start=upload(starts, False),
+        per_step=upload(per_step, False),
+        counter_scope=upload(scope, False),
+        n_workers=n_workers,
+        n_counters=n_counters,
+        n_ops=n_ops,
+        scratch_floats=scratch_floats(ops, n_ops),
+        per_step_host=per_step,
+        scope_host=scope,
+        queue_host=order,
+        queue_start_host=starts,
+        plan_host=plan,
+        ops_host=ops,
+    )
+    img.keep += [ops_bytes, plan_bytes, order, starts, per_step, scope]
+    return img

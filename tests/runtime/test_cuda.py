@@ -1,0 +1,428 @@
+"""The CUDA executor (kernels/device.cu + plow/runtime/cuda).
+
+Here, without a GPU: the CUDA sources compile with nvcc for sm_90a (warnings as errors); the
+parameter list the loader packs for `cuLaunchKernel` is the compiled kernel's (names from the
+source, sizes from the PTX `.entry` signature, offsets and sizes from the cubin's parameter
+table, the module's `plow_device_config` against the loader's structure sizes); the device
+image of a certified h200 plan moves every pointer the kernel follows into uploaded memory,
+with the queues, per-step signal counts and counter scopes the host build derives; bad input
+(no module, a CPU target's bundle, no cuda-python / driver / GPU) is a one-line error, exit 2.
+
+With a GPU (`gpu` marker; skipped with the reason otherwise): tokens from the CUDA executor
+equal the native executor's on the same h200 bundles for two tiny fixtures; 20 repeated runs
+(timing perturbed) are bitwise identical; a lowered threshold is detected by wrong bytes; a
+raised one stops the step with the blocked worker named.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import shutil
+import subprocess
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plow.emit.bundle import compile_bundle
+from plow.emit.wire import HEADER_SIZE, read_plan
+from plow.errors import PlowError
+from plow.profile import CompileProfile
+from plow.runtime.cpu import Request, RowDevice, RowInput, generate
+from plow.runtime.cuda import abi, driver
+from plow.runtime.cuda.driver import CudaUnavailable, gpu_present
+from plow.runtime.cuda.image import build_image, counter_tables
+from plow.runtime.native import NativeModel
+from plow.runtime.native.library import PlowOp
+from plow.runtime.native.lower import lower
+from plow.runtime.sampler import SamplingParams
+from plow.target import load_target
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICE_SRC = ROOT / "kernels" / "device.cu"
+BUILT_CUBIN = ROOT / "_build" / "native" / "plow_device.cubin"
+BUILT_PTX = ROOT / "_build" / "native" / "plow_device.ptx"
+NEW = 10
+CONTEXT = 96
+PROMPTS = [[5, 17, 93, 2, 44, 8, 61, 30, 12, 7], [3, 250, 41, 6, 77], [120, 9]]
+PROFILE = CompileProfile(name="test", decode_batches=(1, 4), prefill_seqs=(16,), context=CONTEXT)
+GPU_FAMILIES = ["llama", "qwen3"]
+
+needs_gpu = pytest.mark.skipif(
+    not gpu_present(), reason="no NVIDIA GPU (no /dev/nvidia0, nvidia-smi finds none)"
+)
+
+
+# -- the compiled module --------------------------------------------------------------------
+def _sources() -> list[Path]:
+    return [DEVICE_SRC, *sorted((ROOT / "kernels").glob("*.h")), ROOT / "kernels/Makefile.device"]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(cubin, ptx): `make cuda`'s outputs when they are newer than the sources, else built
+    here by the same rule into a temporary directory."""
+    newest = max(p.stat().st_mtime for p in _sources())
+    if all(p.is_file() and p.stat().st_mtime >= newest for p in (BUILT_CUBIN, BUILT_PTX)):
+        return BUILT_CUBIN, BUILT_PTX
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed: the CUDA sources cannot be compiled here")
+    out = tmp_path_factory.mktemp("cuda")
+    cubin, ptx = out / "plow_device.cubin", out / "plow_device.ptx"
+    r = subprocess.run(
+        ["make", "--no-print-directory", "-f", "kernels/Makefile.device", "cuda",
+         f"DEVICE_CUBIN={cubin}", f"DEVICE_PTX={ptx}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return cubin, ptx
+
+
+def test_the_cuda_sources_compile_with_nvcc_for_sm_90a(compiled: tuple[Path, Path]) -> None:
+    cubin, ptx = compiled
+    data = cubin.read_bytes()
+    assert data[:4] == b"\x7fELF"
+    text = ptx.read_text()
+    assert ".target sm_90a" in text
+    assert f".entry {abi.KERNEL}(" in text
+    # warnings are errors in the rule itself (kernels/Makefile.device)
+    rule = (ROOT / "kernels/Makefile.device").read_text()
+    assert "-arch=$(CUDA_ARCH)" in rule and "-Werror all-warnings" in rule
+    assert "CUDA_ARCH ?= sm_90a" in rule and "--fmad=false" in rule
+
+
+def test_the_loader_packs_the_parameters_the_compiled_kernel_declares(
+    compiled: tuple[Path, Path],
+) -> None:
+    cubin, ptx = compiled
+    names = [n for n, _ in abi.PARAMS]
+    sizes = [ctypes.sizeof(ct) for _, ct in abi.PARAMS]
+    assert abi.source_params(DEVICE_SRC.read_text()) == names
+    text = ptx.read_text()
+    assert abi.ptx_params(text) == sizes
+    # the driver copies kernelParams[i] by the cubin's table: ordinal i, its offset and size
+    table = abi.cubin_params(cubin)
+    assert [p.ordinal for p in table] == list(range(len(names)))
+    assert [p.size for p in table] == sizes
+    offset = 0
+    for p, size in zip(table, sizes, strict=True):
+        offset = -(-offset // size) * size  # natural alignment
+        assert p.offset == offset
+        offset += size
+    # the module's own constants: the structures the loader uploads have its sizes
+    assert abi.config_mismatch(abi.ptx_config(text)) is None
+    assert abi.ptx_config(text)[4] == ctypes.sizeof(abi.PlowPlan)
+    # what each slot of the void*[] holds is the value given, at the declared width
+    values = {n: (0x1234_5678_9ABC_DEF0 + 977 * i) & ((1 << (8 * s - 1)) - 1)
+              for i, (n, s) in enumerate(zip(names, sizes, strict=True))}  # fmt: skip
+    args = abi.pack_params(values)
+    assert args.read_back() == values
+    assert len(args.array) == len(names) and args.address == ctypes.addressof(args.array)
+    with pytest.raises(ValueError, match="missing"):
+        abi.pack_params({k: v for k, v in values.items() if k != "step"})
+
+
+def test_the_hip_sources_compile_for_gfx90a_or_the_check_says_why(tmp_path: Path) -> None:
+    if shutil.which("hipcc") is None:
+        pytest.skip("hipcc not installed (Debian: apt-get install hipcc)")
+    built = ROOT / "_build" / "native" / "plow_device_gfx90a.hsaco"
+    newest = max(p.stat().st_mtime for p in [*_sources(), ROOT / "kernels/hip/build.sh"])
+    if built.is_file() and built.stat().st_mtime >= newest:  # make hip-check ran on these
+        assert built.stat().st_size > 0
+        return
+    r = subprocess.run(
+        ["kernels/hip/build.sh", str(tmp_path), "gfx90a", "gfx942"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    names = sorted(p.name for p in tmp_path.glob("*.hsaco"))
+    assert "plow_device_gfx90a.hsaco" in names, r.stdout
+    assert "plow_device_gfx942.hsaco" in names or "skipped gfx942" in r.stdout, r.stdout
+
+
+# -- the device image (no GPU: a recording uploader) ----------------------------------------
+@pytest.fixture(scope="module")
+def h200_bundles(
+    tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cuda-bundles")
+    out = {}
+    for fam in GPU_FAMILIES:
+        out[fam] = root / f"{fam}-h200"
+        compile_bundle(tiny_checkpoints[fam], out[fam], load_target("h200"), PROFILE, verify=True)
+    return out
+
+
+class Recorder:
+    """A fake device: each upload gets a fresh address; what was uploaded is kept."""
+
+    def __init__(self) -> None:
+        self.next = 0x7F00_0000_0000
+        self.blobs: dict[int, bytes] = {}
+        self.cached: dict[tuple[int, int], int] = {}
+
+    def __call__(self, arr: np.ndarray, cache: bool) -> int:
+        key = (int(arr.ctypes.data), int(arr.nbytes))
+        if cache and key in self.cached:
+            return self.cached[key]
+        addr = self.next
+        self.next += -(-max(1, arr.nbytes) // 256) * 256
+        self.blobs[addr] = arr.tobytes()
+        if cache:
+            self.cached[key] = addr
+        return addr
+
+
+def test_the_device_image_moves_every_pointer_the_kernel_follows(h200_bundles: dict) -> None:
+    m = NativeModel.from_bundle(h200_bundles["llama"], max_batch=4)
+    rec = Recorder()
+    images = []
+    for rows in (1, 4):
+        plan = m.plan(m.decode_bucket(rows))
+        low = lower(plan, m.arena, m.weights, Path(plan.source), m.bundle.rung(plan.bucket))  # type: ignore[union-attr]
+        img = build_image(low, rec)
+        images.append(img)
+        p = low.plan
+        host_ops = (PlowOp * p.n_ops).from_address(p.ops)
+        # the plan and op table uploaded are the host's with device pointers
+        assert rec.blobs[img.plan] == bytes(img.plan_host)
+        assert rec.blobs[img.plan_host.ops] == bytes(img.ops_host)
+        assert img.plan_host.n_workers == p.n_workers == load_target("h200").workers
+        _, records = read_plan(Path(plan.source) / m.bundle.rung(plan.bucket).plan)  # type: ignore[union-attr]
+        assert rec.blobs[img.plan_host.records] == records.tobytes()
+        if p.bounds:
+            n = p.n_chunks + 1
+            assert rec.blobs[img.plan_host.bounds] == ctypes.string_at(p.bounds, 8 * n)
+        for i in range(p.n_ops):
+            for f, nbytes in (("w0", None), ("w1", None), ("table", None), ("merge", None)):
+                h, d = getattr(host_ops[i], f), getattr(img.ops_host[i], f)
+                assert (h is None) == (d is None), (i, f)
+                if h is None:
+                    continue
+                blob = rec.blobs[d]
+                assert blob == ctypes.string_at(h, len(blob)), (i, f)
+                del nbytes
+        # each worker's queue: its records in file order
+        w = records["worker"]
+        for worker in range(p.n_workers):
+            q = img.queue_host[img.queue_start_host[worker] : img.queue_start_host[worker + 1]]
+            assert q.tolist() == np.flatnonzero(w == worker).tolist()
+        assert img.queue_start_host[-1] == len(records)
+        # signals per step and scopes: every signaller of a counter carries the counter's scope
+        per_step, scope = counter_tables(records, p.n_counters)
+        sig = records["signal_counter"]
+        live = sig != abi.NO_COUNTER
+        assert int(per_step.sum()) == int(live.sum())
+        assert np.array_equal(scope[sig[live]], records["scope"][live])
+        assert set(np.unique(records["scope"]).tolist()) <= {0, 1}  # cta and device on one GPU
+        assert img.scratch_floats >= 16
+    # weights are uploaded once for both rungs
+    w0 = [images[k].ops_host[0].w0 for k in range(2)]
+    assert w0[0] == w0[1]
+
+
+# -- bad input: one line, exit 2 ------------------------------------------------------------
+def _one_line(e: BaseException) -> str:
+    msg = str(e)
+    assert "\n" not in msg.strip()
+    assert getattr(e, "exit_code", None) == 2
+    return msg
+
+
+def test_a_missing_module_is_a_one_line_error_naming_it(
+    h200_bundles: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plow.runtime.cuda import open_cuda
+
+    monkeypatch.setenv("PLOW_CUDA_CUBIN", str(tmp_path / "nope.cubin"))
+    with pytest.raises(CudaUnavailable) as e:
+        open_cuda(h200_bundles["llama"])
+    msg = _one_line(e.value)
+    assert "nope.cubin" in msg and "make cuda" in msg
+
+
+def test_a_cpu_targets_bundle_is_refused(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plow.runtime.cuda import open_cuda
+
+    fake = tmp_path / "any.cubin"
+    fake.write_bytes(b"\x7fELF")  # only its presence is checked before the bundle
+    monkeypatch.setenv("PLOW_CUDA_CUBIN", str(fake))
+    out = tmp_path / "cpu"
+    compile_bundle(tiny_llama, out, load_target("cpu"), PROFILE)
+    with pytest.raises(PlowError) as e:
+        open_cuda(out, verify=False)
+    msg = _one_line(e.value)
+    assert "compiled for target 'cpu'" in msg and "--target h200" in msg
+
+
+@pytest.fixture
+def fresh_driver(monkeypatch: pytest.MonkeyPatch) -> object:
+    """Driver caches cleared before and after (a fake driver must not leak)."""
+    from plow.runtime.cuda import model
+
+    driver.bindings.cache_clear()
+    driver.device.cache_clear()
+    monkeypatch.setattr(model, "_KERNELS", {})
+    yield None
+    driver.bindings.cache_clear()
+    driver.device.cache_clear()
+
+
+def test_no_cuda_python_or_no_gpu_is_a_one_line_error(
+    h200_bundles: dict, compiled: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+    fresh_driver: object,
+) -> None:  # fmt: skip
+    if gpu_present():
+        pytest.skip("a GPU is present: the refusal cannot be seen here")
+    from plow.runtime.cuda import open_cuda
+
+    monkeypatch.setenv("PLOW_CUDA_CUBIN", str(compiled[0]))
+    with pytest.raises(CudaUnavailable) as e:
+        open_cuda(h200_bundles["llama"])
+    msg = _one_line(e.value)
+    assert "pip install cuda-python" in msg or "no NVIDIA" in msg or "GPU" in msg
+
+
+def test_a_driver_that_cannot_load_is_a_one_line_error(
+    h200_bundles: dict, compiled: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+    fresh_driver: object,
+) -> None:  # fmt: skip
+    """cuda-python present, no NVIDIA driver: its cuInit raises (as cuda-bindings 13 does when
+    libcuda.so is not found)."""
+    from plow.runtime.cuda import open_cuda
+
+    fake = types.ModuleType("cuda.bindings.driver")
+
+    def cu_init(flags: int) -> tuple[int]:
+        raise RuntimeError('"cuda" is an NVIDIA driver library and can only be found via system')
+
+    fake.cuInit = cu_init  # type: ignore[attr-defined]
+    real = importlib.import_module
+    monkeypatch.setattr(
+        driver.importlib, "import_module",
+        lambda name: fake if name == "cuda.bindings.driver" else real(name),
+    )  # fmt: skip
+    monkeypatch.setenv("PLOW_CUDA_CUBIN", str(compiled[0]))
+    with pytest.raises(CudaUnavailable) as e:
+        open_cuda(h200_bundles["llama"])
+    msg = _one_line(e.value)
+    assert msg.startswith("GPU") and "no NVIDIA driver" in msg
+
+
+def test_without_cuda_python_the_error_names_the_install(
+    monkeypatch: pytest.MonkeyPatch, fresh_driver: object
+) -> None:
+    def missing(name: str) -> object:
+        raise ImportError(name)
+
+    monkeypatch.setattr(driver.importlib, "import_module", missing)
+    with pytest.raises(CudaUnavailable) as e:
+        driver.bindings()
+    assert "pip install cuda-python" in _one_line(e.value)
+
+
+# -- on a GPU -------------------------------------------------------------------------------
+def _tokens_and_logits(m: object) -> tuple[list[list[int]], np.ndarray]:
+    toks = generate(m, [Request(tuple(p), NEW) for p in PROMPTS])  # type: ignore[arg-type]
+    # the prefill logits of the first prompt (one 16-token launch)
+    mm = m  # a CpuModel subclass
+    t = mm.kv.new_table()  # type: ignore[attr-defined]
+    ids = PROMPTS[0]
+    mm.kv.reserve(t, len(ids))  # type: ignore[attr-defined]
+    plan = mm.plan(mm.prefill_bucket(1, len(ids)))  # type: ignore[attr-defined]
+    mm.run_quantum(  # type: ignore[attr-defined]
+        plan, [RowInput(t, tuple(range(len(ids))), tuple(ids))],
+        [RowDevice(SamplingParams(), None, 1)], 1,
+    )  # fmt: skip
+    lg = mm.logits(plan)[0]  # type: ignore[attr-defined]
+    mm.kv.release(t)  # type: ignore[attr-defined]
+    return toks, lg
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+def test_cuda_tokens_equal_the_native_executors_on_the_same_bundle(
+    h200_bundles: dict, family: str
+) -> None:
+    from plow.runtime.cuda import open_cuda
+
+    path = h200_bundles[family]
+    native = NativeModel.from_bundle(path, max_batch=4)  # the host build runs any target's plan
+    want, want_logits = _tokens_and_logits(native)
+    got, got_logits = _tokens_and_logits(open_cuda(path, max_batch=4))
+    assert got == want
+    # the dots and reductions have the host build's order; expf / sinf / cosf are CUDA's
+    # (within its ulp bounds of glibc's), so the logits agree closely, not necessarily bitwise
+    np.testing.assert_allclose(got_logits, want_logits, rtol=1e-4, atol=1e-4)
+    print(f"{family}: logits bitwise equal to the host build: "
+          f"{bool(np.array_equal(got_logits, want_logits))}")  # fmt: skip
+
+
+def _run(path: Path, **kw: object) -> tuple[list[list[int]], bytes]:
+    from plow.runtime.cuda import open_cuda
+
+    m = open_cuda(path, max_batch=4, verify=False, **kw)
+    toks = generate(m, [Request(tuple(p), NEW) for p in PROMPTS])
+    return toks, m.cuda.snapshot().tobytes()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_twenty_runs_are_bitwise_identical_whatever_the_timing(h200_bundles: dict) -> None:
+    path = h200_bundles["llama"]
+    first = _run(path)
+    for i in range(20):
+        assert _run(path, jitter_ns=2000 if i % 2 else 0) == first, f"run {i}"
+
+
+def _edit_thresholds(src: Path, dst: Path, rung: str, delta: int) -> int:
+    """Copy the bundle; lower (delta < 0: to 1) or raise (delta > 0) the thresholds of waits
+    that several tasks signal. Returns how many records changed."""
+    shutil.copytree(src, dst)
+    plan_file = dst / "plan" / rung
+    _, arr = read_plan(plan_file)
+    sig = np.bincount(arr["signal_counter"][arr["signal_counter"] != abi.NO_COUNTER])
+    cand = [
+        i for i in range(len(arr))
+        if arr["wait_counter"][i] < len(sig) and arr["wait_threshold"][i] > 1
+        and sig[arr["wait_counter"][i]] == arr["wait_threshold"][i]
+    ]  # fmt: skip
+    if delta > 0:
+        cand = cand[:1]
+    data = bytearray(plan_file.read_bytes())
+    for i in cand:
+        at = HEADER_SIZE + 64 * i + 16
+        new = 1 if delta < 0 else int(arr["wait_threshold"][i]) + delta
+        data[at : at + 4] = new.to_bytes(4, "little")
+    plan_file.write_bytes(bytes(data))
+    return len(cand)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_lowered_threshold_is_detected_by_wrong_bytes(h200_bundles: dict, tmp_path: Path) -> None:
+    path = h200_bundles["llama"]
+    want = _run(path)
+    broken = tmp_path / "low"
+    assert _edit_thresholds(path, broken, "decode_b4_s96.bin", -1) > 0
+    runs = [_run(broken, jitter_ns=5000) for _ in range(5)]
+    assert any(r != want for r in runs), "a lowered threshold went unnoticed in 5 runs"
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_raised_threshold_stops_the_step_naming_the_blocked_worker(
+    h200_bundles: dict, tmp_path: Path
+) -> None:
+    from plow.runtime.cuda import CudaStepError, open_cuda
+
+    broken = tmp_path / "high"
+    assert _edit_thresholds(h200_bundles["llama"], broken, "decode_b4_s96.bin", +1) == 1
+    m = open_cuda(broken, max_batch=4, verify=False, timeout_ms=300)
+    with pytest.raises(CudaStepError, match=r"step stuck: worker \d+ blocked at packet \d+"):
+        generate(m, [Request(tuple(p), 3) for p in PROMPTS])
