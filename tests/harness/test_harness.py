@@ -379,8 +379,9 @@ def test_shipped_workloads_parse() -> None:
 
 
 def test_executor_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert set(EXECUTORS) == {"reference", "cpu", "cuda"}
+    assert set(EXECUTORS) == {"reference", "native", "cpu", "cuda"}
     assert get_executor("reference").name == "reference"
+    assert get_executor("native").name == "native"  # the native kernel (issue 12)
     assert get_executor("cpu").name == "cpu"  # the CPU executor (issue 6) is registered
     monkeypatch.setenv("PLOW_ASSUME_NO_GPU", "1")
     with pytest.raises(ExecutorUnavailable, match="no GPU on this machine"):

@@ -191,5 +191,5 @@ def test_harness_runner_and_cli(
     runs = [CliRunner().invoke(app, [*args, *hot]) for _ in range(2)]
     assert runs[0].exit_code == 0, runs[0].output
     assert json.loads(runs[0].stdout)["token_ids"] == json.loads(runs[1].stdout)["token_ids"]
-    bad = CliRunner().invoke(app, [*args, "--temperature", "0.8"])
-    assert bad.exit_code == 2 and "--executor cpu" in bad.output
+    bad = CliRunner().invoke(app, [*args, "--temperature", "0.8", "--executor", "reference"])
+    assert bad.exit_code == 2 and "--executor native or cpu" in bad.output

@@ -666,7 +666,26 @@ def cache_key(src: Path, target: Any, profile: CompileProfile) -> str:
     h.update(json.dumps(target.model_dump(mode="json"), sort_keys=True).encode())
     h.update(profile.model_dump_json().encode())
     h.update(f"plow {plow.__version__} wire {WIRE_VERSION}".encode())
+    h.update(_verifier_fingerprint())
     return h.hexdigest()[:32]
+
+
+def _verifier_fingerprint() -> bytes:
+    """What certifies a cached bundle: the oracle binary and the code that writes bundles and
+    derives their payloads. A change to either compiles (and certifies) afresh, instead of
+    reusing certificates of another format that `Bundle.open` would then re-check or refuse."""
+    from plow.oracle.runner import oracle_binary
+
+    h = hashlib.sha256()
+    try:
+        h.update(oracle_binary().read_bytes())
+    except PlowError:
+        h.update(b"no oracle")
+    pkg = Path(__file__).resolve().parents[2]
+    for sub in ("emit", "oracle", "memory", "schedule", "tiles"):
+        for f in sorted((pkg / sub).rglob("*.py")):
+            h.update(f.read_bytes())
+    return h.digest()
 
 
 def compile_cached(
