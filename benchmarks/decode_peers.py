@@ -11,7 +11,8 @@ executor against its peers on this machine, interleaved in one run, at equal wei
 The weights are the same numbers everywhere: the shipped Q4_1 GGUF dequantized (plow's
 checkpoint is transformers' dequantization of it; the F32 / BF16 GGUF files are written from
 the same dequantization with `gguf`; bf16 is that fp32 rounded). A step is one token for every
-row after a prompt of the context length (contexts 64 and 1024): plow times `run_quantum`
+row after a prompt of the context length (contexts 64 and 1024; plow's rows share the prompt's
+cached blocks, each writes its own new tokens): plow times `run_quantum`
 (host inputs, the step, the epilogue), transformers `model(ids, past_key_values)`, llama.cpp
 `Llama.eval([token])`; vLLM's per-token time is (t(1 + n tokens) - t(1 token)) / n. Rounds
 alternate the engines; each figure is the median over rounds of each round's median step.
@@ -186,15 +187,17 @@ class PlowNative:
 
         m = self.m
         tables = []
-        for r in range(batch):
+        ids = prompt_ids(ctx, 0)  # one prompt: rows after the first reuse its cached blocks
+        for _ in range(batch):
             t = m.kv.new_table()
+            start = m.prefix.acquire(t, ids)
             m.kv.reserve(t, ctx + warmup + steps + 1)
             tables.append(t)
-            ids = prompt_ids(ctx, r)
-            for s in range(0, ctx, 64):
+            for s in range(start, ctx, 64):
                 chunk = ids[s : s + 64]
                 plan = m.plan(m.prefill_bucket(1, len(chunk)))
                 m.run_quantum(plan, [RowInput(t, tuple(range(s, s + len(chunk))), tuple(chunk))], [RowDevice(SamplingParams(), None, 1)], 1)
+            m.prefix.register(t, ids)
         plan = m.plan(m.decode_bucket(batch))
         dev = [RowDevice(SamplingParams(), None, 1)] * batch
         out = []
@@ -205,7 +208,7 @@ class PlowNative:
             if i >= warmup:
                 out.append(time.perf_counter() - t0)
         for t in tables:
-            m.kv.release(t)
+            m.prefix.release(t)
         return out
 
 

@@ -27,11 +27,13 @@
 #define PLOW_PAUSE() ((void)0)
 #endif
 
-// Hot loops are compiled for AVX-512, AVX2 and plain x86-64 and picked at load time (ifunc);
+// Hot loops are compiled for x86-64-v4 (AVX-512), v3 (AVX2 + FMA) and plain x86-64 and picked at
+// load time (ifunc);
 // the lanes and the reduction tree are spelled out in the source, so every clone gives the
 // same bits.
 #if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-#define PLOW_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
+#define PLOW_SIMD \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 #include "interp.h"
 #include "sampler.h"
@@ -403,8 +405,8 @@ const char* plow_build_info(void) {
   return "plow-native abi 1 tsan portable";
 #elif defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return "plow-native abi 1 avx512f";
-  if (__builtin_cpu_supports("avx2")) return "plow-native abi 1 avx2";
+  if (__builtin_cpu_supports("x86-64-v4")) return "plow-native abi 1 x86-64-v4 (avx512)";
+  if (__builtin_cpu_supports("x86-64-v3")) return "plow-native abi 1 x86-64-v3 (avx2, fma)";
   return "plow-native abi 1 portable";
 #else
   return "plow-native abi 1 portable";

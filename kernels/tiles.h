@@ -8,8 +8,9 @@
 // restated there (attention rows ordered ((b*kv_heads + kv)*T + t)*group + g; split
 // reductions write fp32 partials at their step; merges reduce steps in ascending order).
 //
-// Reductions use 32 explicit lanes and a fixed tree, compiled without FMA contraction, so the
-// AVX-512, AVX2 and portable builds of the same source give the same bits.
+// Reductions use 32 explicit lanes, an explicit fused multiply-add per element and a fixed
+// tree; nothing else is contracted (-ffp-contract=off), so the AVX-512, AVX2+FMA and portable
+// builds of the same source give the same bits (fmaf is exactly rounded everywhere).
 #ifndef PLOW_TILES_H
 #define PLOW_TILES_H
 
@@ -72,8 +73,8 @@ PLOW_SIMD static float dot_f32(const float* x, const float* w, int64_t n) {
   float acc[PLOW_LANES] = {0};
   int64_t k = 0;
   for (; k + PLOW_LANES <= n; k += PLOW_LANES)
-    for (int l = 0; l < PLOW_LANES; ++l) acc[l] += x[k + l] * w[k + l];
-  for (int l = 0; k + l < n; ++l) acc[l] += x[k + l] * w[k + l];
+    for (int l = 0; l < PLOW_LANES; ++l) acc[l] = fmaf(x[k + l], w[k + l], acc[l]);
+  for (int l = 0; k + l < n; ++l) acc[l] = fmaf(x[k + l], w[k + l], acc[l]);
   return lanes_sum(acc);
 }
 
@@ -81,8 +82,8 @@ PLOW_SIMD static float dot_bf16(const float* x, const uint16_t* w, int64_t n) {
   float acc[PLOW_LANES] = {0};
   int64_t k = 0;
   for (; k + PLOW_LANES <= n; k += PLOW_LANES)
-    for (int l = 0; l < PLOW_LANES; ++l) acc[l] += x[k + l] * bf16_lane(w, k + l);
-  for (int l = 0; k + l < n; ++l) acc[l] += x[k + l] * bf16_lane(w, k + l);
+    for (int l = 0; l < PLOW_LANES; ++l) acc[l] = fmaf(x[k + l], bf16_lane(w, k + l), acc[l]);
+  for (int l = 0; k + l < n; ++l) acc[l] = fmaf(x[k + l], bf16_lane(w, k + l), acc[l]);
   return lanes_sum(acc);
 }
 
@@ -96,17 +97,17 @@ PLOW_SIMD static void dot4_f32(const float* x, int64_t ldx, const float* w, int6
   for (; k + PLOW_LANES <= n; k += PLOW_LANES)
     for (int l = 0; l < PLOW_LANES; ++l) {
       const float wv = w[k + l];
-      a0[l] += x0[k + l] * wv;
-      a1[l] += x1[k + l] * wv;
-      a2[l] += x2[k + l] * wv;
-      a3[l] += x3[k + l] * wv;
+      a0[l] = fmaf(x0[k + l], wv, a0[l]);
+      a1[l] = fmaf(x1[k + l], wv, a1[l]);
+      a2[l] = fmaf(x2[k + l], wv, a2[l]);
+      a3[l] = fmaf(x3[k + l], wv, a3[l]);
     }
   for (int l = 0; k + l < n; ++l) {
     const float wv = w[k + l];
-    a0[l] += x0[k + l] * wv;
-    a1[l] += x1[k + l] * wv;
-    a2[l] += x2[k + l] * wv;
-    a3[l] += x3[k + l] * wv;
+    a0[l] = fmaf(x0[k + l], wv, a0[l]);
+    a1[l] = fmaf(x1[k + l], wv, a1[l]);
+    a2[l] = fmaf(x2[k + l], wv, a2[l]);
+    a3[l] = fmaf(x3[k + l], wv, a3[l]);
   }
   y[0] = lanes_sum(a0);
   y[1] = lanes_sum(a1);
@@ -122,17 +123,17 @@ PLOW_SIMD static void dot4_bf16(const float* x, int64_t ldx, const uint16_t* w, 
   for (; k + PLOW_LANES <= n; k += PLOW_LANES)
     for (int l = 0; l < PLOW_LANES; ++l) {
       const float wv = bf16_lane(w, k + l);
-      a0[l] += x0[k + l] * wv;
-      a1[l] += x1[k + l] * wv;
-      a2[l] += x2[k + l] * wv;
-      a3[l] += x3[k + l] * wv;
+      a0[l] = fmaf(x0[k + l], wv, a0[l]);
+      a1[l] = fmaf(x1[k + l], wv, a1[l]);
+      a2[l] = fmaf(x2[k + l], wv, a2[l]);
+      a3[l] = fmaf(x3[k + l], wv, a3[l]);
     }
   for (int l = 0; k + l < n; ++l) {
     const float wv = bf16_lane(w, k + l);
-    a0[l] += x0[k + l] * wv;
-    a1[l] += x1[k + l] * wv;
-    a2[l] += x2[k + l] * wv;
-    a3[l] += x3[k + l] * wv;
+    a0[l] = fmaf(x0[k + l], wv, a0[l]);
+    a1[l] = fmaf(x1[k + l], wv, a1[l]);
+    a2[l] = fmaf(x2[k + l], wv, a2[l]);
+    a3[l] = fmaf(x3[k + l], wv, a3[l]);
   }
   y[0] = lanes_sum(a0);
   y[1] = lanes_sum(a1);
