@@ -30,10 +30,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -349,9 +351,13 @@ def fifo_ranks(
     return [r if r >= 0 else k for r in ranks]
 
 
-def counter_graph_from_packets(arr: PacketArray, sf: ScheduleFile) -> CounterGraph | str:
-    """The checkpoint D instance of a plan file (module doc); a string is a rejection."""
-    grouped = group_tasks(arr)
+def counter_graph_from_packets(
+    arr: PacketArray, sf: ScheduleFile, grouped: Grouped | str | None = None
+) -> CounterGraph | str:
+    """The checkpoint D instance of a plan file (module doc); a string is a rejection.
+    `grouped`: `group_tasks(arr)` when the caller has it."""
+    if grouped is None:
+        grouped = group_tasks(arr)
     if isinstance(grouped, str):
         return grouped
     t = sf.tasks
@@ -1028,6 +1034,27 @@ def wire_payload_dict(body: bytes, packets: PacketArray) -> dict[str, object]:
 # ----------------------------------------------------------------- verify
 
 
+def _counter_graph(
+    decoded: PacketArray | str, sf: ScheduleFile, grouped: Grouped | str
+) -> CounterGraph | str:
+    return decoded if isinstance(decoded, str) else counter_graph_from_packets(decoded, sf, grouped)
+
+
+class _Once:
+    """A value computed once, by the first thread that asks for it."""
+
+    def __init__(self, fn: Callable[[], CounterGraph | str]) -> None:
+        self._fn: Callable[[], CounterGraph | str] | None = fn
+        self._value: CounterGraph | str = ""
+        self._lock = threading.Lock()
+
+    def get(self) -> CounterGraph | str:
+        with self._lock:
+            if self._fn is not None:
+                self._value, self._fn = self._fn(), None
+            return self._value
+
+
 def _row(ck: str, bucket: str, cert: Certificate) -> Row:
     return Row(ck, bucket, cert.verdict.value, tuple(cert.theorems), cert.reason or "", cert)
 
@@ -1121,6 +1148,8 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
         problems += declared_number_problems(rung, ot, sf, ex, target)
         grouped: Grouped | str = decoded if isinstance(decoded, str) else group_tasks(decoded)
         name = rung.name
+        # D's instance, shared by D and F (computed by whichever asks first)
+        graph = _Once(partial(_counter_graph, decoded, sf, grouped))
 
         def job_b(
             ot: OpTable = ot,
@@ -1145,11 +1174,11 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             return _row("C", name, run_checkpoint("C", payload))
 
         def job_d(
-            decoded: PacketArray | str = decoded, sf: ScheduleFile = sf, name: str = name
+            decoded: PacketArray | str = decoded, graph: _Once = graph, name: str = name
         ) -> Row:
             if isinstance(decoded, str):
                 return Row("D", name, "reject", (), f"cannot read the packets: {decoded}")
-            g = counter_graph_from_packets(decoded, sf)
+            g = graph.get()
             if isinstance(g, str):
                 return Row("D", name, "reject", (), g)
             if len(g.names) <= D_ORACLE_MAX_TASKS:
@@ -1166,7 +1195,7 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
         def job_f(
             sf: ScheduleFile = sf,
             ot: OpTable = ot,
-            decoded: PacketArray | str = decoded,
+            graph: _Once = graph,
             ex: Expected = ex,
             name: str = name,
         ) -> Row:
@@ -1175,7 +1204,7 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             if row.rejected:
                 return row
             # shared bytes need their accesses ordered by the packets (docs/oracle.md, F)
-            g = decoded if isinstance(decoded, str) else counter_graph_from_packets(decoded, sf)
+            g = graph.get()
             bufs = [(b.name, b.region, b.offset, b.size) for b in payload.buffers]
             err = (
                 f"cannot order the shared arena bytes: {g}"
@@ -1261,6 +1290,11 @@ def write_certificates(report: VerifyReport) -> list[str]:
                         notes.append(
                             f"certificates/{ck}.json: bucket {b} payload changed "
                             "since it was certified"
+                        )
+                    elif prev is not None and prev.bundle_sha256 != report.bundle_sha256:
+                        notes.append(
+                            f"certificates/{ck}.json: bucket {b} was certified for another "
+                            "bundle digest (the manifest changed); replaced"
                         )
             except (ValidationError, json.JSONDecodeError):
                 notes.append(f"certificates/{ck}.json: unreadable, replaced")
