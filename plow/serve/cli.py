@@ -50,8 +50,8 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
         models: Annotated[
             list[Path],
             typer.Argument(
-                help="Checkpoint directories or bundles (one model each; a bundle runs on "
-                "the CPU executor)."
+                help="Checkpoint directories or bundles (one model each; on --executor native a "
+                "checkpoint is compiled once into a cached, verified bundle)."
             ),
         ],
         host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -93,6 +93,22 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
             ),
         ] = 60.0,
         log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+        max_request_bytes: Annotated[
+            int | None,
+            typer.Option(
+                "--max-request-bytes",
+                min=1,
+                help="Refuse (413) a request body larger than this (default 8 MiB, or "
+                "$PLOW_MAX_REQUEST_BYTES).",
+            ),
+        ] = None,
+        executor: Annotated[
+            str,
+            typer.Option(
+                help="native (default: the C++ persistent kernel), cpu (the numpy emulator) or "
+                "reference (a checkpoint's per-op forward)."
+            ),
+        ] = "native",
     ) -> None:
         """Serve models over an OpenAI-compatible HTTP API (docs/serving.md)."""
         from rich.console import Console
@@ -120,6 +136,7 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                         max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len,
                         max_queue_wait_s=max_queue_wait,
+                        executor=executor,
                     )
                 except BundleRefused as e:  # serve has no --no-verify: do not suggest it
                     raise BundleRefused(
@@ -140,7 +157,9 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                     highlight=False,
                 )
                 loaded.append(m)
-            server = Server(loaded, api_key=api_key, seed=seed)
+            server = Server(
+                loaded, api_key=api_key, seed=seed, max_request_bytes=max_request_bytes
+            )
             console.print(f"serving on http://{host}:{port}/v1", highlight=False)
         except PlowError as e:
             fail(e)

@@ -234,18 +234,31 @@ def load_served_model(
     max_model_len: int | None = None,
     max_queue_wait_s: float = 60.0,
     prefill_fit: PrefillFit | None = None,
+    executor: str | None = None,
 ) -> ServedModel:
-    """Load a checkpoint, build its engine, calibrate the step time, start nothing yet."""
-    directory = Path(path)
-    bundle = None
-    if (directory / "manifest.json").is_file():  # a bundle: its packet streams on the CPU executor
-        from plow.runtime.cpu.bundle import Bundle
+    """Load a checkpoint or a bundle, build its engine, calibrate the step time, start nothing
+    yet. `executor`: `native` (a bundle's packet streams on the C++ kernel; a checkpoint is
+    compiled into a cached, verified bundle first; `plow serve`'s default), `cpu` (the same
+    bundles on the numpy emulator), `reference` (a checkpoint's per-op forward). None: `cpu`
+    for a bundle, `reference` for a checkpoint (this function's long-standing behaviour)."""
+    from plow.runtime.cpu.bundle import Bundle, compile_cached
 
+    directory = Path(path)
+    if executor is None:
+        executor = "cpu" if (directory / "manifest.json").is_file() else "reference"
+    if executor not in ("native", "cpu", "reference"):
+        raise PlowError("--executor", f"must be native, cpu or reference, not {executor!r}")
+    bundle = None
+    if (directory / "manifest.json").is_file():  # a bundle: its packet streams
+        if executor == "reference":
+            raise PlowError(directory, "a bundle runs on --executor native or cpu")
         bundle = Bundle.open(directory)
         spec, tok = bundle.spec, bundle.tokenizer
     else:
         ckpt = load_checkpoint(directory)
         spec, tok = ckpt.spec, ckpt.tokenizer
+        if executor != "reference":
+            bundle = Bundle.open(compile_cached(directory, max_batch=max_num_seqs))
     served = name or directory.name
     if max_model_len is not None and not 1 <= max_model_len <= spec.max_position:
         raise PlowError(
@@ -259,7 +272,13 @@ def load_served_model(
             f"must be at least --max-num-seqs ({max_num_seqs}), got {max_num_batched_tokens}",
         )
     engine: Engine
-    if bundle is not None:
+    if bundle is not None and executor == "native":
+        from plow.runtime.cpu.engine import CpuEngine
+        from plow.runtime.native import open_native
+
+        native = open_native(bundle, max_batch=max_num_seqs, max_context=max_model_len)
+        engine = CpuEngine(native)
+    elif bundle is not None:
         from plow.runtime.cpu.engine import CpuEngine
 
         engine = CpuEngine.from_bundle(bundle, max_batch=max_num_seqs, max_context=max_model_len)

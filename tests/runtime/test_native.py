@@ -329,3 +329,20 @@ def test_the_kernels_sampler_gives_the_cpu_executors_tokens_for_every_filter(
     assert _sampled(open_native(path, max_batch=8), multi_step=4) == want
     # a seeded request alone draws the same tokens as inside the batch
     assert _sampled(open_native(path, max_batch=8), only=1) == [want[1]]
+
+
+def test_serve_a_bundle_on_the_native_executor(bundles: dict, hf: dict) -> None:
+    from fastapi.testclient import TestClient
+
+    from plow.serve.http import Server, load_served_model
+
+    m = load_served_model(bundles["llama", "cpu"], max_num_seqs=8, executor="native")
+    assert m.engine.kind == "native" and m.engine.max_batch == 8
+    want = hf_greedy(hf["llama"], PROMPTS[1])
+    with TestClient(Server([m]).app()) as client:
+        r = client.post(
+            "/v1/completions",
+            json={"model": m.name, "prompt": PROMPTS[1], "max_tokens": 6, "temperature": 0},
+        )
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == m.tokenizer.decode(want[:6])

@@ -627,12 +627,16 @@ def _load_plan(
 NO_BUDGET_NS = 3_600 * 10**9  # an hour per step (per prefill token): no budget in effect
 
 
-def cache_profile(max_position: int) -> CompileProfile:
-    """The ladder a checkpoint run on `--executor cpu` is compiled for."""
+def cache_profile(max_position: int, max_batch: int = 8) -> CompileProfile:
+    """The ladder a checkpoint run on `--executor native|cpu` is compiled for: decode batches
+    1, 2, 4, ... up to `max_batch` (at least 8)."""
     ctx = min(max_position, 2048)
+    batches = [1]
+    while batches[-1] < max(8, max_batch):
+        batches.append(min(batches[-1] * 2, max(8, max_batch)))
     return CompileProfile(
         name="cpu-executor",
-        decode_batches=(1, 2, 4, 8),
+        decode_batches=tuple(batches),
         prefill_seqs=tuple(s for s in (16, 64) if s <= ctx) or (ctx,),
         context=ctx,
         # no step budget: a budget is the user's choice (`plow compile` with a profile); the
@@ -689,7 +693,11 @@ def _verifier_fingerprint() -> bytes:
 
 
 def compile_cached(
-    source: Path | str, *, target: str = "cpu", profile: CompileProfile | None = None
+    source: Path | str,
+    *,
+    target: str = "cpu",
+    profile: CompileProfile | None = None,
+    max_batch: int = 8,
 ) -> Path:
     """The bundle of checkpoint `source` in the cache, compiled (verified, atomically) on
     first use; later calls with the same config, weights index, target and profile reuse it."""
@@ -701,7 +709,7 @@ def compile_cached(
     src = Path(source)
     spec = load_spec(src)
     tgt = load_target(target)
-    prof = profile or cache_profile(spec.max_position)
+    prof = profile or cache_profile(spec.max_position, max_batch)
     out = cache_dir() / "bundles" / cache_key(src, tgt, prof)
     if is_bundle(out) and (out / "certificates" / "F.json").is_file():
         return out
