@@ -5,8 +5,11 @@ parameter list the loader packs for `cuLaunchKernel` is the compiled kernel's (n
 source, sizes from the PTX `.entry` signature, offsets and sizes from the cubin's parameter
 table, the module's `plow_device_config` against the loader's structure sizes); the device
 image of a certified h200 plan moves every pointer the kernel follows into uploaded memory,
-with the queues, per-step signal counts and counter scopes the host build derives; bad input
-(no module, a CPU target's bundle, no cuda-python / driver / GPU) is a one-line error, exit 2.
+with the queues, per-step signal counts and counter scopes the host build derives; the whole
+loader on an emulated GPU (a fake driver whose launch runs the uploaded image through the host
+build) gives the native executor's tokens and logits bit for bit — so nothing the kernel reads
+is left un-uploaded, untranslated or not copied back; bad input (no module, a CPU target's
+bundle, no cuda-python / driver / GPU) is a one-line error, exit 2.
 
 With a GPU (`gpu` marker; skipped with the reason otherwise): tokens from the CUDA executor
 equal the native executor's on the same h200 bundles for two tiny fixtures; 20 repeated runs
@@ -426,3 +429,146 @@ def test_a_raised_threshold_stops_the_step_naming_the_blocked_worker(
     m = open_cuda(broken, max_batch=4, verify=False, timeout_ms=300)
     with pytest.raises(CudaStepError, match=r"step stuck: worker \d+ blocked at packet \d+"):
         generate(m, [Request(tuple(p), 3) for p in PROMPTS])
+
+
+# -- the whole loader on an emulated GPU (no GPU: the driver is a fake whose launch runs the
+#    uploaded image through the host build) -------------------------------------------------
+class FakeDriver(types.ModuleType):
+    """Enough of `cuda.bindings.driver` for the loader, with cuda-python's calling convention
+    (a `(CUresult, *values)` tuple per call, int addresses). Device memory is host memory; a
+    launch reads the packed `void*[]`, and runs the plan the kernel would read — the uploaded
+    PlowPlan, whose every pointer is a "device" address — through the host build
+    (`plow_plan_new` / `plow_plan_dispatch`), writing the status word as the kernel does. So
+    whatever the loader fails to upload, translate or copy back changes the tokens."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_INVALID_VALUE = 1
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = "sms"
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = "major"
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = "minor"
+        CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = "coop"
+
+    class CUstream_flags:
+        CU_STREAM_NON_BLOCKING = 1
+
+    def __init__(self) -> None:
+        super().__init__("cuda.bindings.driver")
+        from plow.runtime.native import library
+
+        self.lib = library.load()
+        self.mem: dict[int, np.ndarray] = {}
+        self.handles: dict[int, tuple[int, int]] = {}
+        self.launches: list[dict[str, int]] = []
+        self.config = np.array(abi.expected_config(), dtype=np.int64)
+        self.attrs = {"sms": 132, "major": 9, "minor": 0, "coop": 1}
+        ok = self.CUresult.CUDA_SUCCESS
+        self.cuInit = lambda flags: (ok,)
+        self.cuGetErrorName = lambda e: (ok, b"CUDA_ERROR_FAKE")
+        self.cuDeviceGetCount = lambda: (ok, 1)
+        self.cuDeviceGet = lambda i: (ok, i)
+        self.cuDevicePrimaryCtxRetain = lambda d: (ok, "ctx")
+        self.cuCtxSetCurrent = lambda c: (ok,)
+        self.cuDeviceGetAttribute = lambda a, d: (ok, self.attrs[a])
+        self.cuDeviceGetName = lambda n, d: (ok, b"Fake H200".ljust(n, b"\0"))
+        self.cuStreamCreate = lambda flags: (ok, "stream")
+        self.cuStreamSynchronize = lambda s: (ok,)
+        self.cuMemFree = lambda p: (ok,)
+        self.cuModuleGetFunction = lambda m, name: (ok, "fn:" + name.decode())
+        self.cuOccupancyMaxActiveBlocksPerMultiprocessor = lambda f, t, s: (ok, 1)
+        self.cuEventCreate = lambda flags: (ok, object())
+        self.cuEventRecord = lambda e, s: (ok,)
+        self.cuEventSynchronize = lambda e: (ok,)
+        self.cuEventElapsedTime = lambda a, b: (ok, 0.25)
+
+    def cuMemAlloc(self, n: int) -> tuple[int, int]:
+        buf = np.zeros(int(n) + 64, dtype=np.uint8)
+        addr = int(buf.ctypes.data)
+        self.mem[addr] = buf
+        return (0, addr)
+
+    def cuMemcpyHtoDAsync(self, dst: int, src: int, n: int, s: object) -> tuple[int]:
+        ctypes.memmove(dst, src, n)
+        return (0,)
+
+    cuMemcpyDtoHAsync = cuMemcpyHtoDAsync
+    cuMemcpyDtoDAsync = cuMemcpyHtoDAsync
+
+    def cuMemcpyDtoH(self, dst: int, src: int, n: int) -> tuple[int]:
+        ctypes.memmove(dst, src, n)
+        return (0,)
+
+    def cuMemsetD8Async(self, p: int, v: int, n: int, s: object) -> tuple[int]:
+        ctypes.memset(p, v, n)
+        return (0,)
+
+    def cuModuleLoadData(self, image: int) -> tuple[int, str]:
+        assert ctypes.string_at(image, 4) == b"\x7fELF"
+        return (0, "module")
+
+    def cuModuleGetGlobal(self, m: object, name: bytes) -> tuple[int, int, int]:
+        assert name == abi.CONFIG_SYMBOL.encode()
+        return (0, int(self.config.ctypes.data), int(self.config.nbytes))
+
+    def cuLaunchCooperativeKernel(
+        self, f: str, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
+        stream: object, params: int,
+    ) -> tuple[int]:  # fmt: skip
+        assert f == "fn:plow_step" and (gy, gz, by, bz, shmem) == (1, 1, 1, 1, 0)
+        assert bx == abi.BLOCK_THREADS
+        arr = (ctypes.c_void_p * len(abi.PARAMS)).from_address(params)
+        p = {n: int(ct.from_address(int(arr[i])).value) for i, (n, ct) in enumerate(abi.PARAMS)}
+        self.launches.append(p)
+        plan = abi.PlowPlan.from_address(p["plan"])
+        assert gx == plan.n_workers
+        err = ctypes.create_string_buffer(512)
+        if p["plan"] not in self.handles:
+            h = self.lib.plow_plan_new(ctypes.byref(plan), err, len(err))
+            assert h, err.value
+            self.handles[p["plan"]] = (h, 0)
+        h, steps = self.handles[p["plan"]]
+        assert p["step"] == steps + 1  # one launch per step, counted as host.cpp counts
+        self.handles[p["plan"]] = (h, steps + 1)
+        rc = self.lib.plow_plan_dispatch(h, p["arena"], 0, 2, 20_000, err, len(err))
+        assert rc == 0, err.value
+        counts = (ctypes.c_int64 * 3)()
+        self.lib.plow_plan_last_counts(h, counts)
+        st = abi.DeviceStatus.from_address(p["status"])
+        st.tasks, st.nops = counts[0], counts[1]
+        return (0,)
+
+
+def test_the_loader_end_to_end_on_an_emulated_gpu_gives_the_native_tokens(
+    h200_bundles: dict, compiled: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+    fresh_driver: object,
+) -> None:  # fmt: skip
+    from plow.runtime.cuda import open_cuda
+
+    fake = FakeDriver()
+    real = importlib.import_module
+    monkeypatch.setattr(
+        driver.importlib, "import_module",
+        lambda name: fake if name == "cuda.bindings.driver" else real(name),
+    )  # fmt: skip
+    monkeypatch.setenv("PLOW_CUDA_CUBIN", str(compiled[0]))
+    path = h200_bundles["llama"]
+    want, want_logits = _tokens_and_logits(NativeModel.from_bundle(path, max_batch=4))
+    m = open_cuda(path, max_batch=4, timing=True)
+    got, got_logits = _tokens_and_logits(m)
+    assert got == want
+    assert np.array_equal(got_logits, want_logits)  # the same host arithmetic, bit for bit
+    assert m.cuda.last_kernel_us == 250.0
+    steps = len(fake.launches)
+    assert steps == m.steps  # one launch per step
+    # the device arena is allocated once; weights are uploaded once across rungs
+    assert len({p["arena"] for p in fake.launches}) == 1
+    assert len({p["plan"] for p in fake.launches}) == len(m.cuda._rungs)
+    # a stochastic row's epilogue reads the logits from the device
+    params = SamplingParams(temperature=0.8, top_k=20, seed=3)
+    a = generate(m, [Request(tuple(PROMPTS[1]), NEW, params)])
+    b = generate(
+        NativeModel.from_bundle(path, max_batch=4), [Request(tuple(PROMPTS[1]), NEW, params)]
+    )
+    assert a == b
