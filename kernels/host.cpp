@@ -61,7 +61,16 @@ struct HostPlan {
   std::vector<std::atomic<int64_t>> op_work;  // counted work per op in the last dispatch
   std::string stuck;
   std::mutex stuck_mu;
+  // Blocked threads spin, then yield, then sleep until some counter moves (bounded naps, so a
+  // missed wake-up costs at most a nap): an oversubscribed machine is not burnt by spinners.
+  std::atomic<int> sleepers{0};
+  std::atomic<uint64_t> epoch{0};
+  std::mutex sleep_mu;
+  std::condition_variable sleep_cv;
 };
+
+constexpr uint64_t kSpins = 2048, kYields = 64;
+constexpr auto kNap = std::chrono::milliseconds(20);
 
 void set_err(char* err, int64_t len, const std::string& msg) {
   if (err == nullptr || len <= 0) return;
@@ -119,7 +128,10 @@ struct Pool {
     }
     cv.notify_all();
     j(a, 0);
-    while (pending.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    for (int spin = 0; pending.load(std::memory_order_acquire) != 0; ++spin) {
+      if (spin < 4096) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
   ~Pool() {
     {
@@ -157,17 +169,21 @@ void worker_thread(void* argp, int tid) {
   const uint64_t s = hp.step;
   int64_t tasks = 0, nops = 0;
   uint64_t spins = 0;
-  auto last = std::chrono::steady_clock::now();
+  auto last = std::chrono::steady_clock::now();  // the last time this thread moved
+  auto ready = [&](size_t qi) {
+    const auto& q = hp.queues[mine[qi]];
+    if (at[qi] >= q.size()) return false;
+    const plow::Record& r = hp.recs[q[at[qi]]];
+    if (r.wait_counter == PLOW_NO_COUNTER) return true;
+    const uint64_t want = hp.per_step[r.wait_counter] * (s - 1) + r.wait_threshold;
+    return hp.counters[r.wait_counter].v.load(std::memory_order_seq_cst) >= want;
+  };
   while (left > 0) {
     bool moved = false;
     for (size_t qi = 0; qi < mine.size(); ++qi) {
       const auto& q = hp.queues[mine[qi]];
-      while (at[qi] < q.size()) {
+      while (ready(qi)) {
         const plow::Record& r = hp.recs[q[at[qi]]];
-        if (r.wait_counter != PLOW_NO_COUNTER) {
-          const uint64_t want = hp.per_step[r.wait_counter] * (s - 1) + r.wait_threshold;
-          if (hp.counters[r.wait_counter].v.load(std::memory_order_acquire) < want) break;
-        }
         int64_t work;
         if (hp.profile && r.opcode != PLOW_OP_NOP) {
           const auto t0 = std::chrono::steady_clock::now();
@@ -179,8 +195,16 @@ void worker_thread(void* argp, int tid) {
           work = plow::run_record(ctx, r, scratch.data());
         }
         if (work != 0) hp.op_work[r.op_index].fetch_add(work, std::memory_order_relaxed);
-        if (r.signal_counter != PLOW_NO_COUNTER)
-          hp.counters[r.signal_counter].v.fetch_add(1, std::memory_order_release);
+        if (r.signal_counter != PLOW_NO_COUNTER) {
+          // release (and seq_cst against the sleepers check below: a sleeper either sees
+          // this increment or is seen and woken)
+          hp.counters[r.signal_counter].v.fetch_add(1, std::memory_order_seq_cst);
+          if (hp.sleepers.load(std::memory_order_seq_cst) > 0) {
+            std::lock_guard<std::mutex> lk(hp.sleep_mu);
+            hp.epoch.fetch_add(1, std::memory_order_relaxed);
+            hp.sleep_cv.notify_all();
+          }
+        }
         if (r.opcode == PLOW_OP_NOP) ++nops; else ++tasks;
         ++at[qi];
         moved = true;
@@ -189,38 +213,58 @@ void worker_thread(void* argp, int tid) {
     }
     if (moved || left == 0) {
       spins = 0;
+      last = std::chrono::steady_clock::now();
       continue;
     }
     if (hp.abort.load(std::memory_order_relaxed)) break;
-    if (++spins < 2048) {
+    ++spins;
+    if (spins < kSpins) {
       PLOW_PAUSE();
       continue;
     }
-    std::this_thread::yield();
-    if ((spins & 255) == 0) {
-      const auto now = std::chrono::steady_clock::now();
-      if (std::chrono::duration_cast<std::chrono::milliseconds>(now - last).count() >
-          sa->timeout_ms) {
-        std::lock_guard<std::mutex> lk(hp.stuck_mu);
-        if (hp.stuck.empty()) {
-          for (size_t qi = 0; qi < mine.size(); ++qi) {
-            const auto& q = hp.queues[mine[qi]];
-            if (at[qi] >= q.size()) continue;
-            const plow::Record& r = hp.recs[q[at[qi]]];
-            char buf[256];
-            snprintf(buf, sizeof buf,
-                     "worker %d blocked at packet %lld: counter %u is at %llu, waits for %llu",
-                     mine[qi], static_cast<long long>(q[at[qi]]), r.wait_counter,
-                     static_cast<unsigned long long>(hp.counters[r.wait_counter].v.load()),
-                     static_cast<unsigned long long>(hp.per_step[r.wait_counter] * (s - 1) +
-                                                     r.wait_threshold));
-            hp.stuck = buf;
-            break;
-          }
-        }
-        hp.abort.store(true);
-        break;
+    if (spins < kSpins + kYields) {
+      std::this_thread::yield();
+      continue;
+    }
+    {  // nap until a counter moves (or kNap passes)
+      const uint64_t e = hp.epoch.load(std::memory_order_relaxed);
+      hp.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      bool any = false;
+      for (size_t qi = 0; qi < mine.size() && !any; ++qi) any = ready(qi);
+      if (!any) {
+        std::unique_lock<std::mutex> lk(hp.sleep_mu);
+        hp.sleep_cv.wait_for(lk, kNap, [&] {
+          return hp.epoch.load(std::memory_order_relaxed) != e ||
+                 hp.abort.load(std::memory_order_relaxed);
+        });
       }
+      hp.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      spins = kSpins;  // yield a little, then nap again
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (std::chrono::duration_cast<std::chrono::milliseconds>(now - last).count() >
+        sa->timeout_ms) {
+      std::lock_guard<std::mutex> lk(hp.stuck_mu);
+      if (hp.stuck.empty()) {
+        for (size_t qi = 0; qi < mine.size(); ++qi) {
+          const auto& q = hp.queues[mine[qi]];
+          if (at[qi] >= q.size()) continue;
+          const plow::Record& r = hp.recs[q[at[qi]]];
+          char buf[256];
+          snprintf(buf, sizeof buf,
+                   "worker %d blocked at packet %lld: counter %u is at %llu, waits for %llu",
+                   mine[qi], static_cast<long long>(q[at[qi]]), r.wait_counter,
+                   static_cast<unsigned long long>(hp.counters[r.wait_counter].v.load()),
+                   static_cast<unsigned long long>(hp.per_step[r.wait_counter] * (s - 1) +
+                                                   r.wait_threshold));
+          hp.stuck = buf;
+          break;
+        }
+      }
+      hp.abort.store(true);
+      std::lock_guard<std::mutex> lk2(hp.sleep_mu);
+      hp.sleep_cv.notify_all();
+      break;
     }
   }
   hp.tasks_run.fetch_add(tasks);
