@@ -20,13 +20,13 @@
 // status word, every other CTA leaves at its next wait, and the loader restores the counters to
 // their end-of-step values before raising.
 //
-// Arithmetic: no FMA contraction (nvcc --fmad=false, and the CTA-parallel dot products below
-// use __fmul_rn / __fadd_rn explicitly). The linear / lm_head tile is CTA-parallel: warp w of
-// the CTA computes output columns n = a + w, a + w + warps, ...; lane l of the warp sums
-// elements l, l + 32, ... of the row in order and the warp reduces with shuffles in the same
-// fixed tree as tiles.h's lanes_sum (s = 16, 8, 4, 2, 1: acc[l] += acc[l + s]) — so every
-// output element has exactly dot_f32 / dot_bf16's operation order and the same bits as the host
-// build. rmsnorm's sums of squares are the same warp dot. Element-wise tiles (embedding, rope,
+// Arithmetic: no FMA contraction (nvcc --fmad=false); the fused multiply-adds are the explicit
+// fmaf calls, as in tiles.h (fmaf is exactly rounded on both). The linear / lm_head tile is
+// CTA-parallel: warp w of the CTA computes output columns n = a + w, a + w + warps, ...; lane l
+// of the warp accumulates elements l, l + 32, ... of the row in order (acc = fmaf(x, w, acc))
+// and the warp reduces with shuffles in the same fixed tree as tiles.h's lanes_sum (s = 16, 8,
+// 4, 2, 1: acc[l] += acc[l + s]) — so every output element has exactly dot_f32 / dot_bf16's
+// operations in their order, and the host build's bits. rmsnorm's sums of squares are the same warp dot. Element-wise tiles (embedding, rope,
 // gated MLP, residual add) and merges of linear ops split their independent elements over the
 // CTA's threads; attention splits a tile's rows over up to PLOW_ATTN_THREADS threads (each
 // with its own scratch); everything else runs on thread 0 with the others idle (correctness
@@ -39,33 +39,165 @@
 // few CUDA-only spellings (scoped atomics, shuffles, sleep, the nanosecond timer) go through
 // the small layer below. AMD's wavefront is 64 lanes; the dot products use 32-lane groups
 // (shuffles of width 32), so the reduction tree is the same on both.
-#if defined(__HIPCC__)
+//
+// A third build, PLOW_EMULATE (a C++20 host compiler, tests only), runs the kernel on CPU
+// threads — one std::thread per GPU thread, a std::barrier per CTA and per warp for
+// __syncthreads and the shuffles, std::atomic_ref for the counters — through
+// plow_emu_launch at the end of this file, so the kernel's own queue walk, waits, signals and
+// CTA-parallel tiles run where no GPU is (tests/runtime/test_cuda.py).
+#if defined(PLOW_EMULATE)
+#if !defined(__x86_64__)
+#error "the emulation build switches fibers with x86-64 code"
+#endif
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
+#undef PLOW_HD
+#undef PLOW_SIMD
+#define PLOW_HD
+#define PLOW_SIMD
+#define __host__
+#define __device__
+#define __global__
+#define __launch_bounds__(a, b)
+// One OS thread per CTA; its GPU threads are fibers switched at barriers only (a dozen
+// instructions: the callee-saved registers and the stack pointer), so a __syncthreads or a
+// shuffle costs a few nanoseconds, not a futex. A barrier that some thread of the CTA never
+// reaches (a divergent __syncthreads or shuffle) is reported and fails the launch.
+extern "C" void plow_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .globl plow_emu_switch
+  .hidden plow_emu_switch
+  .type plow_emu_switch, @function
+plow_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size plow_emu_switch, .-plow_emu_switch
+)");
+namespace plow_emu {
+struct Dim { unsigned x = 0, y = 0, z = 0; };
+struct Barrier {
+  int n = 0, count = 0;
+  unsigned gen = 0;
+};
+struct Fiber {
+  void* sp = nullptr;
+  std::unique_ptr<char[]> stack;
+  unsigned tid = 0;
+  bool done = false;
+  Barrier* wait = nullptr;
+  unsigned wait_gen = 0;
+};
+struct Warp {
+  Barrier bar;
+  float slot[2][32];
+  int parity = 0;  // shuffles alternate slot buffers: one barrier per shuffle
+};
+struct Block {
+  Barrier bar;
+  std::vector<Warp> warps;
+  std::vector<Fiber> fibers;
+  void* sched = nullptr;
+  Fiber* cur = nullptr;
+  int s_abort = 0;
+};
+inline thread_local Dim threadIdx, blockIdx;
+inline Dim blockDim;
+inline thread_local Block* block = nullptr;
+inline void arrive(Barrier& b) {
+  const unsigned g = b.gen;
+  if (++b.count == b.n) {
+    b.count = 0;
+    ++b.gen;
+    return;
+  }
+  Fiber* f = block->cur;
+  f->wait = &b;
+  f->wait_gen = g;
+  plow_emu_switch(&f->sp, block->sched);
+}
+inline float shfl(float v, int from) {  // lane l gets lane `from`'s v (its own if out of range)
+  Warp& w = block->warps[threadIdx.x / 32];
+  const int p = w.parity;
+  w.slot[p][threadIdx.x & 31] = v;
+  if (w.bar.count + 1 == w.bar.n) w.parity ^= 1;  // the next shuffle writes the other buffer
+  arrive(w.bar);
+  return from >= 0 && from < 32 ? w.slot[p][from] : v;
+}
+inline thread_local void** args = nullptr;  // the launch's kernelParams
+}  // namespace plow_emu
+using plow_emu::blockDim;
+using plow_emu::blockIdx;
+using plow_emu::threadIdx;
+inline void __syncthreads() { plow_emu::arrive(plow_emu::block->bar); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+template <class T>
+inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
+inline unsigned atomicCAS(unsigned* p, unsigned want, unsigned put) {
+  std::atomic_ref<unsigned>(*p).compare_exchange_strong(want, put);
+  return want;
+}
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+#define PLOW_SHFL_DOWN(v, s) plow_emu::shfl((v), static_cast<int>(threadIdx.x & 31) + (s))
+#define PLOW_SHFL0(v) plow_emu::shfl((v), 0)
+#define PLOW_SLEEP() std::this_thread::sleep_for(std::chrono::microseconds(50))
+#define PLOW_SHARED_ABORT int& s_abort = plow_emu::block->s_abort
+#elif defined(__HIPCC__)
 #include <hip/hip_runtime.h>
 #define PLOW_SHFL_DOWN(v, s) __shfl_down((v), (s), 32)
 #define PLOW_SHFL0(v) __shfl((v), 0, 32)
 #define PLOW_SLEEP() __builtin_amdgcn_s_sleep(1)
+#define PLOW_SHARED_ABORT __shared__ int s_abort
 #else
 #include <cuda/atomic>
 #define PLOW_SHFL_DOWN(v, s) __shfl_down_sync(0xffffffffu, (v), (s))
 #define PLOW_SHFL0(v) __shfl_sync(0xffffffffu, (v), 0)
 #define PLOW_SLEEP() __nanosleep(64)
+#define PLOW_SHARED_ABORT __shared__ int s_abort
 #endif
 
-#if defined(__clang__)
+#if defined(__clang__) || defined(PLOW_EMULATE)
 // run_record (the host build's unit walk) is not used here: run_record_cta replaces it.
-#pragma clang diagnostic push
-#pragma clang diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
 #endif
 #include "interp.h"
-#if defined(__clang__)
-#pragma clang diagnostic pop
+#if defined(__clang__) || defined(PLOW_EMULATE)
+#pragma GCC diagnostic pop
+#endif
+
+#if defined(PLOW_EMULATE)
+#define PLOW_UNROLL(n)
+#else
+#define PLOW_UNROLL(n) _Pragma(#n)
 #endif
 
 // The device ABI beyond plow_abi.h: the loader checks plow_device_config against its own
 // constants when it loads the module (plow/runtime/cuda/loader.py), and the host-side test reads
 // it from the compiled PTX.
 #define PLOW_DEVICE_ABI 1
-#define PLOW_BLOCK_THREADS 256
+#ifndef PLOW_BLOCK_THREADS
+#define PLOW_BLOCK_THREADS 256  // the emulation build may run fewer (-DPLOW_BLOCK_THREADS=64)
+#endif
 #define PLOW_ATTN_THREADS 32
 #define PLOW_WARPS (PLOW_BLOCK_THREADS / 32)
 
@@ -99,7 +231,24 @@ using plow::Ctx;
 using plow::Range;
 
 // -- counters ------------------------------------------------------------------------------
-#if defined(__HIPCC__)
+#if defined(PLOW_EMULATE)
+__device__ inline unsigned long long counter_load(unsigned long long* p, uint32_t) {
+  return std::atomic_ref<unsigned long long>(*p).load(std::memory_order_acquire);
+}
+
+__device__ inline void counter_signal(unsigned long long* p, uint32_t) {
+  std::atomic_ref<unsigned long long>(*p).fetch_add(1ull, std::memory_order_release);
+}
+
+__device__ inline unsigned long long global_ns() {
+  return static_cast<unsigned long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+__device__ inline unsigned int abort_seen(unsigned int* p) {
+  return std::atomic_ref<unsigned int>(*p).load(std::memory_order_relaxed);
+}
+#elif defined(__HIPCC__)
 __device__ inline unsigned long long counter_load(unsigned long long* p, uint32_t scope) {
   if (scope == 0) return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_WORKGROUP);
   if (scope == 2) return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
@@ -118,6 +267,10 @@ __device__ inline void counter_signal(unsigned long long* p, uint32_t scope) {
 
 __device__ inline unsigned long long global_ns() {
   return __builtin_amdgcn_s_memrealtime() * 10ull;  // the 100 MHz real-time counter
+}
+
+__device__ inline unsigned int abort_seen(unsigned int* p) {
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
 #else
 template <cuda::thread_scope S>
@@ -147,6 +300,11 @@ __device__ inline unsigned long long global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+
+__device__ inline unsigned int abort_seen(unsigned int* p) {
+  return cuda::atomic_ref<unsigned int, cuda::thread_scope_device>(*p).load(
+      cuda::memory_order_relaxed);
+}
 #endif
 
 // -- warp dot products with dot_f32's order ------------------------------------------------
@@ -168,10 +326,10 @@ __device__ inline float warp_dot(const float* x, const void* w, int32_t dt, int6
                                  int lane) {
   float acc = 0.0f;
   int64_t k = 0;
-#pragma unroll 4
+PLOW_UNROLL(unroll 4)
   for (; k + PLOW_LANES <= n; k += PLOW_LANES)
-    acc = __fadd_rn(acc, __fmul_rn(x[k + lane], wload(w, dt, off + k + lane)));
-  if (k + lane < n) acc = __fadd_rn(acc, __fmul_rn(x[k + lane], wload(w, dt, off + k + lane)));
+    acc = fmaf(x[k + lane], wload(w, dt, off + k + lane), acc);
+  if (k + lane < n) acc = fmaf(x[k + lane], wload(w, dt, off + k + lane), acc);
   return PLOW_SHFL0(warp_tree(acc));
 }
 
@@ -181,20 +339,20 @@ __device__ inline void warp_dot4(const float* x, int64_t ldx, const void* w, int
   float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
   const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
   int64_t k = 0;
-#pragma unroll 2
+PLOW_UNROLL(unroll 2)
   for (; k + PLOW_LANES <= n; k += PLOW_LANES) {
     const float wv = wload(w, dt, off + k + lane);
-    a0 = __fadd_rn(a0, __fmul_rn(x0[k + lane], wv));
-    a1 = __fadd_rn(a1, __fmul_rn(x1[k + lane], wv));
-    a2 = __fadd_rn(a2, __fmul_rn(x2[k + lane], wv));
-    a3 = __fadd_rn(a3, __fmul_rn(x3[k + lane], wv));
+    a0 = fmaf(x0[k + lane], wv, a0);
+    a1 = fmaf(x1[k + lane], wv, a1);
+    a2 = fmaf(x2[k + lane], wv, a2);
+    a3 = fmaf(x3[k + lane], wv, a3);
   }
   if (k + lane < n) {
     const float wv = wload(w, dt, off + k + lane);
-    a0 = __fadd_rn(a0, __fmul_rn(x0[k + lane], wv));
-    a1 = __fadd_rn(a1, __fmul_rn(x1[k + lane], wv));
-    a2 = __fadd_rn(a2, __fmul_rn(x2[k + lane], wv));
-    a3 = __fadd_rn(a3, __fmul_rn(x3[k + lane], wv));
+    a0 = fmaf(x0[k + lane], wv, a0);
+    a1 = fmaf(x1[k + lane], wv, a1);
+    a2 = fmaf(x2[k + lane], wv, a2);
+    a3 = fmaf(x3[k + lane], wv, a3);
   }
   y[0] = PLOW_SHFL0(warp_tree(a0));
   y[1] = PLOW_SHFL0(warp_tree(a1));
@@ -381,7 +539,7 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
           float* scratch, int64_t scratch_floats, unsigned long long* op_work,
           PlowDeviceStatus* status, unsigned long long step, unsigned long long timeout_ns,
           unsigned int jitter_ns) {
-  __shared__ int s_abort;
+  PLOW_SHARED_ABORT;
   const unsigned w = blockIdx.x;
   const plow::Ctx ctx{arena, plan};
   float* my_scratch = scratch + static_cast<int64_t>(w) * PLOW_ATTN_THREADS * scratch_floats;
@@ -406,7 +564,7 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
             if (++spins < 64) continue;
             PLOW_SLEEP();
             if ((spins & 63) != 0) continue;
-            if (*static_cast<volatile unsigned int*>(&status->abort) != 0) {
+            if (plow_dev::abort_seen(&status->abort) != 0) {
               abort = 1;
               break;
             }
@@ -428,7 +586,7 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
       }
       if (!abort && jitter_ns != 0 && rec.opcode != PLOW_OP_NOP) {
         rng = rng * 1664525u + 1013904223u;
-#if defined(__HIPCC__)
+#if defined(__HIPCC__) || defined(PLOW_EMULATE)
         const unsigned long long until = plow_dev::global_ns() + (rng >> 8) % jitter_ns;
         while (plow_dev::global_ns() < until) PLOW_SLEEP();
 #else
@@ -453,3 +611,92 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
     atomicAdd(&status->nops, nops);
   }
 }
+
+#if defined(PLOW_EMULATE)
+namespace plow_emu {
+void fiber_main() {
+  void** a = args;
+  auto arg = [&](int i) -> void* { return *static_cast<void**>(a[i]); };
+  plow_step(static_cast<const PlowPlan*>(arg(0)), static_cast<float*>(arg(1)),
+            static_cast<unsigned long long*>(arg(2)),
+            static_cast<const unsigned long long*>(arg(3)),
+            static_cast<const unsigned char*>(arg(4)), static_cast<const int32_t*>(arg(5)),
+            static_cast<const int64_t*>(arg(6)), static_cast<float*>(arg(7)),
+            *static_cast<int64_t*>(a[8]), static_cast<unsigned long long*>(arg(9)),
+            static_cast<PlowDeviceStatus*>(arg(10)), *static_cast<unsigned long long*>(a[11]),
+            *static_cast<unsigned long long*>(a[12]), *static_cast<unsigned int*>(a[13]));
+}
+
+[[noreturn]] void fiber_entry() {
+  fiber_main();
+  Fiber* f = block->cur;
+  f->done = true;
+  plow_emu_switch(&f->sp, block->sched);
+  __builtin_unreachable();
+}
+
+void run_cta(unsigned b, unsigned threads, void** a, int* failed) {
+  Block blk;
+  blk.bar.n = static_cast<int>(threads);
+  blk.warps.resize(threads / 32);
+  for (auto& w : blk.warps) w.bar.n = 32;
+  blk.fibers.resize(threads);
+  block = &blk;
+  args = a;
+  blockIdx.x = b;
+  constexpr size_t kStack = 256 * 1024;
+  for (unsigned t = 0; t < threads; ++t) {
+    Fiber& f = blk.fibers[t];
+    f.tid = t;
+    f.stack.reset(new char[kStack]);
+    // the first switch pops six zeroed registers and returns into fiber_entry with the stack
+    // aligned as after a call
+    auto top = reinterpret_cast<uintptr_t>(f.stack.get() + kStack) & ~uintptr_t{15};
+    void** sp = reinterpret_cast<void**>(top);
+    *--sp = nullptr;  // fiber_entry's return address: it never returns
+    *--sp = reinterpret_cast<void*>(&fiber_entry);
+    for (int r = 0; r < 6; ++r) *--sp = nullptr;
+    f.sp = sp;
+  }
+  for (;;) {
+    bool live = false, moved = false;
+    for (Fiber& f : blk.fibers) {
+      if (f.done) continue;
+      live = true;
+      if (f.wait != nullptr && f.wait->gen == f.wait_gen) continue;  // still at its barrier
+      f.wait = nullptr;
+      blk.cur = &f;
+      threadIdx.x = f.tid;
+      plow_emu_switch(&blk.sched, f.sp);
+      moved = true;
+    }
+    if (!live) break;
+    if (!moved) {  // every live thread waits at a barrier the others never reach
+      int at_block = 0;
+      for (Fiber& f : blk.fibers) at_block += !f.done && f.wait == &blk.bar;
+      fprintf(stderr, "plow_emu: CTA %u: barrier divergence (%d threads at __syncthreads)\n", b,
+              at_block);
+      *failed = 1;
+      return;  // the fibers' stacks go with blk: nothing resumes them
+    }
+  }
+}
+}  // namespace plow_emu
+
+// The emulator's launch: `grid` CTAs of `block` threads — one OS thread per CTA, its threads
+// fibers — running plow_step with the parameters of a cuLaunchKernel `void*[]`
+// (plow/runtime/cuda/abi.py's PARAMS order). Returns 0; -1 when `block` is not this build's
+// PLOW_BLOCK_THREADS; -2 on a barrier divergence (reported on stderr).
+extern "C" int plow_emu_launch(unsigned grid, unsigned block, void** a) {
+  if (block != PLOW_BLOCK_THREADS || block % 32 != 0) return -1;
+  blockDim.x = block;
+  std::vector<int> failed(grid, 0);
+  std::vector<std::thread> threads;
+  for (unsigned b = 0; b < grid; ++b)
+    threads.emplace_back([&, b] { plow_emu::run_cta(b, block, a, &failed[b]); });
+  for (auto& th : threads) th.join();
+  for (int f : failed)
+    if (f) return -2;
+  return 0;
+}
+#endif

@@ -9,7 +9,11 @@ with the queues, per-step signal counts and counter scopes the host build derive
 loader on an emulated GPU (a fake driver whose launch runs the uploaded image through the host
 build) gives the native executor's tokens and logits bit for bit — so nothing the kernel reads
 is left un-uploaded, untranslated or not copied back; bad input (no module, a CPU target's
-bundle, no cuda-python / driver / GPU) is a one-line error, exit 2.
+bundle, no cuda-python / driver / GPU) is a one-line error, exit 2. And the kernel itself, built
+for the host with PLOW_EMULATE (one OS thread per CTA, its threads fibers switched at
+barriers), run through the same loader: tokens and logits equal the native executor's bit for
+bit on three families, identical whatever the timing, a lowered threshold shows as wrong bytes
+and a raised one stops the step naming the blocked worker.
 
 With a GPU (`gpu` marker; skipped with the reason otherwise): tokens from the CUDA executor
 equal the native executor's on the same h200 bundles for two tiny fixtures; 20 repeated runs
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import os
 import shutil
 import subprocess
 import types
@@ -384,23 +389,24 @@ def test_twenty_runs_are_bitwise_identical_whatever_the_timing(h200_bundles: dic
 
 
 def _edit_thresholds(src: Path, dst: Path, rung: str, delta: int) -> int:
-    """Copy the bundle; lower (delta < 0: to 1) or raise (delta > 0) the thresholds of waits
-    that several tasks signal. Returns how many records changed."""
+    """Copy the bundle; lower (delta < 0) or raise (delta > 0, one record) by |delta| the
+    thresholds of waits on counters that records of other workers signal (a lowered one lets
+    the record start before its producers finish). Returns how many records changed."""
     shutil.copytree(src, dst)
     plan_file = dst / "plan" / rung
     _, arr = read_plan(plan_file)
-    sig = np.bincount(arr["signal_counter"][arr["signal_counter"] != abi.NO_COUNTER])
+    sig, worker = arr["signal_counter"], arr["worker"]
     cand = [
         i for i in range(len(arr))
-        if arr["wait_counter"][i] < len(sig) and arr["wait_threshold"][i] > 1
-        and sig[arr["wait_counter"][i]] == arr["wait_threshold"][i]
+        if arr["wait_counter"][i] != abi.NO_COUNTER and arr["wait_threshold"][i] >= -delta
+        and np.any((sig == arr["wait_counter"][i]) & (worker != worker[i]))
     ]  # fmt: skip
     if delta > 0:
-        cand = cand[:1]
+        cand = cand[len(cand) // 2 : len(cand) // 2 + 1]
     data = bytearray(plan_file.read_bytes())
     for i in cand:
         at = HEADER_SIZE + 64 * i + 16
-        new = 1 if delta < 0 else int(arr["wait_threshold"][i]) + delta
+        new = int(arr["wait_threshold"][i]) + delta
         data[at : at + 4] = new.to_bytes(4, "little")
     plan_file.write_bytes(bytes(data))
     return len(cand)
@@ -572,3 +578,128 @@ def test_the_loader_end_to_end_on_an_emulated_gpu_gives_the_native_tokens(
         NativeModel.from_bundle(path, max_batch=4), [Request(tuple(PROMPTS[1]), NEW, params)]
     )
     assert a == b
+
+
+# -- the kernel itself on CPU threads (kernels/device.cu built with PLOW_EMULATE) ------------
+EMU_THREADS = 64  # threads per CTA in the emulation build (2 warps: the column split runs)
+EMU_WORKERS = 8  # an h200 plan for 8 SMs: 8 x 64 std::threads per launch
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """device.cu compiled for the host with PLOW_EMULATE: `plow_emu_launch` runs plow_step
+    with one std::thread per GPU thread (the same source as the CUDA build)."""
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler for the emulation build")
+    out = tmp_path_factory.mktemp("emu") / "plow_device_emu.so"
+    r = subprocess.run(
+        [cxx, "-std=c++20", "-O2", "-DPLOW_EMULATE", f"-DPLOW_BLOCK_THREADS={EMU_THREADS}",
+         "-x", "c++", "-fPIC", "-shared", "-pthread", "-ffp-contract=off",
+         "-Wall", "-Wextra", "-Werror", str(DEVICE_SRC), "-o", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    lib = ctypes.CDLL(str(out))
+    lib.plow_emu_launch.restype = ctypes.c_int
+    lib.plow_emu_launch.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p]
+    return lib
+
+
+class EmulatedGpu(FakeDriver):
+    """The fake driver whose launch runs the kernel's own code (the emulation build)."""
+
+    def __init__(self, emu: ctypes.CDLL) -> None:
+        super().__init__()
+        self.emu = emu
+
+    def cuLaunchCooperativeKernel(
+        self, f: str, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
+        stream: object, params: int,
+    ) -> tuple[int]:  # fmt: skip
+        arr = (ctypes.c_void_p * len(abi.PARAMS)).from_address(params)
+        self.launches.append(
+            {n: int(ct.from_address(int(arr[i])).value) for i, (n, ct) in enumerate(abi.PARAMS)}
+        )
+        assert self.emu.plow_emu_launch(gx, bx, params) == 0
+        return (0,)
+
+
+@pytest.fixture
+def on_emulator(
+    emulator: ctypes.CDLL, compiled: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+    fresh_driver: object,
+) -> EmulatedGpu:  # fmt: skip
+    monkeypatch.setattr(abi, "BLOCK_THREADS", EMU_THREADS)
+    gpu = EmulatedGpu(emulator)
+    real = importlib.import_module
+    monkeypatch.setattr(
+        driver.importlib, "import_module",
+        lambda name: gpu if name == "cuda.bindings.driver" else real(name),
+    )  # fmt: skip
+    monkeypatch.setenv("PLOW_CUDA_CUBIN", str(compiled[0]))
+    return gpu
+
+
+@pytest.fixture(scope="module")
+def small_h200_bundles(
+    tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cuda-small")
+    target = load_target("h200").model_copy(update={"workers": EMU_WORKERS})
+    out = {}
+    for fam in ("llama", "qwen3", "gemma3"):
+        out[fam] = root / fam
+        # unverified: `plow verify` holds a bundle to its target's shipped spec (132 SMs)
+        compile_bundle(tiny_checkpoints[fam], out[fam], target, PROFILE)
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_the_kernel_emulated_on_cpu_threads_gives_the_native_bits(
+    small_h200_bundles: dict, on_emulator: EmulatedGpu, family: str
+) -> None:
+    """The kernel's code — queue walk, scoped waits and signals on monotonic counters, the
+    warp-parallel GEMV and rmsnorm, the element-wise split, attention's row split, merges —
+    run with real concurrency gives the host build's tokens and logits bit for bit (here the
+    transcendentals are glibc's on both sides; on a GPU they are CUDA's)."""
+    from plow.runtime.cuda import open_cuda
+
+    path = small_h200_bundles[family]
+    native = NativeModel.from_bundle(path, max_batch=4, verify=False)
+    want, want_logits = _tokens_and_logits(native)
+    m = open_cuda(path, max_batch=4, verify=False)
+    got, got_logits = _tokens_and_logits(m)
+    assert got == want
+    assert np.array_equal(got_logits, want_logits)
+    plan = m.plan(m.decode_bucket(1))
+    assert plan.stream.queues and len(plan.stream.queues) == EMU_WORKERS
+    assert all(p["step"] >= 1 for p in on_emulator.launches)
+
+
+@pytest.mark.slow
+def test_the_emulated_kernel_is_deterministic_whatever_the_timing(
+    small_h200_bundles: dict, on_emulator: EmulatedGpu
+) -> None:
+    path = small_h200_bundles["llama"]
+    first = _run(path)
+    for jitter in (0, 20_000, 100_000):
+        assert _run(path, jitter_ns=jitter) == first, jitter
+
+
+@pytest.mark.slow
+def test_the_emulated_kernel_shows_a_lowered_threshold_and_stops_on_a_raised_one(
+    small_h200_bundles: dict, on_emulator: EmulatedGpu, tmp_path: Path
+) -> None:
+    from plow.runtime.cuda import CudaStepError, open_cuda
+
+    path = small_h200_bundles["llama"]
+    want = _run(path)
+    low = tmp_path / "low"
+    assert _edit_thresholds(path, low, "decode_b4_s96.bin", -1) > 0
+    assert any(_run(low, jitter_ns=200_000) != want for _ in range(3))
+    high = tmp_path / "high"
+    assert _edit_thresholds(path, high, "decode_b4_s96.bin", +1) == 1
+    m = open_cuda(high, max_batch=4, verify=False, timeout_ms=300)
+    with pytest.raises(CudaStepError, match=r"step stuck: worker \d+ blocked at packet \d+"):
+        generate(m, [Request(tuple(p), 3) for p in PROMPTS])
