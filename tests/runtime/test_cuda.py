@@ -645,36 +645,62 @@ def on_emulator(
 def small_h200_bundles(
     tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Path]:
+    """h200 plans for a few SMs: 8 workers (nothing split), and 16 workers with cheap tiles so
+    the tiler splits linear, rmsnorm, attention and sample (partials + merges)."""
+    from plow.testing import make_tiny_checkpoint
+
     root = tmp_path_factory.mktemp("cuda-small")
-    target = load_target("h200").model_copy(update={"workers": EMU_WORKERS})
+    h200 = load_target("h200")
+    small = h200.model_copy(update={"workers": EMU_WORKERS})
+    split = h200.model_copy(update={"workers": 2 * EMU_WORKERS, "tile_overhead_ns": 10})
+    bf16 = make_tiny_checkpoint("llama", 4, root / "llama-bf16-ckpt", dtype="bfloat16")
+    sources = {
+        "llama": (tiny_checkpoints["llama"], small),
+        "qwen3": (tiny_checkpoints["qwen3"], small),
+        "gemma3": (tiny_checkpoints["gemma3"], small),
+        "llama-split": (tiny_checkpoints["llama"], split),
+        "llama-bf16-split": (bf16, split),
+    }
     out = {}
-    for fam in ("llama", "qwen3", "gemma3"):
-        out[fam] = root / fam
+    for name, (ck, target) in sources.items():
+        out[name] = root / name
         # unverified: `plow verify` holds a bundle to its target's shipped spec (132 SMs)
-        compile_bundle(tiny_checkpoints[fam], out[fam], target, PROFILE)
+        compile_bundle(ck, out[name], target, PROFILE)
     return out
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+EMU_BUNDLES = ["llama", "qwen3", "gemma3", "llama-split", "llama-bf16-split"]
+
+
+@pytest.mark.parametrize("name", EMU_BUNDLES)
 def test_the_kernel_emulated_on_cpu_threads_gives_the_native_bits(
-    small_h200_bundles: dict, on_emulator: EmulatedGpu, family: str
+    small_h200_bundles: dict, on_emulator: EmulatedGpu, name: str
 ) -> None:
     """The kernel's code — queue walk, scoped waits and signals on monotonic counters, the
-    warp-parallel GEMV and rmsnorm, the element-wise split, attention's row split, merges —
-    run with real concurrency gives the host build's tokens and logits bit for bit (here the
+    warp-parallel GEMV (one row and four-row blocks, fp32 and bf16) and rmsnorm, the
+    element-wise split, attention's row split, split reductions and their merges — run with
+    real concurrency gives the host build's tokens and logits bit for bit (here the
     transcendentals are glibc's on both sides; on a GPU they are CUDA's)."""
     from plow.runtime.cuda import open_cuda
 
-    path = small_h200_bundles[family]
+    path = small_h200_bundles[name]
     native = NativeModel.from_bundle(path, max_batch=4, verify=False)
     want, want_logits = _tokens_and_logits(native)
+    want1 = generate(native, [Request(tuple(PROMPTS[1]), NEW)])  # the batch-1 rung
     m = open_cuda(path, max_batch=4, verify=False)
     got, got_logits = _tokens_and_logits(m)
     assert got == want
     assert np.array_equal(got_logits, want_logits)
+    assert generate(m, [Request(tuple(PROMPTS[1]), NEW)]) == want1
     plan = m.plan(m.decode_bucket(1))
-    assert plan.stream.queues and len(plan.stream.queues) == EMU_WORKERS
-    assert all(p["step"] >= 1 for p in on_emulator.launches)
+    assert len(plan.stream.queues) in (EMU_WORKERS, 2 * EMU_WORKERS)
+    split = {o.kind for o in plan.ops if o.reduction_axis is not None}
+    if "split" in name:
+        assert {"linear", "attention"} <= split
+    if name == "llama-split":
+        assert "rmsnorm" in split
+    if "bf16" in name:
+        assert str(m.weights["model.layers.0.mlp.up_proj.weight"].dtype) == "bfloat16"
 
 
 @pytest.mark.slow
