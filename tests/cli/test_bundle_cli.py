@@ -192,7 +192,7 @@ def test_serve_a_bundle_with_its_ladder_s_batch(batch1_bundle: Path, no_server: 
     for flags in ((), ("--max-num-seqs", "1")):
         code, _, err = _invoke("serve", str(batch1_bundle), *flags)
         assert code == 0, err
-        assert "cpu engine, 1 slots" in err
+        assert "native engine, 1 slots" in err  # plow serve runs native by default
     assert len(no_server) == 2
 
 
