@@ -1,18 +1,25 @@
 """`plow verify BUNDLE`: re-derive every checkpoint payload from the bundle's own files and
 run the oracle on each (docs/bundle.md "Verify").
 
-Nothing comes from the compiler's memory. Per bucket:
+Nothing comes from the compiler's memory. The numbers the checks compare against come from
+the named target's shipped spec (or the cpu calibration recorded in the manifest) and the
+manifest's profile (`bundle_target`, `expected_numbers`), never from the file checked. Per
+bucket:
 
-- B from the op table (axes, flops, charged cost, bytes) and its `tiling` numbers;
-- C from the schedule file's page columns (windows per worker);
+- B from the *plan file's task packets* (per op: unit ranges, opcode, flags) and the op
+  table (axes, flops, charged cost, bytes, opcode, tensor shapes and attributes, merge-unit
+  counts of split reductions): the oracle checks the tiling, that the tasks partition each
+  op's tiles, that extents are the tensors' shapes and opcodes and `MASKED` the op's;
+- C from the schedule file's page columns (windows per worker), the target's page budget;
 - D from the *plan file's packets*: the stream is parsed back into tasks (`group_tasks`:
   per worker queue, leading wait-only `nop`s, the task packet, trailing signal-only `nop`s);
   a task waits on the counters its packets wait on, with the thresholds the packets carry,
-  and signals the counters its packets signal; queues are the packets' `worker` fields in
-  file order; the edges are the schedule file's. A counter waited on with two different
-  thresholds becomes one payload counter per threshold (each must equal the number of
-  signallers). Above `D_ORACLE_MAX_TASKS` tasks the same conditions are checked in Python
-  (a size limit far above real plans) and the row says so;
+  and signals the counters its packets signal; a counter's scope is its signalling
+  packets'; queues are the packets' `worker` fields in file order; the edges are the
+  schedule file's. A counter waited on with two different thresholds becomes one payload
+  counter per threshold (each must equal the number of signallers). Above
+  `D_ORACLE_MAX_TASKS` tasks the same conditions are checked in Python (a size limit far
+  above real plans) and the row says so;
 - E from the plan file's record bytes against the packets re-emitted from the schedule
   file and the op table (`emit_packets`): an edited byte shows up as a located mismatch;
 - F from the schedule file's arena map, with sizes from the op table's shapes and dtypes
@@ -22,7 +29,10 @@ Nothing comes from the compiler's memory. Per bucket:
 
 Bundle-level checks (row `bundle`): the manifest parses, every file hash matches (the
 mismatching file is named), the op table's offsets equal the arena map's, the weights
-file holds every weight the op tables name with its shape.
+file holds every weight the op tables name with its shape, the target is the shipped spec,
+the files' declared numbers are the target's and the profile's, and the ladder is the
+profile's with every rung's files holding its bucket. Every certificate carries the bundle
+digest (`bundle_digest`), which the runtime's loader compares.
 """
 
 from __future__ import annotations
