@@ -248,7 +248,10 @@ def run_worker(py: Path, script: str, cfg: dict[str, Any], timeout: int = 3600) 
     )  # fmt: skip
     if r.returncode != 0:
         return (r.stderr.strip().splitlines() or ["failed"])[-1][:300]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    docs = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if not docs:
+        return "no result printed"
+    return json.loads(docs[-1])
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -260,7 +263,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--peers", default="all", help="comma list of: llama.cpp, vllm, transformers; or all / none")
+    ap.add_argument("--contexts", default="64,1024", help="comma list of context lengths")
+    ap.add_argument("--batches", default="1,8", help="comma list of batch sizes")
+    ap.add_argument("--precisions", default="fp32,bf16", help="plow/transformers precisions")
+    ap.add_argument("--name", default="decode_peers", help="results/benchmarks/NAME.{json,md}")
     args = ap.parse_args()
+    global CONTEXTS, BATCHES
+    CONTEXTS = tuple(int(x) for x in args.contexts.split(","))
+    BATCHES = tuple(int(x) for x in args.batches.split(","))
+    precs = [p for p in args.precisions.split(",") if p]
     peers = {"llama.cpp", "vllm", "transformers"} if args.peers == "all" else set(filter(None, args.peers.split(",")))
     peers.discard("none")
     from plow.default_model import cache_dir, ensure_default_model, gguf_path
@@ -271,8 +282,10 @@ def main() -> None:
     fp32 = ensure_default_model()
     bf16 = bf16_checkpoint(fp32, bench / "smollm2-bf16")
     ctx_max = max(CONTEXTS) + args.warmup + args.steps + 8
-    log("compiling + certifying the plow bundles (fp32, bf16)")
-    bundles = {p: plow_bundle(c, bench / f"bundle-{p}-{ctx_max}", ctx_max) for p, c in (("fp32", fp32), ("bf16", bf16))}
+    log(f"compiling + certifying the plow bundles ({', '.join(precs)})")
+    ckpts = {"fp32": fp32, "bf16": bf16}
+    tag = "-".join(str(b) for b in BATCHES)
+    bundles = {p: plow_bundle(ckpts[p], bench / f"bundle-{p}-{ctx_max}-b{tag}", ctx_max) for p in precs}
     q41 = gguf_path()
     ggufs = {"Q4_1": q41}
     llama_py = vllm_py = None
@@ -282,8 +295,10 @@ def main() -> None:
         if llama_py is None:
             missing["llama.cpp"] = f"{LLAMA_CPP} did not install"
         else:
-            ggufs["F32"] = gguf_variant(q41, bench / "smollm2-F32.gguf", "F32")
-            ggufs["BF16"] = gguf_variant(q41, bench / "smollm2-BF16.gguf", "BF16")
+            if "fp32" in precs:
+                ggufs["F32"] = gguf_variant(q41, bench / "smollm2-F32.gguf", "F32")
+            if "bf16" in precs:
+                ggufs["BF16"] = gguf_variant(q41, bench / "smollm2-BF16.gguf", "BF16")
     if "vllm" in peers:
         vllm_py = peer_env("peers-vllm", VLLM)
         if vllm_py is None:
@@ -292,11 +307,10 @@ def main() -> None:
     load_start = os.getloadavg()
     wbytes = {"fp32": weight_bytes(fp32), "bf16": weight_bytes(bf16)} | {k: gguf_bytes(v) for k, v in ggufs.items()}
     engines: dict[tuple[str, str], Any] = {}
-    engines["plow native", "fp32"] = PlowNative(bundles["fp32"])
-    engines["plow native", "bf16"] = PlowNative(bundles["bf16"])
-    if "transformers" in peers:
-        engines["transformers", "fp32"] = Transformers(fp32, "float32")
-        engines["transformers", "bf16"] = Transformers(bf16, "bfloat16")
+    for p in precs:
+        engines["plow native", p] = PlowNative(bundles[p])
+        if "transformers" in peers:
+            engines["transformers", p] = Transformers(ckpts[p], "float32" if p == "fp32" else "bfloat16")
     samples: dict[tuple[str, str, int, int], list[float]] = {}
     notes: dict[str, str] = dict(missing)
     for rnd in range(args.rounds):
@@ -344,17 +358,19 @@ def main() -> None:
         args=vars(args), rows=rows, notes=notes,
     )  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "decode_peers.json").write_text(json.dumps(doc, indent=2))
-    (OUT / "decode_peers.md").write_text(render(doc))
+    (OUT / f"{args.name}.json").write_text(json.dumps(doc, indent=2))
+    (OUT / f"{args.name}.md").write_text(render(doc))
     print(render(doc))
 
 
 def render(doc: dict[str, Any]) -> str:
     m = doc["machine"]
+    a = doc["args"]
+    flags = " ".join(f"--{k} {v}" for k, v in a.items() if k in ("contexts", "batches", "precisions", "peers"))
     L = [
         "# Decode against the peers: SmolLM2-135M, this machine",
         "",
-        f"`python benchmarks/decode_peers.py` — {m['cores']} cores, copy bandwidth "
+        f"`python benchmarks/decode_peers.py {flags}` — {m['cores']} cores, copy bandwidth "
         f"{m['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (read + written), load average "
         f"{m['load_average_start'][0]:.2f} at start, {m['load_average_end'][0]:.2f} at the end; "
         f"native library: {m['native_build']}. Median over {doc['args']['rounds']} interleaved rounds "
@@ -365,6 +381,13 @@ def render(doc: dict[str, Any]) -> str:
     ]
     for r in doc["rows"]:
         L.append(f"| {r['engine']} | {r['precision']} | {r['batch']} | {r['context']} | {r['ms_per_token']:.1f} | {r['tokens_per_s']:.1f} | {r['roofline_pct']:.0f}% |")
+    ctxs = sorted({r["context"] for r in doc["rows"]})
+    if len(ctxs) > 1:
+        L += ["", f"Growth of the per-token latency from context {ctxs[0]} to {ctxs[-1]}:", ""]
+        for key in sorted({(r["engine"], r["precision"], r["batch"]) for r in doc["rows"]}):
+            pts = {r["context"]: r["ms_per_token"] for r in doc["rows"] if (r["engine"], r["precision"], r["batch"]) == key}
+            if ctxs[0] in pts and ctxs[-1] in pts:
+                L.append(f"- {key[0]} {key[1]} batch {key[2]}: {pts[ctxs[-1]] / pts[ctxs[0]]:.2f}x")
     if doc["notes"]:
         L += ["", "Not measured:", ""] + [f"- {k}: {v}" for k, v in doc["notes"].items()]
     return "\n".join(L) + "\n"
