@@ -359,6 +359,27 @@ PLOW_UNROLL(unroll 2)
   y[2] = PLOW_SHFL0(warp_tree(a2));
   y[3] = PLOW_SHFL0(warp_tree(a3));
 }
+
+// One row of x against `nc` <= 4 weight rows (offsets off + j * ldw): each result is
+// warp_dot's, the four rows' loads interleaved so more of them are in flight.
+__device__ inline void warp_dot_rows4(const float* x, const void* w, int32_t dt, int64_t off,
+                                      int64_t ldw, int nc, int64_t n, int lane, float* y) {
+  float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t k = 0;
+  PLOW_UNROLL(unroll 4)
+  for (; k + PLOW_LANES <= n; k += PLOW_LANES) {
+    const float xv = x[k + lane];
+    PLOW_UNROLL(unroll)
+    for (int j = 0; j < 4; ++j)
+      if (j < nc) a[j] = fmaf(xv, wload(w, dt, off + j * ldw + k + lane), a[j]);
+  }
+  if (k + lane < n) {
+    const float xv = x[k + lane];
+    for (int j = 0; j < 4; ++j)
+      if (j < nc) a[j] = fmaf(xv, wload(w, dt, off + j * ldw + k + lane), a[j]);
+  }
+  for (int j = 0; j < 4; ++j) y[j] = PLOW_SHFL0(warp_tree(a[j]));  // every lane: uniform
+}
 #endif
 
 __device__ inline bool is_fused_lm(const Ctx& c, const PlowOp& op) {
@@ -373,17 +394,25 @@ __device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, 
   const int64_t M = op.d[0], N = op.d[1], K = op.d[2];
   const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
   float* dst = step >= 0 ? c.A + op.t[2] + step * M * N : c.A + op.t[1];
-  for (int64_t n = r[1].a + warp; n < r[1].b; n += PLOW_WARPS) {
+  // warp w takes columns [n0, n0 + 4) for n0 = a + 4w, a + 4w + 4 * warps, ...: four weight
+  // rows streamed at once (more loads in flight); each element keeps warp_dot's order
+  for (int64_t n0 = r[1].a + 4 * warp; n0 < r[1].b; n0 += 4 * PLOW_WARPS) {
+    const int nc = r[1].b - n0 < 4 ? static_cast<int>(r[1].b - n0) : 4;
     int64_t m = r[0].a;
     float y4[4];
-    for (; m + 4 <= r[0].b; m += 4) {
-      warp_dot4(x + m * K + k0, K, op.w0, op.w0_dtype, n * K + k0, kn, lane, y4);
-      if (lane < 4)
-        dst[(m + lane) * N + n] = step >= 0 ? y4[lane] : plow::epilogue(op, y4[lane], n);
-    }
+    for (; m + 4 <= r[0].b; m += 4)
+      for (int j = 0; j < nc; ++j) {
+        const int64_t n = n0 + j;
+        warp_dot4(x + m * K + k0, K, op.w0, op.w0_dtype, n * K + k0, kn, lane, y4);
+        if (lane < 4)
+          dst[(m + lane) * N + n] = step >= 0 ? y4[lane] : plow::epilogue(op, y4[lane], n);
+      }
     for (; m < r[0].b; ++m) {
-      const float y = warp_dot(x + m * K + k0, op.w0, op.w0_dtype, n * K + k0, kn, lane);
-      if (lane == 0) dst[m * N + n] = step >= 0 ? y : plow::epilogue(op, y, n);
+      warp_dot_rows4(x + m * K + k0, op.w0, op.w0_dtype, n0 * K + k0, K, nc, kn, lane, y4);
+      if (lane < nc) {
+        const int64_t n = n0 + lane;
+        dst[m * N + n] = step >= 0 ? y4[lane] : plow::epilogue(op, y4[lane], n);
+      }
     }
   }
   if (step < 0 && is_fused_lm(c, op)) {
