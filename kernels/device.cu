@@ -192,8 +192,8 @@ inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_
 #endif
 
 // The device ABI beyond plow_abi.h: the loader checks plow_device_config against its own
-// constants when it loads the module (plow/runtime/cuda/loader.py), and the host-side test reads
-// it from the compiled PTX.
+// constants when it loads the module (plow/runtime/cuda/model.py, through plow_config below),
+// and the host-side test reads it from the compiled PTX.
 #define PLOW_DEVICE_ABI 1
 #ifndef PLOW_BLOCK_THREADS
 #define PLOW_BLOCK_THREADS 256  // the emulation build may run fewer (-DPLOW_BLOCK_THREADS=64)
@@ -214,6 +214,8 @@ struct PlowDeviceStatus {
   unsigned long long nops;     // nop records run by the step
 };
 
+// (A whole-program cubin keeps device variables as LOCAL symbols; the driver finds them by
+// name all the same — the runtime's cudaMemcpyToSymbol relies on that.)
 extern "C" __device__ const long long plow_device_config[8] = {
     PLOW_DEVICE_ABI,
     PLOW_ABI_VERSION,
@@ -224,6 +226,12 @@ extern "C" __device__ const long long plow_device_config[8] = {
     static_cast<long long>(sizeof(PlowDeviceStatus)),
     PLOW_LANES,
 };
+
+// The loader reads plow_device_config through this kernel (one CTA of 8 threads): a kernel is
+// an exported function of the module whatever the compilation mode.
+extern "C" __global__ void plow_config(long long* out) {
+  if (threadIdx.x < 8) out[threadIdx.x] = plow_device_config[threadIdx.x];
+}
 
 namespace plow_dev {
 

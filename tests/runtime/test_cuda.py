@@ -147,6 +147,14 @@ def test_the_loader_packs_the_parameters_the_compiled_kernel_declares(
         offset = -(-offset // size) * size  # natural alignment
         assert p.offset == offset
         offset += size
+    # the loader asks the driver for two kernels: both exported functions of the module (the
+    # config word itself is a device object, LOCAL in a whole-program cubin: read via a kernel)
+    symbols = abi.cubin_symbols(cubin)
+    assert symbols[abi.KERNEL] == ("GLOBAL", "FUNC")
+    assert symbols[abi.CONFIG_KERNEL] == ("GLOBAL", "FUNC")
+    assert symbols[abi.CONFIG_SYMBOL][1] == "OBJECT"
+    assert abi.ptx_params(text, abi.CONFIG_KERNEL) == [8]
+    assert [p.size for p in abi.cubin_params(cubin, abi.CONFIG_KERNEL)] == [8]
     # the module's own constants: the structures the loader uploads have its sizes
     assert abi.config_mismatch(abi.ptx_config(text)) is None
     assert abi.ptx_config(text)[4] == ctypes.sizeof(abi.PlowPlan)
@@ -540,9 +548,16 @@ class FakeDriver(types.ModuleType):
         assert ctypes.string_at(image, 4) == b"\x7fELF"
         return (0, "module")
 
-    def cuModuleGetGlobal(self, m: object, name: bytes) -> tuple[int, int, int]:
-        assert name == abi.CONFIG_SYMBOL.encode()
-        return (0, int(self.config.ctypes.data), int(self.config.nbytes))
+    def cuLaunchKernel(
+        self, f: str, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
+        stream: object, params: int, extra: object,
+    ) -> tuple[int]:  # fmt: skip
+        """Only the config kernel is launched plainly: it writes plow_device_config."""
+        assert f == "fn:" + abi.CONFIG_KERNEL and (gx, gy, gz, by, bz) == (1, 1, 1, 1, 1)
+        assert bx >= 8
+        out = ctypes.c_uint64.from_address(int(ctypes.c_void_p.from_address(params).value or 0))
+        ctypes.memmove(int(out.value), int(self.config.ctypes.data), int(self.config.nbytes))
+        return (0,)
 
     def cuLaunchCooperativeKernel(
         self, f: str, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
@@ -753,3 +768,23 @@ def test_the_emulated_kernel_shows_a_lowered_threshold_and_stops_on_a_raised_one
     m = open_cuda(high, max_batch=4, verify=False, timeout_ms=300)
     with pytest.raises(CudaStepError, match=r"step stuck: worker \d+ blocked at packet \d+"):
         generate(m, [Request(tuple(p), 3) for p in PROMPTS])
+
+
+def test_a_module_built_from_other_sources_is_refused(
+    h200_bundles: dict, cubin: Path, monkeypatch: pytest.MonkeyPatch, fresh_driver: object,
+) -> None:  # fmt: skip
+    from plow.runtime.cuda import open_cuda
+
+    fake = FakeDriver()
+    fake.config[4] += 8  # its PlowPlan is 8 bytes longer than the loader's
+    real = importlib.import_module
+    monkeypatch.setattr(
+        driver.importlib, "import_module",
+        lambda name: fake if name == "cuda.bindings.driver" else real(name),
+    )  # fmt: skip
+    monkeypatch.setenv("PLOW_CUDA_CUBIN", str(cubin))
+    with pytest.raises(CudaUnavailable) as e:
+        open_cuda(h200_bundles["llama"], verify=VERIFY)
+    msg = _one_line(e.value)
+    assert "built from other sources" in msg and "sizeof(PlowPlan) 160 (loader: 152)" in msg
+    assert "make cuda" in msg

@@ -21,6 +21,7 @@ from plow.runtime.native.library import ABI_VERSION, PlowOp, PlowPlan
 
 KERNEL = "plow_step"
 CONFIG_SYMBOL = "plow_device_config"
+CONFIG_KERNEL = "plow_config"  # writes CONFIG_SYMBOL's 8 words to its one pointer argument
 DEVICE_ABI = 1
 BLOCK_THREADS = 256
 ATTN_THREADS = 32
@@ -123,6 +124,15 @@ class KernelArgs:
         return out
 
 
+def pack_values(typed: Sequence[tuple[Any, int]]) -> KernelArgs:
+    """A `void*[]` of (ctypes type, value) in order (any kernel's parameters)."""
+    args = KernelArgs()
+    for ct, v in typed:
+        args.values.append(ct(int(v)))
+    args.array = (ctypes.c_void_p * max(1, len(typed)))(*[ctypes.addressof(v) for v in args.values])
+    return args
+
+
 def pack_params(values: Mapping[str, int]) -> KernelArgs:
     """Pack `values` (every name of `PARAMS`, no other) in `PARAMS` order."""
     names = [n for n, _ in PARAMS]
@@ -130,11 +140,7 @@ def pack_params(values: Mapping[str, int]) -> KernelArgs:
         missing = sorted(set(names) - set(values))
         extra = sorted(set(values) - set(names))
         raise ValueError(f"kernel parameters: missing {missing}, unknown {extra}")
-    args = KernelArgs()
-    for name, ct in PARAMS:
-        args.values.append(ct(int(values[name])))
-    args.array = (ctypes.c_void_p * len(PARAMS))(*[ctypes.addressof(v) for v in args.values])
-    return args
+    return pack_values([(ct, values[name]) for name, ct in PARAMS])
 
 
 # -- the compiled module's own account of the kernel (for tests and diagnosis) ---------------
@@ -185,6 +191,56 @@ def source_params(source: str, kernel: str = KERNEL) -> list[str]:
     return names
 
 
+def _elf_sections(data: bytes) -> list[tuple[str, int, int, int]]:
+    """(name, type, offset, size) of each section of a 64-bit little-endian ELF image."""
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        raise ValueError("not a 64-bit ELF cubin")
+    shoff = int.from_bytes(data[0x28:0x30], "little")
+    shentsize = int.from_bytes(data[0x3A:0x3C], "little")
+    shnum = int.from_bytes(data[0x3C:0x3E], "little")
+    shstrndx = int.from_bytes(data[0x3E:0x40], "little")
+    raw = []
+    for i in range(shnum):
+        h = data[shoff + i * shentsize : shoff + (i + 1) * shentsize]
+        raw.append(
+            (
+                int.from_bytes(h[0:4], "little"),
+                int.from_bytes(h[4:8], "little"),
+                int.from_bytes(h[0x18:0x20], "little"),
+                int.from_bytes(h[0x20:0x28], "little"),
+            )
+        )
+    stroff = raw[shstrndx][2]
+
+    def name(n: int) -> str:
+        return data[stroff + n : data.index(b"\0", stroff + n)].decode()
+
+    return [(name(n), t, off, size) for n, t, off, size in raw]
+
+
+def cubin_symbols(path: Path | bytes) -> dict[str, tuple[str, str]]:
+    """A cubin's symbol table: name -> (binding, type), e.g. ("GLOBAL", "FUNC") for a kernel.
+    The driver's cuModuleGetFunction / cuModuleGetGlobal find GLOBAL names."""
+    data = path if isinstance(path, bytes) else Path(path).read_bytes()
+    secs = _elf_sections(data)
+    symtab = next((s for s in secs if s[1] == 2), None)  # SHT_SYMTAB
+    strtab = next((s for s in secs if s[0] == ".strtab"), None)
+    if symtab is None or strtab is None:
+        raise ValueError("no symbol table in the cubin")
+    binds = {0: "LOCAL", 1: "GLOBAL", 2: "WEAK"}
+    types = {0: "NOTYPE", 1: "OBJECT", 2: "FUNC", 3: "SECTION"}
+    out = {}
+    for at in range(symtab[2], symtab[2] + symtab[3], 24):
+        ent = data[at : at + 24]
+        n = int.from_bytes(ent[0:4], "little")
+        if n == 0:
+            continue
+        name = data[strtab[2] + n : data.index(b"\0", strtab[2] + n)].decode()
+        info = ent[4]
+        out[name] = (binds.get(info >> 4, str(info >> 4)), types.get(info & 15, str(info & 15)))
+    return out
+
+
 @dataclass(frozen=True)
 class CubinParam:
     ordinal: int
@@ -200,30 +256,9 @@ def cubin_params(path: Path | bytes, kernel: str = KERNEL) -> list[CubinParam]:
     """The kernel's parameter table from a cubin (ELF): the `EIATTR_KPARAM_INFO` records of its
     `.nv.info.<kernel>` section — what the driver reads to copy `kernelParams` — by ordinal."""
     data = path if isinstance(path, bytes) else Path(path).read_bytes()
-    if data[:4] != b"\x7fELF" or data[4] != 2:
-        raise ValueError("not a 64-bit ELF cubin")
-    shoff = int.from_bytes(data[0x28:0x30], "little")
-    shentsize = int.from_bytes(data[0x3A:0x3C], "little")
-    shnum = int.from_bytes(data[0x3C:0x3E], "little")
-    shstrndx = int.from_bytes(data[0x3E:0x40], "little")
-
-    def section(i: int) -> tuple[int, int, int]:
-        h = data[shoff + i * shentsize : shoff + (i + 1) * shentsize]
-        name = int.from_bytes(h[0:4], "little")
-        off = int.from_bytes(h[0x18:0x20], "little")
-        size = int.from_bytes(h[0x20:0x28], "little")
-        return name, off, size
-
-    _, stroff, _ = section(shstrndx)
-
-    def sname(n: int) -> str:
-        end = data.index(b"\0", stroff + n)
-        return data[stroff + n : end].decode()
-
     want = f".nv.info.{kernel}"
-    for i in range(shnum):
-        n, off, size = section(i)
-        if sname(n) != want:
+    for name, _, off, size in _elf_sections(data):
+        if name != want:
             continue
         out = []
         pos, end = off, off + size

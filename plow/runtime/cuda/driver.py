@@ -172,12 +172,6 @@ class Device:
     def function(self, module: Any, name: str) -> Any:
         return check(self.d.cuModuleGetFunction(module, name.encode()), f"function {name}")
 
-    def global_bytes(self, module: Any, name: str) -> bytes:
-        dptr, size = check(self.d.cuModuleGetGlobal(module, name.encode()), f"global {name}")
-        host = ctypes.create_string_buffer(int(size))
-        check(self.d.cuMemcpyDtoH(ctypes.addressof(host), dptr, int(size)), "cuMemcpyDtoH")
-        return bytes(host.raw)
-
     def occupancy(self, func: Any, threads: int) -> int:
         """CTAs of `func` that fit on one SM at once."""
         return int(
@@ -187,23 +181,25 @@ class Device:
             )
         )
 
-    def launch(self, func: Any, grid: int, block: int, params_address: int) -> None:
+    def launch(
+        self, func: Any, grid: int, block: int, params_address: int, *, persistent: bool = True
+    ) -> None:
         """One launch of `grid` CTAs of `block` threads; `params_address` is a `void*[]` (see
-        `abi.pack_params`). Cooperative where the device supports it: the driver then refuses
-        a grid whose CTAs cannot all be resident at once, which a persistent kernel (CTAs
-        waiting on each other's counters) needs."""
+        `abi.pack_params`). A persistent kernel's launch (CTAs waiting on each other's
+        counters) is cooperative where the device supports it: the driver then refuses a grid
+        whose CTAs cannot all be resident at once."""
         d = self.d
-        if self.cooperative:
+        if persistent and self.cooperative:
             check(
                 d.cuLaunchCooperativeKernel(
                     func, grid, 1, 1, block, 1, 1, 0, self.stream, params_address
                 ),
-                "cuLaunchCooperativeKernel plow_step",
+                "cuLaunchCooperativeKernel",
             )
         else:
             check(
                 d.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, 0, self.stream, params_address, 0),
-                "cuLaunchKernel plow_step",
+                "cuLaunchKernel",
             )
 
     # -- timing -----------------------------------------------------------------------------

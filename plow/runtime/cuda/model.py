@@ -98,6 +98,23 @@ class Kernel:
 _KERNELS: dict[tuple[int, str], Kernel] = {}
 
 
+def read_config(dev: Device, module: Any) -> list[int]:
+    """The module's `plow_device_config`, written by its `plow_config` kernel into a scratch
+    buffer (one CTA of 8 threads)."""
+    n = len(abi.expected_config())
+    buf = dev.alloc(8 * n)
+    try:
+        dev.memset(buf, 8 * n)
+        args = abi.pack_values([(ctypes.c_uint64, buf)])
+        dev.launch(dev.function(module, abi.CONFIG_KERNEL), 1, 32, args.address, persistent=False)
+        out = np.zeros(n, dtype=np.int64)
+        dev.dtoh(int(out.ctypes.data), buf, 8 * n)
+        dev.sync()
+    finally:
+        dev.free(buf)
+    return [int(v) for v in out]
+
+
 def load_kernel(ordinal: int = 0) -> Kernel:
     """The module loaded once per GPU and cubin path; `CudaUnavailable` when it is missing, not
     loadable on this GPU, or built from sources whose ABI is not this loader's."""
@@ -108,8 +125,7 @@ def load_kernel(ordinal: int = 0) -> Kernel:
     dev = device(ordinal)
     dev.current()
     module = dev.load_module(image, str(path))
-    raw = dev.global_bytes(module, abi.CONFIG_SYMBOL)
-    config = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw), 8)]
+    config = read_config(dev, module)
     bad = abi.config_mismatch(config)
     if bad:
         raise CudaUnavailable(path, f"built from other sources ({bad}); rebuild: make cuda")
