@@ -22,13 +22,14 @@
 //
 // Arithmetic: no FMA contraction (nvcc --fmad=false); the fused multiply-adds are the explicit
 // fmaf calls, as in tiles.h (fmaf is exactly rounded on both). The linear / lm_head tile is
-// CTA-parallel: warp w of the CTA computes output columns n = a + w, a + w + warps, ...; lane l
-// of the warp accumulates elements l, l + 32, ... of the row in order (acc = fmaf(x, w, acc))
-// and the warp reduces with shuffles in the same fixed tree as tiles.h's lanes_sum (s = 16, 8,
-// 4, 2, 1: acc[l] += acc[l + s]) — so every output element has exactly dot_f32 / dot_bf16's
-// operations in their order, and the host build's bits. rmsnorm's sums of squares are the same warp dot. Element-wise tiles (embedding, rope,
-// gated MLP, residual add) and merges of linear ops split their independent elements over the
-// CTA's threads; attention splits a tile's rows over up to PLOW_ATTN_THREADS threads (each
+// CTA-parallel: warp w of the CTA computes four output columns at a time (n0 = a + 4w,
+// a + 4w + 4 * warps, ...); lane l of the warp accumulates elements l, l + 32, ... of a row in
+// order (acc = fmaf(x, w, acc)) and the warp reduces with shuffles in the same fixed tree as
+// tiles.h's lanes_sum (s = 16, 8, 4, 2, 1: acc[l] += acc[l + s]) — so every output element has
+// exactly dot_f32 / dot_bf16's operations in their order, and the host build's bits. rmsnorm's
+// sums of squares are the same warp dot. Element-wise tiles (embedding, rope, gated MLP,
+// residual add) and merges of linear ops split their independent elements over the CTA's
+// threads; attention splits a tile's rows over up to PLOW_ATTN_THREADS threads (each
 // with its own scratch); everything else runs on thread 0 with the others idle (correctness
 // first). Transcendentals (expf, tanhf, sinf, cosf) are CUDA's, not glibc's: within CUDA's
 // documented ulp bounds of the host's, not bitwise equal to them.
@@ -40,11 +41,11 @@
 // the small layer below. AMD's wavefront is 64 lanes; the dot products use 32-lane groups
 // (shuffles of width 32), so the reduction tree is the same on both.
 //
-// A third build, PLOW_EMULATE (a C++20 host compiler, tests only), runs the kernel on CPU
-// threads — one std::thread per GPU thread, a std::barrier per CTA and per warp for
-// __syncthreads and the shuffles, std::atomic_ref for the counters — through
-// plow_emu_launch at the end of this file, so the kernel's own queue walk, waits, signals and
-// CTA-parallel tiles run where no GPU is (tests/runtime/test_cuda.py).
+// A third build, PLOW_EMULATE (a C++20 host compiler, x86-64, tests only), runs the kernel on
+// CPU threads — one OS thread per CTA, its GPU threads fibers switched at barriers (so
+// __syncthreads and the shuffles are real barriers), std::atomic_ref for the counters —
+// through plow_emu_launch at the end of this file, so the kernel's own queue walk, waits,
+// signals and CTA-parallel tiles run where no GPU is (tests/runtime/test_cuda.py).
 #if defined(PLOW_EMULATE)
 #if !defined(__x86_64__)
 #error "the emulation build switches fibers with x86-64 code"
@@ -149,7 +150,6 @@ using plow_emu::blockIdx;
 using plow_emu::threadIdx;
 inline void __syncthreads() { plow_emu::arrive(plow_emu::block->bar); }
 inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fmul_rn(float a, float b) { return a * b; }
 template <class T>
 inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
 inline unsigned atomicCAS(unsigned* p, unsigned want, unsigned put) {
