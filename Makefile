@@ -43,11 +43,17 @@ $(TSAN_LIB): $(NATIVE_SRC)
 native: $(NATIVE_LIB)
 tsan: $(TSAN_LIB)
 
-# Debian packages for the proof library and the oracle; skipped when already there.
+# Debian packages for the proof library and the oracle; skipped when already there. hipcc (the
+# HIP compile check of kernels/device.cu) is best effort: without it, make test says it skipped.
 apt:
 	@if ! command -v coqc >/dev/null || ! command -v dune >/dev/null || ! ocamlfind query yojson >/dev/null 2>&1; then \
 	  echo "installing $(APT_PACKAGES)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	fi
+	@if ! command -v hipcc >/dev/null; then \
+	  echo "installing hipcc (HIP compile check)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hipcc >/dev/null) \
+	    || echo "hipcc not installed: the HIP compile check will be skipped"; \
 	fi
 
 # torch first, pinned to the local CPU wheel, so transformers never pulls a CUDA build.
@@ -71,7 +77,9 @@ coqchk: oracle
 	coqchk -silent -o -Q _build/default/Plow Plow Plow.All 2>&1 | tee _build/coqchk.log | tail -4
 	@grep -q 'Axioms: <none>' _build/coqchk.log || { echo "coqchk: axioms found"; exit 1; }
 
-test: setup coqchk lint tsan
+include kernels/Makefile.device
+
+test: setup coqchk lint tsan cuda-check hip-check
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
