@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from serq.checker import check as check_program
+from serq.compile import MAX_ARRIVALS, MAX_ITERATIONS, Limits
 from serq.errors import SerqError
 from serq.parser import parse_file
 
@@ -25,7 +26,9 @@ EXIT_BAD_INPUT = 2
 EXIT_CLAIM_FAILED = 1
 
 
-def _fail(err: SerqError, debug: bool) -> None:
+def _fail(err: SerqError, debug: bool, file: Path) -> None:
+    if err.filename is None:
+        err.filename = str(file)  # a bad setting: named after the file it was given for
     if debug:
         raise err
     sys.stderr.write(err.render() + "\n")
@@ -64,6 +67,12 @@ def run(
         typer.Option("--set", help="override args.number(NAME, ...): NAME=VALUE (repeatable)"),
     ] = None,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    max_iterations: Annotated[
+        int, typer.Option(help="stop with an error after this many iterations")
+    ] = MAX_ITERATIONS,
+    max_arrivals: Annotated[
+        int, typer.Option(help="stop with an error after this many arrivals")
+    ] = MAX_ARRIVALS,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ) -> None:
     """Simulate FILE and check its claims on every iteration (exit 1 if a claim fails)."""
@@ -74,11 +83,12 @@ def run(
         overrides = _parse_sets(set_ or [])
         model = load(file, overrides=overrides)
         try:
-            result = simulate(model, horizon, warmup, seed)
+            limits = Limits(iterations=max_iterations, arrivals=max_arrivals)
+            result = simulate(model, horizon, warmup, seed, limits)
         except SerqError as err:
-            raise err.attach(str(file), "") from None
+            raise err.attach(str(file), model.text or "") from None
     except SerqError as err:
-        _fail(err, debug)
+        _fail(err, debug, file)
         return
     if json_:
         sys.stdout.write(json.dumps(result.as_dict(), indent=None) + "\n")
@@ -104,7 +114,7 @@ def check(
         except SerqError as err:
             raise err.attach(str(file), text) from None
     except SerqError as err:
-        _fail(err, debug)
+        _fail(err, debug, file)
         return
     claims = ", ".join(c.name for c in info.claims) or "none"
     engines = ", ".join(info.engines) or "none"

@@ -14,15 +14,17 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from serq import ast as A
 from serq.checker import Info
-from serq.errors import SerqError
+from serq.errors import Loc, SerqError
 from serq.fastpath import fast_block as _fast_block
 from serq.fastpath import indent as _ind
+from serq.parser import MAX_INT
 
 Value = int | float | bool
 
@@ -204,6 +206,50 @@ class ClaimSpec:
     claim: A.Claim
 
 
+#: The most tokens one ``run`` of one request may have (above it, token counts and their sums
+#: would no longer be exact as floats).
+MAX_TOKENS = 2**53
+#: A run stops with an error after this many iterations (``--max-iterations``): about 10 s of
+#: CPU time in the plain loop.
+MAX_ITERATIONS = 10_000_000
+#: A run stops with an error after this many arrivals (``--max-arrivals``): a few hundred
+#: bytes each.
+MAX_ARRIVALS = 2_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on the work of one run, so that every run ends in bounded time and memory."""
+
+    iterations: int = MAX_ITERATIONS
+    arrivals: int = MAX_ARRIVALS
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """A construct of the program that one line of the generated code evaluates.
+
+    A run-time error raised on that line is reported at the construct (``file:line:col``), or
+    at the one division or rounding inside it that can raise such an error.
+    """
+
+    what: str  # "execute", "tokens cap", "claim 'x'", "'set vp'", ...
+    expr: A.Expr
+    per_request: bool  # evaluated for one request (arrival, first token, completion)
+    divisions: tuple[Loc, ...] = ()  # `/` and `%` inside it, through `def` calls
+    roundings: tuple[Loc, ...] = ()  # `ceil` and `floor` inside it, through `def` calls
+
+
+class Fault(Exception):
+    """A value the generated loop rejects itself: ``kind`` of ``value`` at site ``site``."""
+
+    def __init__(self, site: int, kind: str, value: object) -> None:
+        super().__init__(kind)
+        self.site = site
+        self.kind = kind
+        self.value = value
+
+
 @dataclass(slots=True)
 class Model:
     """A compiled program: parameter values, constants and the generated simulator."""
@@ -218,18 +264,39 @@ class Model:
     observe_names: list[str]
     source: str
     simulate: Callable[..., dict[str, Any]]
+    sites: list[Site] = field(default_factory=list)
+    site_lines: dict[int, int] = field(default_factory=dict)  # generated line -> site
+    rate_loc: Loc | None = None
+    observe_locs: list[Loc] = field(default_factory=list)
+    text: str | None = None  # the program's source, for diagnostics
+
+    def runtime_error(self, err: BaseException) -> SerqError:
+        """The located diagnostic for an error raised while the generated loop ran."""
+        return _runtime_error(self, err)
+
+
+#: The diagnostic for an expression that Python cannot compile (it nests about 200 levels at most).
+TOO_DEEP = "this expression is nested too deeply for the simulator"
 
 
 def _eval_const(e: A.Expr, consts: dict[str, str], names: dict[str, str] | None = None) -> Value:
     code = gen(e, Env(consts, names or {}))
     try:
         value = eval(code, {"_ceil": math.ceil, "_floor": math.floor, "_min": min, "_max": max})
+    except (SyntaxError, RecursionError, MemoryError):
+        raise SerqError(TOO_DEEP, e.loc) from None
     except ZeroDivisionError:
         raise SerqError("division by zero", e.loc) from None
     except (OverflowError, ValueError) as err:
         raise SerqError(f"arithmetic error: {err}", e.loc) from None
     if not isinstance(value, int | float | bool):  # pragma: no cover
         raise SerqError("not a constant", e.loc)
+    if type(value) is int and abs(value) > MAX_INT:
+        raise SerqError(
+            f"this constant is an integer of {value.bit_length()} bits, above the limit of "
+            "2**63 - 1 (write a float such as 1e30)",
+            e.loc,
+        )
     return value
 
 
@@ -250,6 +317,23 @@ def build(
     overrides: Mapping[str, float] | None = None,
     filename: str = "<input>",
     fast: bool = True,
+) -> Model:
+    """Evaluate constants (with ``--set`` overrides) and generate the simulator.
+
+    See :func:`_build`; a program too deep for the generator's recursion is an error.
+    """
+    try:
+        return _build(program, info, overrides, filename, fast)
+    except RecursionError:
+        raise SerqError("the program is nested too deeply for the simulator") from None
+
+
+def _build(
+    program: A.Program,
+    info: Info,
+    overrides: Mapping[str, float] | None,
+    filename: str,
+    fast: bool,
 ) -> Model:
     """Evaluate constants (with ``--set`` overrides) and generate the simulator.
 
@@ -300,15 +384,36 @@ def build(
     eng_env = Env(const_code, {"now": "now", "served": "served"}, _ENGINE_ATTRS, defs)
     claim_env = eng_env.with_names({"tokens": "b_tok", "decoders": "n_dec", "residents": "n_res"})
 
+    # every line that evaluates a construct of the program is preceded by a comment `# @k`
+    # naming it (`sites[k]`), so that a run-time error is reported at the construct
+    sites: list[Site] = []
+    site_ids: dict[tuple[str, int], int] = {}
+
+    def site(what: str, expr: A.Expr, per_request: bool = False) -> int:
+        key = (what, id(expr))
+        if key not in site_ids:
+            divs = tuple(n.loc for n in _nodes(expr, defs, partial(_may_divide_by_0, consts)))
+            rounds = tuple(n.loc for n in _nodes(expr, defs, _is_rounding))
+            site_ids[key] = len(sites)
+            sites.append(Site(what, expr, per_request, divs, rounds))
+        return site_ids[key]
+
+    def at(what: str, expr: A.Expr, per_request: bool = False) -> str:
+        return f"# @{site(what, expr, per_request)}"
+
     cap: str | None = None
+    cap_expr: A.Expr | None = None
     exec_code = "0"
+    exec_expr: A.Expr = A.Num(0)
     advance: A.Clause | None = None
     admit: A.Clause | None = None
     for item in engine.items:
         if isinstance(item, A.TokensCap):
             cap = gen(item.value, eng_env)
+            cap_expr = item.value
         elif isinstance(item, A.Execute):
             exec_code = gen(item.value, eng_env)
+            exec_expr = item.value
         else:
             for cl in item.clauses:
                 if cl.kind == "advance":
@@ -318,6 +423,7 @@ def build(
 
     (workload,) = info.workloads
     rate_value: float = 0.0
+    rate_loc: Loc | None = None
     init_sets: list[A.SetVar] = []
     for w in workload.items:
         if isinstance(w, A.Arrive):
@@ -325,6 +431,7 @@ def build(
             if isinstance(rv, bool) or rv < 0:
                 raise SerqError(f"the arrival rate must be a number >= 0, got {rv}", w.loc)
             rate_value = float(rv)
+            rate_loc = w.rate.loc
         else:
             init_sets.extend(w.sets)
     req_vars = [s.name for s in init_sets]
@@ -339,7 +446,20 @@ def build(
     seen: dict[str, str] = {}
     for s in init_sets:
         env = Env(const_code, {"now": "_ta", **seen}, {}, defs, draws=True)
-        arrive.append(f"v_{s.name} = {gen(s.value, env)}")
+        k = site(f"'set {s.name}'", s.value, per_request=True)
+        arrive += [f"# @{k}", f"v_{s.name} = {gen(s.value, env)}"]
+        sets_before = {x.name: x.value for x in init_sets[: init_sets.index(s)]}
+        if (
+            info.request_vars.get(s.name) == "number"
+            and not _is_int(s.value, consts, sets_before)
+            and not (isinstance(s.value, A.Name) and s.value.name == "now")
+        ):
+            # a value is finite where it is made (an overflow to inf would go on silently);
+            # an int always is, and so is the arrival time
+            arrive += [
+                f"if not -_INF < v_{s.name} < _INF:",
+                f"    raise _Fault({k}, 'nonfinite', v_{s.name})",
+            ]
         seen[s.name] = f"v_{s.name}"
     # a request variable set to the arrival time is the list `arr_t` already
     at_arrival = {
@@ -354,12 +474,15 @@ def build(
         gcode = gen(c.given, given_env) if c.given is not None else None
         claims.append(ClaimSpec(c.name, gcode, gen(c.body, claim_env), c))
         if gcode is not None:
+            assert c.given is not None
             arrive += [
+                at(f"the 'given' of claim '{c.name}'", c.given, per_request=True),
                 f"if g{i} and not {gcode}:",
                 f"    g{i} = False; c{i} = False; gf{i} = (rid, _ta)",
             ]
     (server,) = info.servers
     amounts = {"prefill": "0", "decode": "0"}  # whole numbers of tokens
+    amount_site: dict[str, int] = {}
     stage_obs: dict[str, list[tuple[str, A.Expr]]] = {"arrive": [], "first": [], "done": []}
     runs = [st for st in server.steps if isinstance(st, A.Run)]
     last_run = runs[-1] if runs else None
@@ -371,6 +494,9 @@ def build(
             if isinstance(amt, A.Call) and amt.func == "cost":
                 amt = amt.args[1]
             amounts[st.phase] = gen(amt, srv_env)
+            amount_site[st.phase] = site(
+                f"the amount of 'run {st.engine} {st.phase}'", amt, per_request=True
+            )
             if not _is_int(amt, consts, {s.name: s.value for s in init_sets}):
                 amounts[st.phase] = f"_ceil({amounts[st.phase]})"  # an int already needs none
             stage = "done" if st is last_run else "first"
@@ -379,10 +505,16 @@ def build(
     observe_names = [st.name for st in server.steps if isinstance(st, A.Observe)]
     obs_env = Env(const_code, {"now": "_t", **{n: f"RV_{n}[rid]" for n in req_vars}}, {}, defs)
 
+    observe_locs = [st.value.loc for st in server.steps if isinstance(st, A.Observe)]
+
     def observe(stage_name: str) -> list[str]:
-        return [
-            f"_o{observe_names.index(name)}({gen(v, obs_env)})" for name, v in stage_obs[stage_name]
-        ]
+        out: list[str] = []
+        for name, v in stage_obs[stage_name]:
+            out += [
+                at(f"observe '{name}'", v, per_request=True),
+                f"_o{observe_names.index(name)}({gen(v, obs_env)})",
+            ]
+        return out
 
     def finish(t: str) -> list[str]:
         # what a completion adds to the statistics is worked out after the loop (`post`)
@@ -416,19 +548,20 @@ def build(
         body += _ind(finish(t), 1)
         return body
 
+    for var, phase in (("_p", "prefill"), ("_d", "decode")):
+        ka = amount_site.get(phase)
+        arrive += [f"# @{ka}"] if ka is not None else []
+        arrive += [f"{var} = {amounts[phase]}", f"if {var} < 0:", f"    {var} = 0"]
+        if ka is not None:
+            arrive += [f"elif {var} > {MAX_TOKENS}:", f"    raise _Fault({ka}, 'amount', {var})"]
     arrive += [
-        f"_p = {amounts['prefill']}",
-        "if _p < 0:",
-        "    _p = 0",
-        f"_d = {amounts['decode']}",
-        "if _d < 0:",
-        "    _d = 0",
         "arr_t.append(_ta); prem.append(_p); dtot.append(_d); first_t.append(-1.0)",
         "gden.append(_d if _p > 0 else _d - 1)",
     ]
     arr_obs = observe("arrive")
     if arr_obs:
-        arrive += ["_t = _ta"] + arr_obs
+        # like every measurement, only of requests arriving after the warm-up
+        arrive += ["if _ta >= W:", "    _t = _ta", *_ind(arr_obs, 1)]
     arrive += ["if _p == 0 and _d == 0:", "    n_res += 1", "    first_t[rid] = _ta"]
     arrive += _ind(finish("_ta"), 1)
     arrive += ["else:", "    waiting.append(rid)", "    n_res += 1"]
@@ -436,29 +569,35 @@ def build(
     # ---------------------------------------------------------------- batch formation
     form: list[str] = []
     cap_code = _fold(f"_floor({cap})") if cap is not None else "_INF"
+    if cap_expr is not None:
+        form.append(at("tokens cap", cap_expr))
     form.append(f"cap = {cap_code}")
     mode_codes: dict[str, str] = {}
 
-    def mode_var(only: A.Expr | None) -> str | None:
+    def mode_var(only: A.Expr | None, kind: str) -> str | None:
         if only is None:
             return None
         code = gen(only, eng_env)
         if code not in mode_codes:
             var = f"m{len(mode_codes)}"
             mode_codes[code] = var
-            form.append(f"{var} = {code}")
+            form.extend([at(f"the 'only' of {kind}", only), f"{var} = {code}"])
         return mode_codes[code]
 
-    adv_mode = mode_var(advance.only) if advance is not None else None
-    adm_mode = mode_var(admit.only) if admit is not None else None
+    adv_mode = mode_var(advance.only, "advance") if advance is not None else None
+    adm_mode = mode_var(admit.only, "admit") if admit is not None else None
     trace_mode = adv_mode if adv_mode is not None else (adm_mode or "None")
     # when `advance` would take a chunk of at least b_tok of a request alone in `pre`
     adm_after: str | None = None
+    each_at = ""  # the marker of the advance bound, where there is one
     chain_dec: tuple[str, str] | None = None  # (decode selector, its bound) for chaining runs
     form += ["b_tok = 0", "b_req = 0", "adv = 0", "pdone = None", "adone = None", "pa = -1"]
     if advance is not None:
         each = (
             _fold(f"_floor({gen(advance.each, eng_env)})") if advance.each is not None else "_INF"
+        )
+        each_at = (
+            at("the 'each at most' of advance", advance.each) if advance.each is not None else ""
         )
         sel_dec = adv_mode or "True"
         chain_dec = (sel_dec, each)
@@ -469,6 +608,7 @@ def build(
             adm_after = f"{sel_pre} and {each} >= b_tok"
         form += [
             f"if n_dec and {sel_dec}:",
+            f"    {each_at}",
             f"    e = {each}",
             "    if e >= 1:",
             "        room = cap - b_tok",
@@ -477,6 +617,7 @@ def build(
             "        elif room >= 1:",
             "            adv_m = int(room); b_tok += adv_m; b_req += adv_m; adv = 2",
             f"if pre and {sel_pre}:",
+            f"    {each_at}",
             f"    e = {each}",
             "    for rid in pre:",
             "        c = prem[rid]",
@@ -499,10 +640,14 @@ def build(
         cond = gen(admit.while_, eng_env) if admit.while_ is not None else "True"
         to_int2 = "" if _int_literal(cap_code) and _int_literal(each2) else "c = int(c); "
         match = f"(prem[h] == 0) == {adm_mode}" if adm_mode is not None else "True"
+        each2_at = at("the 'each at most' of admit", admit.each) if admit.each is not None else ""
+        cond_at = at("the 'while' of admit", admit.while_) if admit.while_ is not None else ""
         form += [
             "if waiting and b_tok < cap:",
+            f"    {each2_at}",
             f"    e = {each2}",
             "    while waiting:",
+            f"        {cond_at}",
             f"        if not {cond}:",
             "            break",
             "        h = waiting[0]",
@@ -538,7 +683,11 @@ def build(
     # ---------------------------------------------------------------- claims
     chk: list[str] = []
     for i, spec in enumerate(claims):
-        chk += [f"if c{i} and not {spec.body}:", f"    c{i} = False; v{i} = (it, now, list(trace))"]
+        chk += [
+            at(f"claim '{spec.name}'", spec.claim.body),
+            f"if c{i} and not {spec.body}:",
+            f"    c{i} = False; v{i} = (it, now, list(trace))",
+        ]
 
     end: list[str] = [
         "if adv == 1:",
@@ -608,7 +757,7 @@ def build(
     chk_run: list[str] = []
     chk_first: list[str] = []
     for i, spec in enumerate(claims):
-        lines = chk[2 * i : 2 * i + 2]
+        lines = chk[3 * i : 3 * i + 3]
         if reads_time.search(spec.body):
             chk_run += lines
         else:
@@ -618,18 +767,30 @@ def build(
     chain: list[str] | None = None
     if chain_dec is not None:
         sel, each = chain_dec
+        const_each = each == "_INF" or (_int_literal(each) and int(each) >= 1)
         chain = [
+            "if it >= MAXIT:",
+            "    break",
             *form[:reset],
             f"if not (n_dec and {sel}):",
             "    break",
-            "if n_dec > cap:"
-            if each == "_INF" or (_int_literal(each) and int(each) >= 1)
-            else f"if {each} < 1 or n_dec > cap:",
+            *([] if const_each else [each_at]),
+            "if n_dec > cap:" if const_each else f"if {each} < 1 or n_dec > cap:",
             "    break",
             "b_tok = n_dec; b_req = n_dec",
         ]
+    exec_site = site("execute", exec_expr)
     fast_block = (
-        _fast_block(chk_run, chk_first, exec_code, finish, first_token, admitted, chain)
+        _fast_block(
+            chk_run,
+            chk_first,
+            exec_code,
+            exec_site,
+            finish,
+            first_token,
+            (each_at, admitted) if admitted is not None else None,
+            chain,
+        )
         if fast_ok
         else []
     )
@@ -663,7 +824,7 @@ def build(
     rv_init += [f"_o{i} = OBS[{name!r}].append" for i, name in enumerate(observe_names)]
 
     src: list[str] = [
-        "def _simulate(H, W, IA, U, X, SAMPLES, TRACE_LEN, OBS, TR):",
+        "def _simulate(H, W, IA, U, X, SAMPLES, TRACE_LEN, OBS, TR, MAXIT, MAXARR):",
         "    _U = U; _X = X; _IA = IA",
         "    now = 0.0; served = 0; it = 0",
         "    waiting = deque(); pre = deque()",
@@ -682,9 +843,12 @@ def build(
         "        t_next = _INF",
         "    tstop = _min(t_next, s_next, H)",
         "    while True:",
-        "        while t_next <= now:",
+        # (`t_next` is _INF once no arrival is left; `now` could reach inf at the horizon)
+        "        while t_next <= now and t_next < _INF:",
         "            _ta = t_next",
         "            rid = nreq; nreq += 1",
+        "            if rid >= MAXARR:",
+        "                raise _Fault(-1, 'arrivals', rid)",
         *_ind(arrive, 3),
         "            t_next = _ta + _IA()",
         "            if t_next >= H:",
@@ -707,14 +871,18 @@ def build(
         "                break",
         "            now = t_next",
         "            continue",
+        "        if it >= MAXIT:",
+        "            raise _Fault(-1, 'iterations', it)",
         *_ind(fast_block, 2),
         "        if TR:",
         f"            trace.append((it, now, served, b_tok, b_req, n_dec, n_res, len(waiting), "
         f"{trace_mode}))",
         *_ind(chk, 2),
+        f"        # @{exec_site}",
         f"        dur = {exec_code}",
-        "        if dur < 0:",
-        "            raise _NegativeDuration(it, now, dur)",
+        "        if not 0 <= dur < _INF:",
+        f"            raise _Fault({exec_site}, 'duration', dur)",
+        f"        # @{exec_site}",
         "        end = now + dur",
         *_ind(end, 2),
         "        if now >= W:",
@@ -734,8 +902,11 @@ def build(
         "                ttft=ttft, tbt=tbt, resp=resp, batches=bc, samples=samples,",
         f"                claims=[{claim_out}])",
     ]
-    source = "\n".join(src) + "\n"
+    source = "\n".join(ln for ln in src if ln.strip()) + "\n"
+    # a rate so small that its mean gap overflows brings no arrival within any horizon
     inv_rate = 1.0 / rate_value if rate_value > 0 else 0.0
+    if not math.isfinite(inv_rate):
+        inv_rate = 0.0
     namespace: dict[str, Any] = {
         "_ceil": math.ceil,
         "_floor": math.floor,
@@ -743,7 +914,7 @@ def build(
         "_max": max,
         "_INF": math.inf,
         "INV_RATE": inv_rate,
-        "_NegativeDuration": NegativeDuration,
+        "_Fault": Fault,
         "_heappush": heapq.heappush,
         "_defaultdict": defaultdict,
         "_np": np,
@@ -752,7 +923,17 @@ def build(
     from collections import deque
 
     namespace["deque"] = deque
-    code = compile(source, f"<serq:{filename}>", "exec")
+    site_lines: dict[int, int] = {}
+    for lineno, ln in enumerate(source.splitlines(), start=1):
+        mark = re.fullmatch(r"\s*# @(\d+)", ln)
+        if mark:
+            site_lines[lineno + 1] = int(mark[1])
+    try:
+        code = compile(source, f"<serq:{filename}>", "exec")
+    except (SyntaxError, RecursionError, MemoryError) as err:
+        bad = site_lines.get(getattr(err, "lineno", None) or 0)
+        where = sites[bad].expr.loc if bad is not None else None
+        raise SerqError(TOO_DEEP, where) from None
     exec(code, namespace)
     return Model(
         filename=filename,
@@ -765,12 +946,101 @@ def build(
         observe_names=observe_names,
         source=source,
         simulate=namespace["_simulate"],
+        sites=sites,
+        site_lines=site_lines,
+        rate_loc=rate_loc,
+        observe_locs=observe_locs,
     )
 
 
-class NegativeDuration(Exception):
-    def __init__(self, it: int, now: float, dur: float) -> None:
-        super().__init__(f"execute gave a negative duration {dur} at iteration {it} (t = {now} µs)")
+def _runtime_error(model: Model, err: BaseException) -> SerqError:
+    """Locate an error raised by the generated loop: at the construct whose line raised it."""
+    where = f"<serq:{model.filename}>"
+    frame_tb = None
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == where:
+            frame_tb = tb
+        tb = tb.tb_next
+    local: dict[str, Any] = dict(frame_tb.tb_frame.f_locals) if frame_tb is not None else {}
+    k = err.site if isinstance(err, Fault) else -1
+    if not isinstance(err, Fault) and frame_tb is not None:
+        k = model.site_lines.get(frame_tb.tb_lineno, -1)
+    s = model.sites[k] if 0 <= k < len(model.sites) else None
+    what = s.what if s is not None else "the simulation"
+    loc = s.expr.loc if s is not None else None
+    if isinstance(err, Fault):
+        v = err.value
+        now = local.get("now", 0.0)
+        if err.kind == "iterations":
+            return SerqError(
+                f"more than {v} iterations before the horizon (stopped at t = {now:g} µs): "
+                "the clock barely advances; raise --max-iterations if that is meant"
+            )
+        if err.kind == "arrivals":
+            return SerqError(
+                f"more than {v} arrivals before the horizon (stopped at t = {now:g} µs); "
+                "lower the rate or the horizon, or raise --max-arrivals",
+                model.rate_loc,
+            )
+        if err.kind == "duration":
+            what_v = "negative" if isinstance(v, int | float) and v < 0 else "non-finite"
+            problem = f"execute gave a {what_v} duration {v}"
+        elif err.kind == "amount":
+            problem = f"{what} is {v} tokens, more than the limit of 2**53"
+        else:
+            problem = f"{what} gave a non-finite value {v}"
+    elif isinstance(err, ZeroDivisionError):
+        problem = f"division by zero in {what}"
+        if s is not None and len(s.divisions) == 1:
+            loc = s.divisions[0]
+    else:
+        problem = f"arithmetic error in {what}: {err}"
+        if s is not None and len(s.roundings) == 1 and "integer" in str(err):
+            loc = s.roundings[0]
+    if s is not None and s.per_request:
+        rid = local.get("rid")
+        arr_t = local.get("arr_t") or []
+        t = arr_t[rid] if isinstance(rid, int) and 0 <= rid < len(arr_t) else local.get("_ta")
+        if isinstance(rid, int) and isinstance(t, float):
+            problem += f" for request {rid} (arrived at t = {t:g} µs)"
+    elif "it" in local and "now" in local:
+        problem += f" at iteration {local['it']} (t = {local['now']:g} µs)"
+    return SerqError(problem, loc)
+
+
+def _nodes(e: A.Expr, defs: Mapping[str, A.Def], pred: Callable[[A.Expr], bool]) -> list[A.Expr]:
+    """The sub-expressions of ``e`` that satisfy ``pred``, through the bodies of ``def`` calls."""
+    out: list[A.Expr] = [e] if pred(e) else []
+    kids: tuple[A.Expr, ...] = ()
+    if isinstance(e, A.Unary):
+        kids = (e.operand,)
+    elif isinstance(e, A.Binary):
+        kids = (e.left, e.right)
+    elif isinstance(e, A.Cond):
+        kids = (e.cond, e.then, e.orelse)
+    elif isinstance(e, A.Call | A.Draw | A.MethodCall):
+        kids = e.args
+        if isinstance(e, A.Call) and e.func in defs:
+            kids = (*kids, defs[e.func].body)
+    for kid in kids:
+        out += _nodes(kid, defs, pred)
+    return out
+
+
+def _may_divide_by_0(consts: Mapping[str, Value], e: A.Expr) -> bool:
+    """A ``/`` or ``%`` whose divisor is not a nonzero constant."""
+    if not (isinstance(e, A.Binary) and e.op in ("/", "%")):
+        return False
+    d = e.right
+    value = (
+        d.value if isinstance(d, A.Num) else consts.get(d.name, 0) if isinstance(d, A.Name) else 0
+    )
+    return bool(value == 0)
+
+
+def _is_rounding(e: A.Expr) -> bool:
+    return isinstance(e, A.Call) and e.func in ("ceil", "floor")
 
 
 def _fold(code: str) -> str:

@@ -15,6 +15,9 @@ class Loc:
 
 NOWHERE = Loc(0, 0)
 
+#: A diagnostic shows at most this many characters of the source line.
+SHOWN = 100
+
 
 class SerqError(Exception):
     """A diagnostic about a serQ program: file, line, column, message and the source line.
@@ -58,7 +61,16 @@ class SerqError(Exception):
         if not 1 <= self.loc.line <= len(lines):
             return head
         text = lines[self.loc.line - 1].replace("\t", " ")
-        caret = " " * max(self.loc.col - 1, 0) + "^"
+        col = max(self.loc.col - 1, 0)
+        if len(text) > SHOWN:
+            # a window of the line around the column, so that one long line stays readable
+            lo = max(0, min(col - SHOWN // 2, len(text) - SHOWN))
+            text, col = text[lo : lo + SHOWN], col - lo
+            if lo > 0:
+                text, col = "..." + text[3:], col
+            if lo + SHOWN < len(lines[self.loc.line - 1]):
+                text = text[:-3] + "..."
+        caret = " " * col + "^"
         return f"{head}\n  {text}\n  {caret}"
 
     def __str__(self) -> str:

@@ -28,9 +28,10 @@ def fast_block(
     chk_run: list[str],
     chk_first: list[str],
     exec_code: str,
+    exec_site: int,
     finish: Callable[[str], list[str]],
     first_token: Callable[[str, str], list[str]],
-    admitted: str | None,
+    admitted: tuple[str, str] | None,
     chain: list[str] | None,
 ) -> list[str]:
     """Code run after a batch is formed: step the run of identical iterations it starts.
@@ -68,9 +69,11 @@ def fast_block(
     """
     # the duration of a batch, remembered per token count when that is all `execute` reads
     dur_lines = [
+        f"# @{exec_site}",
         f"dur = {exec_code}",
-        "if dur < 0:",
-        "    raise _NegativeDuration(it, now, dur)",
+        "if not 0 <= dur < _INF:",
+        f"    raise _Fault({exec_site}, 'duration', dur)",
+        f"# @{exec_site}",
         "fdur = float(dur)  # what `now + dur` adds",
     ]
     free = set(re.findall(r"\b[A-Za-z_]\w*\b", exec_code)) - {"b_tok", *PURE}
@@ -140,6 +143,8 @@ def fast_block(
     decode = [
         "kmin = kh[0]",
         "lim = it + kmin - K",
+        "if lim > MAXIT:",
+        "    lim = MAXIT",
         *head,
         "    bcd[b_tok] += n",
         "K += n",
@@ -154,6 +159,8 @@ def fast_block(
     prefill = [
         "p = prem[rid]",
         "lim = it + 1 + p // b_tok",
+        "if lim > MAXIT:",
+        "    lim = MAXIT",
         *head,
         "    bcp[b_tok] += n",
         "p -= (n - 1) * b_tok",
@@ -173,8 +180,10 @@ def fast_block(
         "            rid = pa; run = 2",
     ]
     if admitted is not None:
+        mark, cond = admitted
         out += [
-            f"        elif adone is None and len(pre) == 1 and {admitted}:",
+            f"        {mark}",
+            f"        elif adone is None and len(pre) == 1 and {cond}:",
             "            rid = pre[0]; run = 2",
         ]
     body = [

@@ -20,6 +20,10 @@ from lark.exceptions import (
 from serq import ast as A
 from serq.errors import Loc, SerqError
 
+#: The largest integer a literal or a constant may hold (a literal beyond it is an error; write
+#: a float such as ``1e30`` instead). Keeps every constant printable and convertible to a float.
+MAX_INT = 2**63 - 1
+
 GRAMMAR = r"""
 start: top*
 
@@ -186,6 +190,16 @@ class _ToAst(Transformer[Token, A.Program]):
             if not math.isfinite(value):
                 raise SerqError(f"number literal {text} is out of range", _tloc(tok))
         else:
+            digits = text.lstrip("0")
+            if len(digits) > 19 or int(digits or "0") > MAX_INT:
+                shown = (
+                    text if len(text) <= 24 else f"{text[:10]}...{text[-6:]} ({len(text)} digits)"
+                )
+                raise SerqError(
+                    f"integer literal {shown} is too large (at most 2**63 - 1; "
+                    "write a float such as 1e30)",
+                    _tloc(tok),
+                )
             value = int(text)
         return A.Num(value, _tloc(tok))
 
@@ -419,9 +433,25 @@ def parse_file(path: str | Path) -> tuple[A.Program, str]:
     """Read and parse a file; return the program and its source text."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise SerqError("no such file", filename=str(path)) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise SerqError(f"cannot read file: {err}", filename=str(path)) from None
+    except OSError as err:
+        raise SerqError(f"cannot read file: {err.strerror or err}", filename=str(path)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        located = _encoding_error(data, err)
+        raise located.attach(str(path), data.decode("utf-8", "replace")) from None
     return parse(text, str(path)), text
+
+
+def _encoding_error(data: bytes, err: UnicodeDecodeError) -> SerqError:
+    """The first byte that is not UTF-8, located by line and column (in characters)."""
+    start = err.start
+    line_start = data.rfind(b"\n", 0, start) + 1
+    line = data.count(b"\n", 0, start) + 1
+    col = len(data[line_start:start].decode("utf-8", "replace")) + 1
+    return SerqError(
+        f"the file is not UTF-8: byte 0x{data[start]:02x} {err.reason}", Loc(line, col)
+    )

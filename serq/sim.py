@@ -16,14 +16,15 @@ import numpy as np
 
 from serq import pretty
 from serq.checker import check
-from serq.compile import Model, NegativeDuration, build
+from serq.compile import Fault, Limits, Model, build
 from serq.errors import SerqError
 from serq.parser import parse, parse_file
 
 BLOCK = 4096
 TRACE_LEN = 4
-#: At most this many arrivals are simulated in one run (memory guard).
-MAX_ARRIVALS = 20_000_000
+#: Backlog samples per run, at evenly spaced times.
+SAMPLES = 20
+DEFAULT_LIMITS = Limits()
 
 
 def _stream(draw: Callable[[], list[float]]) -> Callable[[], float]:
@@ -164,18 +165,19 @@ def _state(row: tuple[Any, ...]) -> dict[str, Any]:
     return d
 
 
-def _call(
-    model: Model,
-    horizon: float,
-    warmup: float,
-    seed: int,
-    sample_times: list[float],
-    obs: dict[str, list[float]],
-    trace: bool,
-) -> dict[str, Any]:
+def streams(
+    seed: int, rate: float
+) -> tuple[Callable[[], float], Callable[[], float], Callable[[], float]]:
+    """The three random streams of a run: inter-arrival times, uniform and exponential draws.
+
+    ``rate`` scales the inter-arrival times (a rate of 0, or one so small that its mean gap
+    overflows, brings no arrival; the stream is then never read).
+    """
     ss = np.random.SeedSequence(seed)
     g_arr, g_u, g_x = (np.random.Generator(np.random.PCG64(s)) for s in ss.spawn(3))
-    inv = 1.0 / model.rate if model.rate > 0 else 0.0
+    inv = 1.0 / rate if rate > 0 else 0.0
+    if not math.isfinite(inv):
+        inv = 0.0
 
     def arr_block() -> list[float]:
         out: list[float] = (g_arr.standard_exponential(BLOCK) * inv).tolist()
@@ -189,24 +191,70 @@ def _call(
         out: list[float] = g_x.standard_exponential(BLOCK).tolist()
         return out
 
+    return _stream(arr_block), _stream(u_block), _stream(x_block)
+
+
+def _call(
+    model: Model,
+    horizon: float,
+    warmup: float,
+    seed: int,
+    sample_times: list[float],
+    obs: dict[str, list[float]],
+    trace: bool,
+    limits: Limits,
+) -> dict[str, Any]:
+    ia, u, x = streams(seed, model.rate)
     try:
         return model.simulate(
             float(horizon),
             float(warmup),
-            _stream(arr_block),
-            _stream(u_block),
-            _stream(x_block),
+            ia,
+            u,
+            x,
             sample_times,
             TRACE_LEN + 1,
             obs,
             trace,
+            limits.iterations,
+            limits.arrivals,
         )
-    except NegativeDuration as err:
-        raise SerqError(str(err)) from None
-    except ZeroDivisionError:
-        raise SerqError("division by zero while simulating") from None
-    except (OverflowError, ValueError) as err:
-        raise SerqError(f"arithmetic error while simulating: {err}") from None
+    except (Fault, ZeroDivisionError, OverflowError, ValueError) as err:
+        raise model.runtime_error(err).attach(model.filename, model.text or "") from None
+
+
+def check_run(
+    model: Model, horizon: float, warmup: float, seed: int, limits: Limits
+) -> list[float]:
+    """Check a run's settings; return the backlog sample times (and ``inf`` after them)."""
+    if not (horizon > 0 and math.isfinite(horizon)):
+        raise SerqError(f"--horizon must be a positive number of µs, got {horizon}")
+    if not (0 <= warmup < horizon):
+        raise SerqError(f"--warmup must be in [0, horizon), got {warmup}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SerqError(f"--seed must be an integer >= 0, got {seed}")
+    for name, v in (("iterations", limits.iterations), ("arrivals", limits.arrivals)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SerqError(f"--max-{name} must be an integer >= 1, got {v}")
+    if model.rate * horizon > limits.arrivals:
+        raise SerqError(
+            f"about {model.rate * horizon:.3g} arrivals expected; a run takes at most "
+            f"{limits.arrivals} (lower the rate or the horizon, or raise --max-arrivals)",
+            model.rate_loc,
+        ).attach(model.filename, model.text or "")
+    return [horizon * (i + 1) / SAMPLES for i in range(SAMPLES)] + [math.inf]
+
+
+def _check_observed(model: Model, obs: Mapping[str, list[float]]) -> None:
+    """Every ``observe``d value is finite (else the statistics would be NaN or inf)."""
+    for i, name in enumerate(model.observe_names):
+        values = np.asarray(obs[name], dtype=float)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            loc = model.observe_locs[i] if i < len(model.observe_locs) else None
+            raise SerqError(
+                f"observe '{name}' gave a non-finite value {values[bad[0]]}", loc
+            ).attach(model.filename, model.text or "")
 
 
 def simulate(
@@ -214,23 +262,19 @@ def simulate(
     horizon: float = 10_000_000.0,
     warmup: float = 0.0,
     seed: int = 0,
-    samples: int = 20,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> RunResult:
-    """Simulate ``model`` for ``horizon`` µs; statistics skip requests before ``warmup``."""
-    if not (horizon > 0 and math.isfinite(horizon)):
-        raise SerqError(f"--horizon must be a positive number of µs, got {horizon}")
-    if not (0 <= warmup < horizon):
-        raise SerqError(f"--warmup must be in [0, horizon), got {warmup}")
-    if model.rate * horizon > MAX_ARRIVALS:
-        raise SerqError(
-            f"about {model.rate * horizon:.3g} arrivals expected; the simulator takes at most "
-            f"{MAX_ARRIVALS} per run (lower the rate or the horizon)"
-        )
-    sample_times = [horizon * (i + 1) / samples for i in range(samples)] + [math.inf]
+    """Simulate ``model`` for ``horizon`` µs; statistics skip requests before ``warmup``.
+
+    More iterations or arrivals than ``limits`` allow is an error (a model whose clock barely
+    advances would otherwise run for ever, and one flooded with arrivals fill the memory).
+    """
+    sample_times = check_run(model, horizon, warmup, seed, limits)
     obs: dict[str, list[float]] = {n: [] for n in model.observe_names}
     t0 = time.perf_counter()
-    raw = _call(model, horizon, warmup, seed, sample_times, obs, trace=False)
+    raw = _call(model, horizon, warmup, seed, sample_times, obs, False, limits)
     wall = time.perf_counter() - t0
+    _check_observed(model, obs)
     if any(v is not None for v, _ in raw["claims"]):
         # replay the same seed, recording the trace prefix of each violation
         traced = _call(
@@ -240,7 +284,8 @@ def simulate(
             seed,
             sample_times,
             {n: [] for n in model.observe_names},
-            trace=True,
+            True,
+            limits,
         )
         raw["claims"] = traced["claims"]
 
@@ -339,9 +384,11 @@ def load(
         program = parse(text, name)
     info = check(program, name, text)
     try:
-        return build(program, info, overrides, name, fast=fast)
+        model = build(program, info, overrides, name, fast=fast)
     except SerqError as err:
         raise err.attach(name, text) from None
+    model.text = text
+    return model
 
 
 def run_file(
@@ -350,10 +397,11 @@ def run_file(
     warmup: float = 0.0,
     seed: int = 0,
     overrides: Mapping[str, float] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> RunResult:
     """Load and simulate a program file."""
     model = load(path, overrides=overrides)
     try:
-        return simulate(model, horizon, warmup, seed)
+        return simulate(model, horizon, warmup, seed, limits)
     except SerqError as err:
-        raise err.attach(str(path), "") from None
+        raise err.attach(str(path), model.text or "") from None
