@@ -129,6 +129,10 @@ def gen(e: A.Expr, env: Env) -> str:
             span = _const_span(e.args[0], e.args[1], env)
             if span is not None:
                 return f"({lo} + {span} * _U())"
+            if _nodes(e.args[0], {}, lambda n: isinstance(n, A.Draw)):
+                # a bound that draws is drawn once: `a + (b - a) U` reads `a` twice
+                var = f"_lo{e.loc.line}_{e.loc.col}" if e.loc.line else f"_lo{id(e)}"
+                return f"(({var} := {lo}) + ({hi} - {var}) * _U())"
             return f"({lo} + ({hi} - {lo}) * _U())"
         scale = args[0] + ".0" if _small_int_literal(args[0]) else args[0]
         return f"({scale} * _X())"
@@ -317,13 +321,14 @@ def build(
     overrides: Mapping[str, float] | None = None,
     filename: str = "<input>",
     fast: bool = True,
+    steps: bool = False,
 ) -> Model:
     """Evaluate constants (with ``--set`` overrides) and generate the simulator.
 
     See :func:`_build`; a program too deep for the generator's recursion is an error.
     """
     try:
-        return _build(program, info, overrides, filename, fast)
+        return _build(program, info, overrides, filename, fast, steps)
     except RecursionError:
         raise SerqError("the program is nested too deeply for the simulator") from None
 
@@ -334,12 +339,14 @@ def _build(
     overrides: Mapping[str, float] | None,
     filename: str,
     fast: bool,
+    steps: bool,
 ) -> Model:
     """Evaluate constants (with ``--set`` overrides) and generate the simulator.
 
     With ``fast`` (the default) the generated loop also steps runs of identical iterations
     (see :func:`serq.fastpath.fast_block`); ``fast=False`` generates the plain loop, with the
-    same results.
+    same results. ``steps=True`` makes a traced run (``TR``) append the state after every
+    iteration to ``STEPS`` (the differential tests compare it with :mod:`serq.interp`).
     """
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(info.params))
@@ -748,6 +755,11 @@ def _build(
         and not any(reads_time.search(ln) for ln in [*form, exec_code])
         and not any(reads_batch.search(ln) for ln in form[:reset])
     )
+    if any(reads_batch.search(ln) for ln in form[:reset]):
+        # the cap and the modes read the batch before it is formed: it is empty (and was
+        # unbound before the first iteration)
+        form.insert(0, "b_tok = 0; b_req = 0")
+        reset += 1
     # after an admission the batch repeats only if nothing in the formation reads the queue
     admitted: str | None = None
     if adm_after is not None and not any("len(waiting)" in ln for ln in form):
@@ -774,7 +786,8 @@ def _build(
             *form[:reset],
             f"if not (n_dec and {sel}):",
             "    break",
-            *([] if const_each else [each_at]),
+            # the bound is evaluated on an empty batch, as in the plain loop
+            *([] if const_each else ["b_tok = 0; b_req = 0", each_at]),
             "if n_dec > cap:" if const_each else f"if {each} < 1 or n_dec > cap:",
             "    break",
             "b_tok = n_dec; b_req = n_dec",
@@ -816,6 +829,17 @@ def _build(
             *_ind(done_obs, 1),
         ]
 
+    # the observable state after each iteration, for the differential tests (`steps=True`)
+    step_hook: list[str] = []
+    if steps:
+        flags = "".join(f"c{i}, " for i in range(len(claims)))
+        step_hook = [
+            "STEPS.append((trace[-1], now, served, tuple(waiting),",
+            "              tuple((r, prem[r]) for r in pre),",
+            "              tuple((r, f - K) for r, f in dec.items()),",
+            f"              len(fr), ({flags})))",
+        ]
+
     claim_init = []
     for i in range(len(claims)):
         claim_init.append(f"c{i} = True; v{i} = None; g{i} = True; gf{i} = None")
@@ -824,7 +848,7 @@ def _build(
     rv_init += [f"_o{i} = OBS[{name!r}].append" for i, name in enumerate(observe_names)]
 
     src: list[str] = [
-        "def _simulate(H, W, IA, U, X, SAMPLES, TRACE_LEN, OBS, TR, MAXIT, MAXARR):",
+        "def _simulate(H, W, IA, U, X, SAMPLES, TRACE_LEN, OBS, TR, MAXIT, MAXARR, STEPS=None):",
         "    _U = U; _X = X; _IA = IA",
         "    now = 0.0; served = 0; it = 0",
         "    waiting = deque(); pre = deque()",
@@ -888,6 +912,7 @@ def _build(
         "        if now >= W:",
         "            bc[b_req, b_tok] += 1",
         "        served += b_tok; now = end; it += 1",
+        *_ind(step_hook, 2),
         "    for k, n in bcd.items():",
         "        bc[k, k] += n",
         "    for k, n in bcp.items():",
