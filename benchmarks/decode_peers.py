@@ -266,6 +266,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="64,1024", help="comma list of context lengths")
     ap.add_argument("--batches", default="1,8", help="comma list of batch sizes")
     ap.add_argument("--precisions", default="fp32,bf16", help="plow/transformers precisions")
+    ap.add_argument("--transformers-precisions", default="fp32", help="transformers' precisions (its bf16 CPU path has no fast kernels without AVX-512 BF16)")
     ap.add_argument("--name", default="decode_peers", help="results/benchmarks/NAME.{json,md}")
     args = ap.parse_args()
     global CONTEXTS, BATCHES
@@ -309,7 +310,7 @@ def main() -> None:
     engines: dict[tuple[str, str], Any] = {}
     for p in precs:
         engines["plow native", p] = PlowNative(bundles[p])
-        if "transformers" in peers:
+        if "transformers" in peers and p in args.transformers_precisions.split(","):
             engines["transformers", p] = Transformers(ckpts[p], "float32" if p == "fp32" else "bfloat16")
     samples: dict[tuple[str, str, int, int], list[float]] = {}
     notes: dict[str, str] = dict(missing)
@@ -318,6 +319,7 @@ def main() -> None:
         for (name, prec), eng in engines.items():
             for b in BATCHES:
                 for c in CONTEXTS:
+                    log(f"  {name} {prec} batch {b} context {c}")
                     s = eng.steps(b, c, args.warmup, args.steps)
                     samples.setdefault((name, prec, b, c), []).append(statistics.median(s))
         if llama_py is not None:

@@ -24,7 +24,7 @@
 #define PLOW_HD
 #endif
 #ifndef PLOW_SIMD
-#define PLOW_SIMD
+#define PLOW_SIMD PLOW_HD  // a device build defines PLOW_HD only: the SIMD helpers follow it
 #endif
 
 namespace plow {
