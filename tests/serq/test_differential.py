@@ -312,7 +312,7 @@ def _first_difference(a: list[Any], b: list[Any]) -> str:
 
 
 TRACES = [
-    (seed, h, w) for seed in range(5) for h, w in ((2e5, 0.0), (6e5, 1e5), (1e6, 0.0), (4e5, 3e5))
+    (seed, h, w) for seed in range(4) for h, w in ((2e5, 0.0), (5e5, 1e5), (8e5, 0.0), (4e5, 3e5))
 ]
 
 
@@ -368,6 +368,7 @@ def test_differential_random_programs_quick() -> None:
 @pytest.mark.slow
 def test_differential_random_programs() -> None:
     """At least 1,000 traces over at least 50 programs (the acceptance bar of issue 16)."""
-    programs_, traces, iterations = _run_many(100, TRACES)
+    programs_, traces, iterations = _run_many(130, TRACES)  # 86 distinct programs
     assert programs_ >= 50 and traces >= 1000, (programs_, traces)
+    print(f"{programs_} programs, {traces} traces, {iterations} iterations")
     assert iterations > 50_000
