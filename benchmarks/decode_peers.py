@@ -392,7 +392,32 @@ def render(doc: dict[str, Any]) -> str:
                 L.append(f"- {key[0]} {key[1]} batch {key[2]}: {pts[ctxs[-1]] / pts[ctxs[0]]:.2f}x")
     if doc["notes"]:
         L += ["", "Not measured:", ""] + [f"- {k}: {v}" for k, v in doc["notes"].items()]
+    L += ["", "## Limits", ""] + [f"- {x}" for x in LIMITS]
+    bad = [r for r in doc["rows"] if r["ms_per_token"] <= 0]
+    if bad:
+        L.append(
+            "- Invalid in this run (a non-positive difference of two generations): "
+            + ", ".join(f"{r['engine']} {r['precision']} batch {r['batch']} context {r['context']}" for r in bad)
+        )
     return "\n".join(L) + "\n"
+
+
+LIMITS = [
+    "One machine, 2 shared cores; the load average at start and end is printed above. Rounds "
+    "alternate the engines, so slow drifts hit all of them; one round is one sample per point.",
+    "llama.cpp is measured at batch 1 only (llama-cpp-python's high-level `eval` runs one "
+    "sequence); plow has no 4-bit block weights yet, so the Q4_1 row has no plow counterpart.",
+    "vLLM's per-token time is (t(1 + n tokens) - t(1 token)) / n over whole `generate` calls: it "
+    "includes its scheduler and detokenizer per step, and with one repeat it can be noisy "
+    "(a negative value means the two generations' prefill times differed by more than n steps).",
+    "transformers runs eager attention with a DynamicCache in fp32 (its bf16 CPU path has no fast "
+    "kernels on this AVX2 machine, so bf16 is not measured for it).",
+    "The roofline counts every weight byte once per step (tied embeddings once) against the copy "
+    "bandwidth (read + written bytes per second of a numpy copy); key-value reads are not in it, "
+    "so long-context points sit further below it by construction.",
+    "plow's batch-8 rows share one prompt's cached blocks (the decode step still computes and "
+    "attends every row); the other engines prefill each row.",
+]
 
 
 if __name__ == "__main__":
