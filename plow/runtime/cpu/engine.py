@@ -297,6 +297,18 @@ def generate_bundle(
     if not prompt_ids:
         raise PlowError("prompt", "empty prompt")
     model = CpuModel.from_bundle(bundle, max_batch=1, verify=verify, kv_dtype=kv_dtype)
+    return generate_request(model, prompt_ids, max_new_tokens, params, stop_ids, multi_step)
+
+
+def generate_request(
+    model: CpuModel,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    params: SamplingParams | None,
+    stop_ids: tuple[int, ...],
+    multi_step: int,
+) -> tuple[list[int], GenerationStats]:
+    """One request on a bundle model of any executor (cpu, native, cuda share the host side)."""
     if len(prompt_ids) + max_new_tokens > model.context:
         raise PlowError(
             "--max-new-tokens",

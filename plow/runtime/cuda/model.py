@@ -34,7 +34,8 @@ import numpy as np
 
 from plow.errors import PlowError
 from plow.runtime.cpu.bundle import Bundle
-from plow.runtime.cpu.generate import GenerationStats, Request, generate
+from plow.runtime.cpu.engine import generate_request
+from plow.runtime.cpu.generate import GenerationStats
 from plow.runtime.cpu.machine import DispatchStats
 from plow.runtime.cpu.model import CpuModel, RowDevice
 from plow.runtime.cpu.plan import PAGE_TABLE, Plan
@@ -460,15 +461,4 @@ def generate_cuda(
     if not prompt_ids:
         raise PlowError("prompt", "empty prompt")
     model = open_cuda(bundle, verify=verify, max_batch=1)
-    if len(prompt_ids) + max_new_tokens > model.context:
-        raise PlowError(
-            "--max-new-tokens",
-            f"prompt {len(prompt_ids)} + {max_new_tokens} new tokens exceed the bundle's "
-            f"context {model.context}",
-        )
-    stats = GenerationStats()
-    req = Request(
-        tuple(int(t) for t in prompt_ids), max_new_tokens, params or SamplingParams(), stop_ids
-    )
-    out = generate(model, [req], multi_step=multi_step, stats=stats)
-    return out[0], stats
+    return generate_request(model, prompt_ids, max_new_tokens, params, stop_ids, multi_step)

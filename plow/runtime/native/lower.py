@@ -25,6 +25,7 @@ from plow.emit.files import OpTable
 from plow.emit.wire import read_plan
 from plow.errors import PlowError
 from plow.runtime.cpu.arena import Arena
+from plow.runtime.cpu.kernels import _view2
 from plow.runtime.cpu.plan import PAGE_TABLE, OpEntry, Plan
 from plow.runtime.native.library import (
     ABI_VERSION,
@@ -62,12 +63,6 @@ def stored(a: np.ndarray) -> np.ndarray:
     if weight_dtype(a) == DTYPE_NONE:
         return np.ascontiguousarray(np.asarray(a, dtype=np.float32))
     return np.ascontiguousarray(a)
-
-
-def _view2(shape: tuple[int, ...]) -> tuple[int, int]:
-    if len(shape) == 1:
-        return (shape[0], 1)
-    return (math.prod(shape[:-1]), shape[-1])
 
 
 def lower(

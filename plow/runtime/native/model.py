@@ -22,7 +22,8 @@ import numpy as np
 
 from plow.errors import PlowError
 from plow.runtime.cpu.bundle import Bundle
-from plow.runtime.cpu.generate import GenerationStats, Request, generate
+from plow.runtime.cpu.engine import generate_request
+from plow.runtime.cpu.generate import GenerationStats
 from plow.runtime.cpu.machine import DispatchStats
 from plow.runtime.cpu.model import CpuModel, RowDevice, RowInput
 from plow.runtime.cpu.plan import REMAINING, RING, Plan
@@ -86,37 +87,27 @@ class NativeMachine:
         return max(1, min(len(plan.stream.queues), usable_cores()))
 
     def dispatch(self, plan: Plan, **_: Any) -> DispatchStats:
-        h = self._handle(plan)[1]
-        arena = self.model.arena
-        if arena.layout is not plan.layout:
-            raise PlowError(plan.bucket.name, "the arena holds another bucket's layout")
-        buf = arena.buf
-        err = ctypes.create_string_buffer(512)
-        rc = self.lib.plow_plan_dispatch(
-            h, buf.ctypes.data, buf.shape[0], self.threads_for(plan), self.timeout_ms, err, len(err)
-        )
-        if rc != 0:
-            raise NativeStepError(plan.bucket.name, err.value.decode())
-        counts = (ctypes.c_int64 * 3)()
-        self.lib.plow_plan_last_counts(h, counts)
-        self.last = DispatchStats(int(counts[0]), (), int(counts[0] + counts[1]), int(counts[1]))
-        return self.last
+        """One step of `plan` (no epilogue: the host's `CpuModel` paths call this)."""
+        return self._run(plan, lambda lib, h, buf, th, err: lib.plow_plan_dispatch(
+            h, buf.ctypes.data, buf.shape[0], th, self.timeout_ms, err, len(err)
+        ))  # fmt: skip
 
     def quantum(
         self, plan: Plan, steps: int, q: library.PlowQuantum, rows: ctypes.Array[library.PlowRow]
     ) -> DispatchStats:
         """`steps` dispatches of `plan`, each followed by the step epilogue, in one call."""
+        return self._run(plan, lambda lib, h, buf, th, err: lib.plow_plan_quantum(
+            h, buf.ctypes.data, buf.shape[0], th, self.timeout_ms, steps,
+            ctypes.byref(q), rows, err, len(err),
+        ))  # fmt: skip
+
+    def _run(self, plan: Plan, call: Any) -> DispatchStats:
         h = self._handle(plan)[1]
         arena = self.model.arena
         if arena.layout is not plan.layout:
             raise PlowError(plan.bucket.name, "the arena holds another bucket's layout")
-        buf = arena.buf
         err = ctypes.create_string_buffer(512)
-        rc = self.lib.plow_plan_quantum(
-            h, buf.ctypes.data, buf.shape[0], self.threads_for(plan), self.timeout_ms, steps,
-            ctypes.byref(q), rows, err, len(err),
-        )  # fmt: skip
-        if rc != 0:
+        if call(self.lib, h, arena.buf, self.threads_for(plan), err) != 0:
             raise NativeStepError(plan.bucket.name, err.value.decode())
         counts = (ctypes.c_int64 * 3)()
         self.lib.plow_plan_last_counts(h, counts)
@@ -280,15 +271,4 @@ def generate_native(
     if not prompt_ids:
         raise PlowError("prompt", "empty prompt")
     model = open_native(bundle, verify=verify, threads=threads, max_batch=1)
-    if len(prompt_ids) + max_new_tokens > model.context:
-        raise PlowError(
-            "--max-new-tokens",
-            f"prompt {len(prompt_ids)} + {max_new_tokens} new tokens exceed the bundle's "
-            f"context {model.context}",
-        )
-    stats = GenerationStats()
-    req = Request(
-        tuple(int(t) for t in prompt_ids), max_new_tokens, params or SamplingParams(), stop_ids
-    )
-    out = generate(model, [req], multi_step=multi_step, stats=stats)
-    return out[0], stats
+    return generate_request(model, prompt_ids, max_new_tokens, params, stop_ids, multi_step)
