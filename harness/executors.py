@@ -19,35 +19,32 @@ runs those certified plans, loaded from the certified bundle files on disk, for 
 they cover (and records every launch in `compiled.usage`: certified or not, loaded from which
 bundle); the reference executor ignores it.
 
-To plug in an executor (CUDA), implement `Executor` and `Runner` and register it in
-`EXECUTORS`; nothing else in the harness changes.
+The executors are the runtime's registry (`plow.runtime.executors`): the reference one, and
+one `BundleExecutor` for each bundle executor (cpu, native, cuda: one runner and one serving
+engine for all three, the machine chosen by the registry). An executor registered there is
+a study's executor here with nothing else to change.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from plow.checkpoint import Checkpoint
 from plow.errors import PlowError
+from plow.runtime.cpu.engine import CpuEngine, CpuRunner
 from plow.runtime.cpu.machine import DispatchStats
 from plow.runtime.cpu.model import CpuModel
 from plow.runtime.cpu.plan import Plan
-from plow.runtime.native.model import NativeModel, check_host_target
+from plow.runtime.executors import EXECUTORS as RUNTIME_EXECUTORS
+from plow.runtime.executors import ExecutorKind, ExecutorUnavailable, gpu_present
 from plow.runtime.reference import ReferenceSession
 
 if TYPE_CHECKING:
     from harness.compile_step import CompiledStudy
-
-
-class ExecutorUnavailable(PlowError):
-    """The workload names an executor this machine or this version cannot run (exit 2)."""
 
 
 @runtime_checkable
@@ -176,10 +173,7 @@ class ReferenceRunner:
 
 class ReferenceExecutor:
     name = "reference"
-    description = (
-        "the plain per-op numpy forward (fp32, contiguous key-value cache, rows run "
-        "one after another); independent of the compiled plan"
-    )
+    description = RUNTIME_EXECUTORS["reference"].description
 
     def unavailable_reason(self) -> str | None:
         return None
@@ -202,58 +196,52 @@ class ReferenceExecutor:
         max_context: int,
         compiled: CompiledStudy | None = None,
     ) -> Any:
-        from plow.serve.engine import ReferenceEngine
+        return RUNTIME_EXECUTORS["reference"].open_engine(
+            ckpt, max_batch=max_batch, max_context=max_context
+        )
 
-        return ReferenceEngine.from_checkpoint(ckpt, max_batch=max_batch, max_context=max_context)
 
+def _recording(model: CpuModel, study: CompiledStudy | None) -> CpuModel:
+    """`model`, reporting every launch to the study (which plan ran, loaded from which
+    bundle, certified or not); the same for every bundle executor."""
+    if study is None:
+        return model
+    inner = model.dispatch
 
-class _CpuModel(CpuModel):
-    """A `CpuModel` that reports every launch to the study (which plan ran, loaded from which
-    bundle, certified or not)."""
-
-    study: CompiledStudy | None = None
-
-    def dispatch(self, plan: Plan, **kw: object) -> DispatchStats:
-        st = super().dispatch(plan, **kw)
-        if self.study is not None:
-            self.study.record(plan.bucket, plan.source)
+    def dispatch(plan: Plan, **kw: Any) -> DispatchStats:
+        st = inner(plan, **kw)
+        study.record(plan.bucket, plan.source)
         return st
 
+    model.dispatch = dispatch  # type: ignore[method-assign]
+    return model
 
-class _NativeModel(NativeModel):
-    """A `NativeModel` that reports every launch to the study, as `_CpuModel` does."""
 
-    study: CompiledStudy | None = None
-
-    def dispatch(self, plan: Plan, **kw: object) -> DispatchStats:
-        st = super().dispatch(plan, **kw)
-        if self.study is not None:
-            self.study.record(plan.bucket, plan.source)
-        return st
+def _check_shape(ckpt: Checkpoint, max_batch: int, max_context: int) -> None:
+    if max_batch < 1:
+        raise ValueError("max_batch must be at least 1")
+    if not 1 <= max_context <= ckpt.spec.max_position:
+        raise ValueError(f"max_context must be in 1..{ckpt.spec.max_position}, got {max_context}")
 
 
 def cpu_model(
     ckpt: Checkpoint, *, max_batch: int, max_context: int, compiled: CompiledStudy | None
 ) -> CpuModel:
-    """The CPU executor's model for one runner. With `compiled`: planned for its (calibrated)
-    target, and the certified decode plans of this context loaded from the study's bundle
-    files on disk (`plow.runtime.cpu.bundle`: hashes and certificates checked, the packet
-    stream and arena offsets of the plan file; weights from `ckpt`, checked against the op
-    tables, since the study's bundles are plan-only) and installed as they are, so those
-    buckets run exactly what the oracle certified and are never re-planned; buckets outside
-    the study's compile (prefill) are planned in memory on first use, as without it."""
-    if max_batch < 1:
-        raise ValueError("max_batch must be at least 1")
-    if not 1 <= max_context <= ckpt.spec.max_position:
-        raise ValueError(f"max_context must be in 1..{ckpt.spec.max_position}, got {max_context}")
-    model = _CpuModel(
+    """The model of an executor that plans in memory (the cpu emulator). With `compiled`:
+    planned for its (calibrated) target, and the certified decode plans of this context loaded
+    from the study's bundle files on disk (`plow.runtime.cpu.bundle`: hashes and certificates
+    checked, the packet stream and arena offsets of the plan file; weights from `ckpt`, checked
+    against the op tables, since the study's bundles are plan-only) and installed as they are,
+    so those buckets run exactly what the oracle certified and are never re-planned; buckets
+    outside the study's compile (prefill) are planned in memory on first use, as without it."""
+    _check_shape(ckpt, max_batch, max_context)
+    model = CpuModel(
         ckpt.spec,
         ckpt.weights,
         target=compiled.target if compiled is not None else "cpu",
         max_batch=max_batch,
         max_context=max_context,
     )
-    model.study = compiled
     if compiled is not None:
         for bp in compiled.plans_for(model.context):
             if bp.bucket.batch not in model.decode_batches:
@@ -264,92 +252,64 @@ def cpu_model(
                     "compile", f"no certified bundle on record for bucket {bp.bucket.name}"
                 )
             model.add_plan(bundle.plan(bp.bucket, kv=model.arena.kv_shape, ring=model.ring))
-    return model
+    return _recording(model, compiled)
 
 
-class CpuExecutor:
-    """The compiled CPU executor (persistent-kernel emulation, issue 6): the plan's packets
-    on virtual workers, counters as the only synchronisation (`plow.runtime.cpu`)."""
+def bundle_model(
+    kind: ExecutorKind,
+    ckpt: Checkpoint,
+    *,
+    max_batch: int,
+    max_context: int,
+    compiled: CompiledStudy | None,
+) -> CpuModel:
+    """The model of a bundle executor for one runner: in memory for an executor that plans
+    in memory (`cpu_model`), else the study's certified bundle of this context (the first one
+    whose decode rung holds `max_batch` rows) opened on the executor's machine
+    (`ExecutorKind.open_model`)."""
+    if kind.plans_in_memory:
+        return cpu_model(ckpt, max_batch=max_batch, max_context=max_context, compiled=compiled)
+    _check_shape(ckpt, max_batch, max_context)
+    if compiled is None:
+        raise PlowError(f"executor {kind.name}", "runs the study's certified bundles (step a)")
+    plans = [
+        bp for bp in compiled.plans_for(max_context) if bp.bucket.batch >= max_batch
+    ] or compiled.plans_for(max_context)
+    if not plans:
+        raise PlowError("compile", f"no certified plan for context {max_context}")
+    bundle = compiled.bundle(plans[0].bucket, ckpt.weights)
+    if bundle is None:
+        raise PlowError("compile", f"no certified bundle for bucket {plans[0].bucket.name}")
+    model = kind.open_model(bundle, max_batch=max_batch, max_context=max_context)
+    return _recording(model, compiled)
 
-    name = "cpu"
-    description = (
-        "the compiled plan's packet stream on the CPU persistent-kernel emulation "
-        "(plow.runtime.cpu: virtual workers, counters, numpy tile kernels)"
-    )
+
+@dataclass(frozen=True)
+class BundleExecutor:
+    """A bundle executor of the runtime registry (`cpu`, `native`, `cuda`) as a study runs it:
+    the same runner and serving engine (`CpuEngine` over `bundle_model`) for all three."""
+
+    kind: ExecutorKind
+
+    @property
+    def name(self) -> str:
+        return self.kind.name
+
+    @property
+    def description(self) -> str:
+        return self.kind.description
 
     def unavailable_reason(self) -> str | None:
-        return None
+        return self.kind.unavailable_reason()
 
-    def open(
-        self,
-        ckpt: Checkpoint,
-        *,
-        max_batch: int,
-        max_context: int,
-        compiled: CompiledStudy | None = None,
-    ) -> Runner:
-        from plow.runtime.cpu.engine import CpuEngine, CpuRunner
-
-        model = cpu_model(ckpt, max_batch=max_batch, max_context=max_context, compiled=compiled)
-        return CpuRunner(CpuEngine(model))
-
-    def serving_engine(
-        self,
-        ckpt: Checkpoint,
-        *,
-        max_batch: int,
-        max_context: int,
-        compiled: CompiledStudy | None = None,
-    ) -> Any:
-        from plow.runtime.cpu.engine import CpuEngine
-
-        return CpuEngine(
-            cpu_model(ckpt, max_batch=max_batch, max_context=max_context, compiled=compiled)
+    def _engine(
+        self, ckpt: Checkpoint, max_batch: int, max_context: int, compiled: CompiledStudy | None
+    ) -> CpuEngine:
+        self.kind.check()
+        model = bundle_model(
+            self.kind, ckpt, max_batch=max_batch, max_context=max_context, compiled=compiled
         )
-
-
-class NativeExecutor:
-    """The native persistent kernel (issue 12): the study's certified bundles run by the C++
-    interpreter of `kernels/` on CPU threads (`plow.runtime.native`)."""
-
-    name = "native"
-    description = (
-        "the certified bundle's packet stream on the native persistent kernel "
-        "(kernels/, C++: one thread per plan worker, monotonic atomic counters)"
-    )
-
-    def unavailable_reason(self) -> str | None:
-        from plow.runtime.native import library
-
-        try:
-            library.load()
-        except PlowError as e:
-            return str(e)
-        return None
-
-    def _model(
-        self,
-        ckpt: Checkpoint,
-        *,
-        max_batch: int,
-        max_context: int,
-        compiled: CompiledStudy | None,
-    ) -> Any:
-        if compiled is None:
-            raise PlowError("executor native", "runs the study's certified bundles (step a)")
-        plans = [
-            bp for bp in compiled.plans_for(max_context) if bp.bucket.batch >= max_batch
-        ] or compiled.plans_for(max_context)
-        if not plans:
-            raise PlowError("compile", f"no certified plan for context {max_context}")
-        bundle = compiled.bundle(plans[0].bucket, ckpt.weights)
-        if bundle is None:
-            raise PlowError("compile", f"no certified bundle for bucket {plans[0].bucket.name}")
-        check_host_target(bundle)
-        model = _NativeModel.from_bundle(bundle, max_batch=max_batch, max_context=max_context)
-        assert isinstance(model, _NativeModel)
-        model.study = compiled
-        return model
+        return CpuEngine(model)
 
     def open(
         self,
@@ -359,10 +319,7 @@ class NativeExecutor:
         max_context: int,
         compiled: CompiledStudy | None = None,
     ) -> Runner:
-        from plow.runtime.cpu.engine import CpuEngine, CpuRunner
-
-        model = self._model(ckpt, max_batch=max_batch, max_context=max_context, compiled=compiled)
-        return CpuRunner(CpuEngine(model))
+        return CpuRunner(self._engine(ckpt, max_batch, max_context, compiled))
 
     def serving_engine(
         self,
@@ -372,52 +329,12 @@ class NativeExecutor:
         max_context: int,
         compiled: CompiledStudy | None = None,
     ) -> Any:
-        from plow.runtime.cpu.engine import CpuEngine
-
-        return CpuEngine(
-            self._model(ckpt, max_batch=max_batch, max_context=max_context, compiled=compiled)
-        )
-
-
-def gpu_present() -> bool:
-    """An NVIDIA GPU is visible: a device node, or `nvidia-smi` on PATH."""
-    if os.environ.get("PLOW_ASSUME_NO_GPU"):
-        return False
-    return Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
-
-
-class CudaExecutor:
-    name = "cuda"
-    description = "one persistent kernel per step on an NVIDIA GPU"
-
-    def unavailable_reason(self) -> str | None:
-        if not gpu_present():
-            return "no GPU on this machine (this workload needs an NVIDIA GPU)"
-        return "the CUDA executor is not built yet in this version"
-
-    def open(
-        self,
-        ckpt: Checkpoint,
-        *,
-        max_batch: int,
-        max_context: int,
-        compiled: CompiledStudy | None = None,
-    ) -> Runner:
-        raise ExecutorUnavailable("executor cuda", self.unavailable_reason() or "")
-
-    def serving_engine(
-        self,
-        ckpt: Checkpoint,
-        *,
-        max_batch: int,
-        max_context: int,
-        compiled: CompiledStudy | None = None,
-    ) -> Any:
-        raise ExecutorUnavailable("executor cuda", self.unavailable_reason() or "")
+        return self._engine(ckpt, max_batch, max_context, compiled)
 
 
 EXECUTORS: dict[str, Executor] = {
-    e.name: e for e in (ReferenceExecutor(), NativeExecutor(), CpuExecutor(), CudaExecutor())
+    name: ReferenceExecutor() if kind.runs == "checkpoint" else BundleExecutor(kind)
+    for name, kind in RUNTIME_EXECUTORS.items()
 }
 
 
@@ -432,3 +349,17 @@ def get_executor(name: str) -> Executor:
     if reason is not None:
         raise ExecutorUnavailable(f"executor {name}", reason)
     return ex
+
+
+__all__ = [
+    "EXECUTORS",
+    "BundleExecutor",
+    "Executor",
+    "ExecutorUnavailable",
+    "ReferenceExecutor",
+    "Runner",
+    "bundle_model",
+    "cpu_model",
+    "get_executor",
+    "gpu_present",
+]

@@ -1,4 +1,4 @@
-"""The CPU executor behind the serving `Engine` protocol (`plow.serve.engine`) and the
+"""The CPU executor behind the `Engine` protocol (`plow.runtime.engine`) and the
 harness's `Runner` (`harness.executors`), plus the `plow generate --executor cpu` entry.
 
 `CpuEngine` maps each dispatcher slot to one batch row (row = slot, so a slot keeps its arena
@@ -24,7 +24,7 @@ from plow.runtime.cpu.generate import GenerationStats, Request, generate
 from plow.runtime.cpu.model import CpuModel, RowInput
 from plow.runtime.kv_cache import KVDtype, PageTable
 from plow.runtime.sampler import SamplingParams
-from plow.serve.engine import EngineError, KVUsage, PrefillChunk, check_new_slot
+from plow.runtime.engine import EngineError, KVUsage, PrefillChunk, check_new_slot
 
 if TYPE_CHECKING:
     from plow.runtime.cpu.bundle import Bundle
@@ -40,7 +40,7 @@ class _Slot:
 
 
 class CpuEngine:
-    """`plow.serve.engine.Engine` on the CPU executor (see the module docstring)."""
+    """`plow.runtime.engine.Engine` on the CPU executor (see the module docstring)."""
 
     def __init__(self, model: CpuModel, *, prefix_cache: bool = True) -> None:
         self.model = model
