@@ -34,10 +34,25 @@ class RopeSpec:
 
 @dataclass(frozen=True, slots=True)
 class LayerSpec:
-    """Per-layer attention shape: `window` is None for global attention."""
+    """Per-layer attention shape: `window` is None for global attention. `moe`: the layer's
+    feed-forward is the routed experts of `ModelSpec.moe` (else the dense gated MLP)."""
 
     rope: RopeSpec
     window: int | None = None
+    moe: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    """Routed experts (Qwen3-MoE): a router linear `[experts, hidden]`, softmax over the
+    experts, the `top_k` largest kept (renormalised to sum 1 when `norm_topk_prob`), and
+    `experts` gated MLPs of width `intermediate_size`; a token's output is the
+    router-weighted sum of its `top_k` experts' outputs."""
+
+    experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +83,7 @@ class ModelSpec:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "float32"
+    moe: MoeSpec | None = None
 
     @property
     def q_size(self) -> int:
@@ -103,6 +119,14 @@ class ModelSpec:
             if self.sandwich_norms:
                 shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
                 shapes[p + "post_feedforward_layernorm.weight"] = (h,)
+            if self.layers[n].moe and self.moe is not None:
+                # experts stacked as transformers >= 5 holds them (plow.checkpoint.weights
+                # stacks the per-expert tensors of the older layout under these names)
+                e, mi = self.moe.experts, self.moe.intermediate_size
+                shapes[p + "mlp.gate.weight"] = (e, h)
+                shapes[p + "mlp.experts.gate_up_proj"] = (e, 2 * mi, h)
+                shapes[p + "mlp.experts.down_proj"] = (e, h, mi)
+                continue
             shapes[p + "mlp.gate_proj.weight"] = (i, h)
             shapes[p + "mlp.up_proj.weight"] = (i, h)
             shapes[p + "mlp.down_proj.weight"] = (h, i)
@@ -114,6 +138,18 @@ class ModelSpec:
     @property
     def lm_head_weight(self) -> str:
         return "model.embed_tokens.weight" if self.tie_word_embeddings else "lm_head.weight"
+
+    def active_parameter_count(self) -> int:
+        """Parameters one token reads: a routed layer's experts count `top_k` of `experts`."""
+        total = 0
+        for name, shape in self.weight_shapes().items():
+            n = 1
+            for d in shape:
+                n *= d
+            if self.moe is not None and ".mlp.experts." in name:
+                n = n * self.moe.top_k // self.moe.experts
+            total += n
+        return total
 
     def parameter_count(self) -> int:
         total = 0

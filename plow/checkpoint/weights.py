@@ -9,6 +9,7 @@ nothing is read until used.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -37,11 +38,80 @@ _DTYPES: dict[str, np.dtype] = {
 
 @dataclass(frozen=True, slots=True)
 class TensorEntry:
+    """One tensor's bytes in a file; a stacked tensor (`parts` non-empty) is the
+    concatenation of its parts' bytes in order (`file`/`offset` are the first part's)."""
+
     file: Path
     dtype: np.dtype
     shape: tuple[int, ...]
     offset: int  # absolute byte offset in the file
     nbytes: int
+    parts: tuple[TensorEntry, ...] = ()
+
+    @property
+    def pieces(self) -> tuple[TensorEntry, ...]:
+        """The contiguous byte runs of the tensor, in order."""
+        return self.parts or (self,)
+
+
+# transformers-4 checkpoints (and transformers-5's `save_pretrained`, which converts back)
+# store one tensor per expert; the graph reads them stacked, as transformers-5 holds them.
+_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def stack_experts(entries: dict[str, TensorEntry], where: Path | str) -> dict[str, TensorEntry]:
+    """`entries` plus, for every layer with per-expert tensors `<p>.{e}.gate_proj.weight`,
+    `up_proj`, `down_proj` (e = 0..E-1, all present, equal shapes and dtypes), the stacked
+    `<p>.gate_up_proj` `[E, 2I, H]` (gate rows then up rows per expert) and `<p>.down_proj`
+    `[E, H, I]`, as entries whose parts are the per-expert tensors (nothing is copied)."""
+    found: dict[str, dict[int, dict[str, TensorEntry]]] = {}
+    for name, entry in entries.items():
+        m = _EXPERT.match(name)
+        if m:
+            found.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = entry
+    out = dict(entries)
+    for prefix, per in found.items():
+        n = len(per)
+        if sorted(per) != list(range(n)):
+            missing = min(set(range(max(per) + 1)) - set(per))
+            raise CheckpointError(where, f"tensor '{prefix}.{missing}.gate_proj.weight' is missing")
+        for e in range(n):
+            for kind in ("gate_proj", "up_proj", "down_proj"):
+                if kind not in per[e]:
+                    raise CheckpointError(where, f"tensor '{prefix}.{e}.{kind}.weight' is missing")
+        for kind in ("gate_proj", "up_proj", "down_proj"):
+            ref = per[0][kind]
+            for e in range(n):
+                x = per[e][kind]
+                if x.shape != ref.shape or x.dtype != ref.dtype:
+                    raise CheckpointError(
+                        x.file,
+                        f"tensor '{prefix}.{e}.{kind}.weight' is {x.dtype} {list(x.shape)}, expert "
+                        f"0's is {ref.dtype} {list(ref.shape)}",
+                    )
+        g = per[0]["gate_proj"]
+        if per[0]["up_proj"].shape != g.shape:
+            raise CheckpointError(where, f"{prefix}: gate_proj and up_proj shapes differ")
+        gu = tuple(x for e in range(n) for x in (per[e]["gate_proj"], per[e]["up_proj"]))
+        dn = tuple(per[e]["down_proj"] for e in range(n))
+        for stacked, parts, shape in (
+            ("gate_up_proj", gu, (n, 2 * g.shape[0], g.shape[1])),
+            ("down_proj", dn, (n, *per[0]["down_proj"].shape)),
+        ):
+            full = f"{prefix}.{stacked}"
+            if full in out:
+                raise CheckpointError(
+                    where, f"tensor {full!r} is stored both stacked and per expert"
+                )
+            out[full] = TensorEntry(
+                parts[0].file,
+                parts[0].dtype,
+                shape,
+                parts[0].offset,
+                sum(p.nbytes for p in parts),
+                parts,
+            )
+    return out
 
 
 def read_header(path: Path) -> dict[str, TensorEntry]:
@@ -94,7 +164,7 @@ class WeightStore(Mapping[str, np.ndarray]):
     checkpoint directory, or the file) is what errors about a missing tensor name."""
 
     def __init__(self, entries: dict[str, TensorEntry], where: Path | str = "weights") -> None:
-        self._entries = entries
+        self._entries = stack_experts(entries, where)
         self.where = Path(where)
 
     @classmethod
@@ -127,6 +197,14 @@ class WeightStore(Mapping[str, np.ndarray]):
 
     def __getitem__(self, name: str) -> np.ndarray:
         e = self.entry(name)
+        if e.parts:  # stacked experts: one copy of the parts, read-only
+            runs = [
+                np.memmap(p.file, dtype=p.dtype, mode="r", offset=p.offset, shape=p.shape)
+                for p in e.parts
+            ]
+            flat = np.concatenate([r.ravel() for r in runs]).reshape(e.shape)
+            flat.flags.writeable = False
+            return flat
         return np.memmap(e.file, dtype=e.dtype, mode="r", offset=e.offset, shape=e.shape)
 
     def __contains__(self, name: object) -> bool:
@@ -140,7 +218,7 @@ class WeightStore(Mapping[str, np.ndarray]):
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values())
+        return sum(e.nbytes for e in self._entries.values() if not e.parts)
 
     def check_shapes(self, expected: dict[str, tuple[int, ...]]) -> None:
         """Every expected tensor is present with its shape (extra tensors are allowed)."""

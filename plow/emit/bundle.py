@@ -212,7 +212,7 @@ def copy_weights(source: Path, names: list[str], dest: Path) -> WeightsInfo:
     with dest.open("wb") as out:
         out.write(len(raw).to_bytes(8, "little"))
         out.write(raw)
-        for e in entries:
+        for e in (p for t in entries for p in t.pieces):  # stacked experts: their parts
             with e.file.open("rb") as f:
                 f.seek(e.offset)
                 left = e.nbytes

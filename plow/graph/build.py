@@ -44,6 +44,38 @@ class _Builder:
         return out
 
 
+def _experts(g: _Builder, spec: ModelSpec, p: str, w: str, h: str, n: int) -> str:
+    """A routed feed-forward: router logits (a linear), the router (softmax, top-k, optional
+    renormalisation: dense weights, 0 off the top-k), every expert's gate/up and activation
+    (`expert_linear` gate_up), and the router-weighted down projection summed over the
+    experts (`expert_linear` down, a reduction over the expert axis). Every expert's tiles
+    are in the plan; a tile whose expert no token of its rows chose computes nothing."""
+    moe = spec.moe
+    assert moe is not None
+    logits = g.op(p + "router_logits", OpKind.linear, [h, g.weight(w + "mlp.gate.weight")], {}, n)
+    route = g.op(
+        p + "router",
+        OpKind.router,
+        [logits],
+        {"top_k": moe.top_k, "norm_topk_prob": moe.norm_topk_prob, "experts": moe.experts},
+        n,
+    )
+    act = g.op(
+        p + "experts_gate_up",
+        OpKind.expert_linear,
+        [h, route, g.weight(w + "mlp.experts.gate_up_proj")],
+        {"mode": "gate_up", "activation": spec.activation.value, "experts": moe.experts},
+        n,
+    )
+    return g.op(
+        p + "experts_down",
+        OpKind.expert_linear,
+        [act, route, g.weight(w + "mlp.experts.down_proj")],
+        {"mode": "down", "experts": moe.experts},
+        n,
+    )
+
+
 def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
     """The forward of one step of `bucket`: token ids in, logits and sampled ids out.
 
@@ -142,12 +174,19 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
             "pre_feedforward_layernorm" if spec.sandwich_norms else "post_attention_layernorm"
         )
         h = norm(p + "mlp_norm", x, w + mlp_norm + ".weight", n)
-        gate = linear(p + "gate_proj", h, w + "mlp.gate_proj.weight", n)
-        up = linear(p + "up_proj", h, w + "mlp.up_proj.weight", n)
-        act = g.op(
-            p + "gated_mlp", OpKind.gated_mlp, [gate, up], {"activation": spec.activation.value}, n
-        )
-        d = linear(p + "down_proj", act, w + "mlp.down_proj.weight", n)
+        if lspec.moe and spec.moe is not None:
+            d = _experts(g, spec, p, w, h, n)
+        else:
+            gate = linear(p + "gate_proj", h, w + "mlp.gate_proj.weight", n)
+            up = linear(p + "up_proj", h, w + "mlp.up_proj.weight", n)
+            act = g.op(
+                p + "gated_mlp",
+                OpKind.gated_mlp,
+                [gate, up],
+                {"activation": spec.activation.value},
+                n,
+            )
+            d = linear(p + "down_proj", act, w + "mlp.down_proj.weight", n)
         if spec.sandwich_norms:
             d = norm(p + "post_mlp_norm", d, w + "post_feedforward_layernorm.weight", n)
         x = g.op(p + "mlp_residual", OpKind.residual_add, [x, d], {}, n)

@@ -27,6 +27,8 @@ class OpKind(str, Enum):
     residual_add = "residual_add"
     lm_head = "lm_head"
     sample = "sample"
+    router = "router"  # router logits -> dense combine weights (top-k kept, the rest 0)
+    expert_linear = "expert_linear"  # stacked experts, gated by the router's weights
 
 
 class TensorRole(str, Enum):
@@ -137,6 +139,26 @@ def infer_shapes(
             f"sample wants logits[B,T,V], index[B]; got {logits}, {idx}",
         )
         return [(logits[0],)]
+    if kind is OpKind.router:
+        (logits,) = ins
+        top, n_exp = int(attrs["top_k"]), logits[-1]
+        _need(name, 1 <= top <= n_exp, f"router top_k {top} outside 1..{n_exp} experts")
+        return [logits]
+    if kind is OpKind.expert_linear:
+        # gate_up: x[.., K] (shared), w[E, 2N, K] -> act(x w_gate^T) * (x w_up^T) per expert,
+        #   out[.., E*N] (expert e's columns e*N .. e*N+N);
+        # down: x[.., E*K] (expert e's columns e*K ..), w[E, N, K] -> out[.., N], the
+        #   router-weighted sum over experts. Input 1 is the router's weights [.., E].
+        x, r, w = ins
+        _need(name, len(w) == 3, f"expert weight {w} is not [E, N, K]")
+        n_exp, wn, kin = w
+        _need(name, r[-1] == n_exp and r[:-1] == x[:-1], f"router weights {r} do not fit {x}, {w}")
+        if attrs["mode"] == "gate_up":
+            _need(name, x[-1] == kin and wn % 2 == 0, f"input {x} does not match weight {w}")
+            return [(*x[:-1], n_exp * (wn // 2))]
+        _need(name, attrs["mode"] == "down", f"unknown expert_linear mode {attrs['mode']!r}")
+        _need(name, x[-1] == n_exp * kin, f"input {x} is not {n_exp} experts x {kin} columns")
+        return [(*x[:-1], wn)]
     raise GraphError(name, f"unknown op kind {kind}")
 
 

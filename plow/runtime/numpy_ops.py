@@ -137,3 +137,55 @@ def lm_head(x: np.ndarray, w: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarra
 def greedy(logits: np.ndarray, index: np.ndarray) -> np.ndarray:
     rows = logits[np.arange(logits.shape[0]), index]
     return rows.argmax(axis=-1).astype(np.int32)
+
+
+def router(logits: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
+    """Dense combine weights [.., E] from router logits (Qwen3-MoE's router): softmax over the
+    experts in fp32, the `top_k` largest kept (ties: the lower expert index), divided by their
+    sum when `norm_topk_prob`; every other expert's weight is exactly 0."""
+    x = np.asarray(logits, dtype=F32)
+    e = np.exp(x - x.max(axis=-1, keepdims=True)).astype(F32)
+    p = (e / e.sum(axis=-1, keepdims=True, dtype=F32)).astype(F32)
+    k = int(attrs["top_k"])
+    top = np.argsort(-p, axis=-1, kind="stable")[..., :k]
+    val = np.take_along_axis(p, top, axis=-1)
+    if attrs.get("norm_topk_prob"):
+        val = (val / val.sum(axis=-1, keepdims=True, dtype=F32)).astype(F32)
+    out = np.zeros_like(p)
+    np.put_along_axis(out, top, val, axis=-1)
+    return out
+
+
+def experts_gate_up(
+    x: np.ndarray, route: np.ndarray, w: np.ndarray, attrs: Mapping[str, Any]
+) -> np.ndarray:
+    """act(x w_gate[e]^T) * (x w_up[e]^T) for every expert e ([.., E*N]; w [E, 2N, K], gate
+    rows first); rows whose router weight for e is 0 get zeros in e's columns."""
+    n_exp, two_n, _ = w.shape
+    n = two_n // 2
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    r2 = route.reshape(-1, n_exp)
+    out = np.zeros((x2.shape[0], n_exp * n), dtype=F32)
+    for e in range(n_exp):
+        rows = np.flatnonzero(r2[:, e] != 0)
+        if rows.size:
+            gu = np.matmul(x2[rows], np.asarray(w[e], dtype=F32).T).astype(F32)
+            out[rows, e * n : (e + 1) * n] = gated_mlp(gu[:, :n], gu[:, n:], attrs)
+    return out.reshape(*lead, n_exp * n)
+
+
+def experts_down(x: np.ndarray, route: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """sum over experts e (ascending) of route[.., e] * (x_e w[e]^T), x_e = columns
+    e*K .. of x ([.., N]; w [E, N, K])."""
+    n_exp, n, k = w.shape
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, n_exp * k)
+    r2 = route.reshape(-1, n_exp)
+    out = np.zeros((x2.shape[0], n), dtype=F32)
+    for e in range(n_exp):
+        rows = np.flatnonzero(r2[:, e] != 0)
+        if rows.size:
+            y = np.matmul(x2[rows, e * k : (e + 1) * k], np.asarray(w[e], dtype=F32).T)
+            out[rows] = out[rows] + (y.astype(F32) * r2[rows, e : e + 1]).astype(F32)
+    return out.reshape(*lead, n)

@@ -51,6 +51,12 @@ def run_graph(
             out = K.lm_head(a[0], a[1], op.attrs)
         elif op.kind is OpKind.sample:
             out = K.greedy(a[0], a[1])
+        elif op.kind is OpKind.router:
+            out = K.router(a[0], op.attrs)
+        elif op.kind is OpKind.expert_linear and op.attrs["mode"] == "gate_up":
+            out = K.experts_gate_up(a[0], a[1], a[2], op.attrs)
+        elif op.kind is OpKind.expert_linear:
+            out = K.experts_down(a[0], a[1], a[2])
         else:  # pragma: no cover - OpKind is closed
             raise AssertionError(op.kind)
         env[op.outputs[0]] = out

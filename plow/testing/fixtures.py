@@ -72,6 +72,26 @@ _BASE: dict[str, dict[str, Any]] = {
         # sqrt(hidden)-scaled tied embeddings make larger inits repeat the input token.
         initializer_range=0.05,
     ),
+    # Routed experts: top-2 of 8, renormalised; layer 1 dense among routed layers 0 and 2;
+    # head_dim 24 != hidden 64 / 4 heads; expert width 32 != the dense width 128.
+    "qwen3_moe": dict(
+        vocab_size=311,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        max_position_embeddings=256,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+    ),
 }
 TINY_FAMILIES = tuple(_BASE)
 
@@ -110,6 +130,7 @@ def _hf_config(family: str, seed: int, overrides: dict[str, Any]) -> Any:
         "llama": transformers.LlamaConfig,
         "qwen3": transformers.Qwen3Config,
         "gemma3": transformers.Gemma3TextConfig,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
     }[family]
     return cls(**params)
 
@@ -121,6 +142,7 @@ def _model_class(family: str) -> Any:
         "llama": transformers.LlamaForCausalLM,
         "qwen3": transformers.Qwen3ForCausalLM,
         "gemma3": transformers.Gemma3ForCausalLM,
+        "qwen3_moe": transformers.Qwen3MoeForCausalLM,
     }[family]
 
 
@@ -133,7 +155,8 @@ def make_tiny_checkpoint(
     dtype: str = "float32",
     **overrides: Any,
 ) -> Path:
-    """Write a tiny HF checkpoint for `family` ("llama", "qwen3", "gemma3") and return its dir.
+    """Write a tiny HF checkpoint for `family` ("llama", "qwen3", "gemma3", "qwen3_moe") and
+    return its dir.
 
     `shards > 1` splits the weights into about that many safetensors files with an index;
     `dtype` is the stored dtype ("float32", "bfloat16", "float16"); `overrides` replace
