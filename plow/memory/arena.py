@@ -39,6 +39,7 @@ ALIGN = 256
 SAMPLED_SLOT = "ids"  # the input the sampled token ids are written into
 
 _SPLIT_AXIS = {"linear": 2, "lm_head": 2, "attention": 1, "sample": 1, "rmsnorm": 1}
+_SPLIT_AXIS["expert_linear"] = 2  # routed experts: the down projection sums over experts
 
 
 @dataclass(frozen=True, slots=True)

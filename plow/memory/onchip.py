@@ -76,7 +76,7 @@ def onchip_footprint(top: TiledOp, tg: TileGraph, graph: OpGraph) -> tuple[int, 
     w = dtype_bytes(tg.weight_dtype)
     c = dtype_bytes(tg.cache_dtype)
     t = top.tile_shape
-    if top.kind in ("linear", "lm_head") and len(t) == 3:
+    if top.kind in ("linear", "lm_head", "expert_linear") and len(t) == 3:
         mt, nt, kt = t
         kc = min(kt, 64)
         wbytes = 2 * nt * kc * max(a, w)

@@ -16,6 +16,8 @@ tile whose output it reads.
 | gated_mlp, residual_add | the same box of both inputs | the box |
 | embedding | nothing produced by an op (ids, table) | the box |
 | sample | `logits[rows of the batch rows, cols]` | `index[rows]` |
+| router | the tile's rows, every expert column | the box |
+| expert_linear | `x[m, k]` and the tile's expert's column of the router weights | `out[m, n]` |
 
 Split reductions (the reduction axis has more than one step: linear/lm_head `k`,
 attention `s`, sample and rmsnorm `cols`): tiles write fp32 partials of their output box
@@ -28,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -41,10 +44,15 @@ Box = tuple[int, int, int, int]
 REDUCTION_AXIS: dict[str, int] = {
     "linear": 2,
     "lm_head": 2,
+    "expert_linear": 2,  # down: k runs over the experts (gate_up: one k step, never split)
     "attention": 1,
     "sample": 1,
     "rmsnorm": 1,
 }
+
+
+# Kinds whose tiles each stream a share of the op's weight bytes.
+_WEIGHT_KINDS = ("linear", "lm_head", "expert_linear")
 
 
 def view(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -214,6 +222,18 @@ class Regions:
         if k in ("linear", "lm_head"):
             (m0, m1), (n0, n1), (k0, k1) = ranges
             return [(op.inputs[0], (m0, m1, k0, k1))], (m0, m1, n0, n1)
+        if k == "expert_linear":
+            (m0, m1), (n0, n1), (k0, k1) = ranges
+            e = self.expert_of(op, n0, k0)
+            return [(op.inputs[0], (m0, m1, k0, k1)), (op.inputs[1], (m0, m1, e, e + 1))], (
+                m0,
+                m1,
+                n0,
+                n1,
+            )
+        if k == "router":
+            (a, b), (c0, c1) = ranges
+            return [(op.inputs[0], (a, b, c0, c1))], (a, b, c0, c1)
         if k == "rmsnorm":
             (a, b), (c0, c1) = ranges
             ncols = view(self.shape(out))[1]
@@ -240,6 +260,14 @@ class Regions:
             t = self.shape(op.inputs[0])[1]
             return [(op.inputs[0], (a * t, b * t, c0, c1))], (a, b, 0, 1)
         raise ValueError(f"no region rule for op kind {k!r} ({top.name})")
+
+    def expert_of(self, op: Op, n0: int | np.ndarray, k0: int | np.ndarray) -> Any:
+        """The expert of an `expert_linear` tile starting at output column `n0` / input
+        column `k0` (gate_up: n is expert-major; down: k is)."""
+        n_exp, wn, k_in = self.shape(op.inputs[2])
+        if op.attrs["mode"] == "gate_up":
+            return n0 // (wn // 2)
+        return k0 // k_in
 
     def _attention(
         self, op: Op, ranges: tuple[tuple[int, int], ...]
@@ -287,6 +315,11 @@ class Regions:
         if k in ("linear", "lm_head") and na == 3:
             m0, m1, n0, n1, k0, k1 = (r[:, i // 2, i % 2] for i in range(6))
             return [(op.inputs[0], box(m0, m1, k0, k1))], box(m0, m1, n0, n1)
+        if k == "expert_linear" and na == 3:
+            m0, m1, n0, n1, k0, k1 = (r[:, i // 2, i % 2] for i in range(6))
+            e = self.expert_of(op, n0, k0)
+            reads = [(op.inputs[0], box(m0, m1, k0, k1)), (op.inputs[1], box(m0, m1, e, e + 1))]
+            return reads, box(m0, m1, n0, n1)
         if na != 2 and k != "attention":
             return None
         a, b = r[:, 0, 0], r[:, 0, 1]
@@ -316,6 +349,9 @@ class Regions:
             return [(t, wb) for t in op.inputs], wb
         if k == "embedding":
             return [], box(a, b, c0, c1)
+        if k == "router":
+            wb = box(a, b, c0, c1)
+            return [(op.inputs[0], wb)], wb
         if k == "sample":
             t = self.shape(op.inputs[0])[1]
             return [(op.inputs[0], box(a * t, b * t, c0, c1))], box(a, b, 0, 1)
@@ -375,7 +411,7 @@ class Regions:
         ncols = max(1, view(self.shape(out))[1])
         split = is_split(top)
         red = REDUCTION_AXIS.get(top.kind)
-        wb = top.weight_bytes // max(1, n) if top.kind in ("linear", "lm_head") else 0
+        wb = top.weight_bytes // max(1, n) if top.kind in _WEIGHT_KINDS else 0
         reads_l, wbox = boxes
         reads_l = [(tn, bx) for tn, bx in reads_l if self.activation(tn)]
         reads: dict[str, BoxArray] = {}
@@ -465,7 +501,7 @@ class Regions:
         ncols = max(1, view(self.shape(out))[1])
         split = is_split(top)
         red = REDUCTION_AXIS.get(top.kind)
-        wb = top.weight_bytes // max(1, len(top.tiles)) if top.kind in ("linear", "lm_head") else 0
+        wb = top.weight_bytes // max(1, len(top.tiles)) if top.kind in _WEIGHT_KINDS else 0
         compute: list[Unit] = []
         # Output block of a split reduction: the tile's ranges off the reduction axis. Its
         # merge reads every partial of the block (the whole reduction) and writes the union

@@ -8,6 +8,8 @@ tile of a given shape moves, and (for matmul-like ops) the on-chip memory a tile
 | linear, lm_head | m (tokens), n (out features), k (in features) | 2 |
 | attention | rows (batch x tokens x query heads, by key-value head), s (keys), d | 4 (QK, PV) |
 | rmsnorm, rope, gated_mlp, residual_add, embedding, sample | rows, cols | per kind |
+| expert_linear | m, n, k (expert-major n for gate_up, k for down; a tile in one expert) | 4 / 2 |
+| router | rows, cols (all experts of a row in one tile) | 8 |
 
 Row-wise ops are tiled by rows and may also split their columns so that a one-token step
 still occupies the workers; for the row reductions (rmsnorm's sum of squares, sample's
@@ -127,6 +129,10 @@ class _Tiler:
             return self.matmul(op)
         if k is OpKind.attention:
             return self.attention(op)
+        if k is OpKind.expert_linear:
+            return self.experts(op)
+        if k is OpKind.router:
+            return self.router(op)
         if k in (
             OpKind.rmsnorm,
             OpKind.rope,
@@ -184,6 +190,110 @@ class _Tiler:
             tile_bytes=tile_bytes,
             merge_bytes=merge_bytes,
             onchip=onchip,
+        )
+
+    def expert_sizes(self, op: Op, width: int, what: str) -> tuple[int, ...]:
+        """Tile sizes along an expert-major axis: each tile lies in one expert's `width`
+        columns (so the router's weight for that expert gates the whole tile): the
+        minimum times powers of two dividing `width`, and `width` itself."""
+        if width < self.cmin:
+            from plow.errors import PlanRejected
+
+            raise PlanRejected(
+                f"op {op.name!r}",
+                f"expert {what} {width} is below the minimum tile {self.cmin} of target "
+                f"{self.target.name}: a tile would straddle two experts",
+            )
+        sizes = {width}
+        t = self.cmin
+        while t < width and t <= self.opt.max_tile_cols:
+            if width % t == 0:
+                sizes.add(t)
+            t *= 2
+        return tuple(sorted(sizes))
+
+    def experts(self, op: Op) -> _Space:
+        """`expert_linear`: axes (m, n, k) over every expert; a tile lies in one expert.
+
+        gate_up: n = E*N output columns (expert-major), k = K unsplit, two products per point
+        (gate and up rows of the stacked weight [E, 2N, K]); down: n = N, k = E*K with one
+        step per expert (k tile = K): a split reduction over the experts whose merge sums
+        the router-weighted expert outputs in ascending expert order. Costs are the worst
+        case (every expert has a token: what the plan must fit); `plow.tiles.summary`
+        reports the expected load beside it."""
+        x, _route, wname = op.inputs
+        n_exp, wn, k_in = self.shape(wname)
+        gate_up = op.attrs["mode"] == "gate_up"
+        n_out = n_exp * (wn // 2) if gate_up else wn
+        m = _numel(self.shape(x)) // self.shape(x)[-1]
+        a, w, W = self.a, self.w, self.target.workers
+        weight = n_exp * wn * k_in * w
+        if gate_up:
+            n_sizes = self.expert_sizes(op, wn // 2, "width")
+            k_ext, k_sizes = k_in, (round_up(k_in, self.cmin),)
+        else:
+            one_wave = round_up(cdiv(n_out, W), self.cmin)
+            n_sizes = axis_sizes(n_out, self.cmin, self.opt.max_tile_cols, (one_wave,))
+            k_ext, k_sizes = n_exp * k_in, (self.expert_sizes(op, k_in, "input width")[-1],)
+        axes = (
+            _AxisSpec("m", m, axis_sizes(m, self.rmin, self.opt.max_tile_rows)),
+            _AxisSpec("n", n_out, n_sizes),
+            _AxisSpec("k", k_ext, k_sizes),
+        )
+        products = 2 if gate_up else 1
+
+        def tile_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
+            mt, nt, kt = t
+            out = a if s[2] == 1 else 4
+            return mt * kt * a + products * nt * kt * w + mt * nt * out + mt * 4
+
+        def merge_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
+            if s[2] == 1:
+                return 0
+            mp, np_ = t[0] * s[0], t[1] * s[1]
+            return s[2] * mp * np_ * 4 + mp * np_ * a
+
+        def onchip(t: tuple[int, ...], s: tuple[int, ...]) -> int:
+            mt, nt, kt = t
+            return products * mt * nt * 4 + 2 * (mt + products * nt) * min(kt, 64) * max(a, w)
+
+        return _Space(
+            axes=axes,
+            flops_per_point=2 * products,
+            rate=self.mm_rate,
+            bytes=m * k_ext * a + weight + m * n_exp * 4 + m * n_out * a,
+            weight_bytes=weight,
+            tile_bytes=tile_bytes,
+            merge_bytes=merge_bytes,
+            onchip=onchip,
+        )
+
+    def router(self, op: Op) -> _Space:
+        """`router`: rows of router logits, the experts of a row in one tile (top-k reads the
+        whole row): softmax, selection and renormalisation, 8 flops per point."""
+        x = self.shape(op.inputs[0])
+        rows, cols = _numel(x) // x[-1], x[-1]
+        a = self.a
+        axes = (
+            _AxisSpec("rows", rows, axis_sizes(rows, self.rmin, self.opt.max_tile_rows)),
+            _AxisSpec("cols", cols, (round_up(cols, self.cmin),)),
+        )
+
+        def tile_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
+            return t[0] * t[1] * (a + 4)
+
+        def zero(t: tuple[int, ...], s: tuple[int, ...]) -> int:
+            return 0
+
+        return _Space(
+            axes=axes,
+            flops_per_point=8,
+            rate="fp32",
+            bytes=rows * cols * (a + 4),
+            weight_bytes=0,
+            tile_bytes=tile_bytes,
+            merge_bytes=zero,
+            onchip=zero,
         )
 
     def attention(self, op: Op) -> _Space:

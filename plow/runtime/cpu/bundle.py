@@ -443,7 +443,7 @@ def _layout(
         at = word(pn) if arena == "bundle" else private_words[pn]
         cap = act[pn].size // e if arena == "bundle" else int(np.prod(act[pn].shape))
         shapes: list[tuple[str, tuple[int, ...], WordDType]]
-        if op.kind in ("linear", "lm_head"):
+        if op.kind in ("linear", "lm_head", "expert_linear"):
             shapes = [(pn, (s, op.extents[0], op.extents[1]), "float32")]
         elif op.kind == "attention":
             shapes = [(pn, (s, op.extents[0], op.extents[2]), "float32")]

@@ -18,6 +18,8 @@ sub-blocks; split reductions combine per-tile fp32 partials:
 | attention | rows (by kv head) over a key range | (o, max, sum) over its keys | rescale, sum |
 | gated_mlp, residual_add | element-wise box | - | - |
 | sample | greedy argmax of the sampled row, cols | (max, index) of its cols | first maximum |
+| router | whole rows: softmax, top-k, renormalise | - | - |
+| expert_linear | one expert: its rows (others 0) | down: weighted k-slice | sum, ascending |
 
 With `plan.fused` (`plow.runtime.cpu.plan.FusedArgmax`) greedy is fused into lm_head: each
 task writing logits columns also writes per-chunk (max, argmax) partials, the sample partial
@@ -476,6 +478,69 @@ def _sample_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc
     acc.put(op.outputs[0], (B,), np.s_[a:b], best_i.astype(np.int32))
 
 
+# -- routed experts -----------------------------------------------------------------------------
+
+
+def _router(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    (a, b), (c0, c1) = r
+    v = _view2(_shape(plan, op.inputs[0]))
+    x = acc.get(op.inputs[0], v, np.s_[a:b, :])  # top-k reads every expert of the row
+    acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], K.router(x, op.attrs)[:, c0:c1])
+
+
+def _routed_rows(plan: Plan, op: OpEntry, m0: int, m1: int, e: int, acc: Access) -> np.ndarray:
+    """The router weights of rows [m0, m1) for expert `e` (0: the row did not choose it)."""
+    route = op.inputs[1]
+    wts = acc.get(route, _view2(_shape(plan, route)), np.s_[m0:m1, e])
+    return wts
+
+
+def _expert(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    """One tile of `expert_linear` for one expert: the rows whose router weight for that
+    expert is non-zero are computed; the others (all of them when no row chose the
+    expert: the tile does no arithmetic) get zeros, so every word of the box is written."""
+    (m0, m1), (n0, n1), (k0, k1) = r
+    M, N, Kd = op.extents
+    n_exp, wn, k_in = _shape(plan, op.inputs[2])
+    gate_up = op.attrs["mode"] == "gate_up"
+    e = n0 // (wn // 2) if gate_up else k0 // k_in
+    wts = _routed_rows(plan, op, m0, m1, e, acc)
+    rows = np.flatnonzero(wts != 0)
+    y = np.zeros((m1 - m0, n1 - n0), dtype=F32)
+    if rows.size:
+        x = acc.get(op.inputs[0], (M, Kd), (m0 + rows, slice(k0, k1)))
+        w = acc.weight(op.inputs[2])[e]
+        if gate_up:
+            half = wn // 2
+            a0, a1 = n0 - e * half, n1 - e * half
+            g = np.matmul(x, w[a0:a1, k0:k1].T).astype(F32)
+            u = np.matmul(x, w[half + a0 : half + a1, k0:k1].T).astype(F32)
+            y[rows] = K.gated_mlp(g, u, op.attrs)
+        else:
+            part = np.matmul(x, w[n0:n1, k0 - e * k_in : k1 - e * k_in].T).astype(F32)
+            y[rows] = (part * wts[rows, None]).astype(F32)
+        acc.count("experts.rows", int(rows.size))
+    else:
+        acc.count("experts.idle_tiles", 1)
+    if step is not None:
+        acc.put(partial_name(op.name), (op.steps[2], M, N), np.s_[step, m0:m1, n0:n1], y)
+        return
+    acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], y)
+
+
+def _expert_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access) -> None:
+    """The down projection's sum over experts: partials in ascending expert order."""
+    (m0, m1), (n0, n1), _ = r
+    n0, n1 = max(n0, cols[0]), min(n1, cols[1])
+    M, N, _k = op.extents
+    steps = op.steps[2]
+    parts = acc.get(partial_name(op.name), (steps, M, N), np.s_[:, m0:m1, n0:n1])
+    y = parts[0].copy()
+    for k in range(1, steps):
+        y = y + parts[k]
+    acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], y.astype(F32))
+
+
 TileFn = Callable[[Plan, OpEntry, Ranges, Access, "int | None"], None]
 MergeFn = Callable[[Plan, OpEntry, Ranges, tuple[int, int], Access], None]
 
@@ -489,6 +554,8 @@ TILE: dict[str, TileFn] = {
     "gated_mlp": _elementwise,
     "residual_add": _elementwise,
     "sample": _sample,
+    "router": _router,
+    "expert_linear": _expert,
 }
 MERGE: dict[str, MergeFn] = {
     "rmsnorm": _rmsnorm_merge,
@@ -496,6 +563,7 @@ MERGE: dict[str, MergeFn] = {
     "lm_head": _linear_merge,
     "attention": _attention_merge,
     "sample": _sample_merge,
+    "expert_linear": _expert_merge,
 }
 
 

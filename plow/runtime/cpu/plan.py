@@ -252,7 +252,7 @@ def layout_for(graph: OpGraph, ops: tuple[OpEntry, ...], kv: KVShape, ring: int)
             continue
         s = op.steps[op.reduction_axis]
         pn = partial_name(op.name)
-        if op.kind in ("linear", "lm_head"):
+        if op.kind in ("linear", "lm_head", "expert_linear"):
             m, n = op.extents[0], op.extents[1]
             lb.add(pn, (s, m, n))
         elif op.kind == "attention":
