@@ -345,13 +345,105 @@ PLOW_HD static inline float* kv_row(const Ctx& c, int64_t layer, int64_t kind, i
   return c.A + p->kv_off + idx * p->kv_dim;
 }
 
+// One (sequence, kv head)'s keys or values in key order: the pool's pages through the page
+// table, then this step's fresh rows (positions >= p_min are the step's own tokens, contiguous
+// in the input). Advancing is an add within a page and one table lookup per page, so a key
+// costs its dot product, not its address.
+struct KvWalk {
+  const Ctx& c;
+  const int32_t* table;  // this sequence's page-table row
+  int64_t layer, kind, kv, p_min;
+  const float* fresh;  // the step's key/value input at position p_min
+  int64_t fresh_ld, kp, slot;
+  const float* ptr;
+  PLOW_HD KvWalk(const Ctx& c_, const int32_t* table_, int64_t layer_, int64_t kind_,
+                 int64_t kv_, int64_t p_min_, const float* fresh_, int64_t fresh_ld_,
+                 int64_t kp0)
+      : c(c_), table(table_), layer(layer_), kind(kind_), kv(kv_), p_min(p_min_),
+        fresh(fresh_), fresh_ld(fresh_ld_), kp(kp0), slot(0), ptr(nullptr) {
+    seek();
+  }
+  PLOW_HD void seek() {
+    const int64_t bs = c.plan->kv_block;
+    if (kp >= p_min) {
+      ptr = fresh + (kp - p_min) * fresh_ld;
+      return;
+    }
+    slot = kp % bs;
+    ptr = kv_row(c, layer, kind, table[kp / bs], kv, slot);
+  }
+  PLOW_HD void next() {
+    ++kp;
+    if (kp >= p_min) {
+      ptr = fresh + (kp - p_min) * fresh_ld;
+    } else if (++slot == c.plan->kv_block) {
+      seek();
+    } else {
+      ptr += c.plan->kv_dim;
+    }
+  }
+};
+
+// q . k with 8 lanes (lane l sums elements l, l + 8, ... in order) and a fixed tree. Attention
+// dots are short (head_dim), so fewer lanes than dot_f32's 32 keep the tree cheap; each score's
+// order depends only on head_dim, never on which keys or rows share its tile.
+#define PLOW_QK_LANES 8
+PLOW_HD static inline float qk_tree(float* a) {
+  for (int s = PLOW_QK_LANES / 2; s > 0; s >>= 1)
+    for (int l = 0; l < s; ++l) a[l] += a[l + s];
+  return a[0];
+}
+
+PLOW_SIMD static float qk_dot(const float* q, const float* k, int64_t n) {
+  float a[PLOW_QK_LANES] = {0};
+  int64_t d = 0;
+  for (; d + PLOW_QK_LANES <= n; d += PLOW_QK_LANES)
+    for (int l = 0; l < PLOW_QK_LANES; ++l) a[l] = fmaf(q[d + l], k[d + l], a[l]);
+  for (int l = 0; d + l < n; ++l) a[l] = fmaf(q[d + l], k[d + l], a[l]);
+  return qk_tree(a);
+}
+
+// Four keys against one query: four independent chains in flight, each with qk_dot's order.
+PLOW_SIMD static void qk_dot4(const float* q, const float* k0, const float* k1, const float* k2,
+                              const float* k3, int64_t n, float* s) {
+  float a0[PLOW_QK_LANES] = {0}, a1[PLOW_QK_LANES] = {0}, a2[PLOW_QK_LANES] = {0},
+        a3[PLOW_QK_LANES] = {0};
+  int64_t d = 0;
+  for (; d + PLOW_QK_LANES <= n; d += PLOW_QK_LANES)
+    for (int l = 0; l < PLOW_QK_LANES; ++l) {
+      const float qv = q[d + l];
+      a0[l] = fmaf(qv, k0[d + l], a0[l]);
+      a1[l] = fmaf(qv, k1[d + l], a1[l]);
+      a2[l] = fmaf(qv, k2[d + l], a2[l]);
+      a3[l] = fmaf(qv, k3[d + l], a3[l]);
+    }
+  for (int l = 0; d + l < n; ++l) {
+    const float qv = q[d + l];
+    a0[l] = fmaf(qv, k0[d + l], a0[l]);
+    a1[l] = fmaf(qv, k1[d + l], a1[l]);
+    a2[l] = fmaf(qv, k2[d + l], a2[l]);
+    a3[l] = fmaf(qv, k3[d + l], a3[l]);
+  }
+  s[0] = qk_tree(a0);
+  s[1] = qk_tree(a1);
+  s[2] = qk_tree(a2);
+  s[3] = qk_tree(a3);
+}
+
+// acc += p * v over head_dim (a multiply then an add: nothing contracted).
+PLOW_SIMD static void axpy_row(float* acc, float p, const float* v, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) acc[d] += p * v[d];
+}
+
 // One attention tile: rows [ra, rb) over key indices [s0, s1) (relative to the window's first
 // key). Keys past a row's live length do no work: the tile writes its empty partial and returns,
 // so the cost follows the sequence, not the compiled context. Writes this step's keys/values
-// into the pool (the tile holding the token's first query head and its key index).
+// into the pool (the tile holding the token's first query head and its key index). A row's
+// visible keys (causal, windowed) are one contiguous run, scored in key order; masked keys are
+// never touched.
 PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Range* r,
                                       int64_t step, float* scratch) {
-  int64_t scored = 0;  // (query row, key) pairs scored: the work, reported to the host
+  int64_t scored = 0;  // (query row, key) pairs of the live length: the work, for the host
   const AttnGeom g(op);
   const PlowPlan* p = c.plan;
   const float* q = c.A + op.t[0];
@@ -368,18 +460,20 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
   float* sc = scratch;  // scores of one row: at most s1 - s0 keys
   float* acc = scratch + (s1 - s0);
   const int64_t first = ra / g.block, last = (rb - 1) / g.block;
+  const int64_t fresh_ld = g.KVH * D;  // one token's stride in the step's key/value input
   for (int64_t blk = first; blk <= last; ++blk) {
     const int64_t bi = blk / g.KVH, kv = blk % g.KVH;
     const int64_t lo_r = (ra > blk * g.block ? ra : blk * g.block) - blk * g.block;
     const int64_t hi_r = (rb < (blk + 1) * g.block ? rb : (blk + 1) * g.block) - blk * g.block;
     const int32_t* prow = pos + bi * g.T;
+    const int32_t* trow = table + bi * p->page_cols;
     int64_t p_min = -1, p_max = -1;
     for (int64_t t = 0; t < g.T; ++t)
       if (prow[t] >= 0) {
         if (p_min < 0 || prow[t] < p_min) p_min = prow[t];
         if (prow[t] > p_max) p_max = prow[t];
       }
-    bool live = p_min >= 0;
+    const bool live = p_min >= 0;
     int64_t key_lo = 0, j1 = s0;
     if (live) {
       key_lo = window > 0 ? (p_min - window + 1 > 0 ? p_min - window + 1 : 0) : 0;
@@ -389,12 +483,14 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
         const int64_t pt = prow[t];
         if (pt < 0 || t * g.grp < lo_r || t * g.grp >= hi_r) continue;
         if (pt - key_lo < s0 || pt - key_lo >= s1) continue;
-        const int64_t blockid = table[bi * p->page_cols + pt / bs];
+        const int64_t blockid = trow[pt / bs];
         const int64_t src = ((bi * g.T + t) * g.KVH + kv) * D;
         memcpy(kv_row(c, layer, 0, blockid, kv, pt % bs), kin + src, D * 4);
         memcpy(kv_row(c, layer, 1, blockid, kv, pt % bs), vin + src, D * 4);
       }
     }
+    const float* kfresh = live ? kin + ((bi * g.T) * g.KVH + kv) * D : nullptr;
+    const float* vfresh = live ? vin + ((bi * g.T) * g.KVH + kv) * D : nullptr;
     for (int64_t rr = lo_r; rr < hi_r; ++rr) {
       const int64_t row = blk * g.block + rr;
       const int64_t t = rr / g.grp, head = kv * g.grp + rr % g.grp;
@@ -402,38 +498,39 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
       for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
       const int64_t qpos = prow[t];
       if (live && j1 > s0 && qpos >= 0) {
-        const float* qv = q + ((bi * g.T + t) * g.H + head) * D;
-        const int64_t n = j1 - s0;
-        scored += n;
-        for (int64_t j = 0; j < n; ++j) {
-          const int64_t kp = key_lo + s0 + j;
-          bool ok = kp <= qpos && (window <= 0 || qpos - kp < window);
-          if (!ok) { sc[j] = -INFINITY; continue; }
-          const float* key;
-          if (kp < p_min) {
-            key = kv_row(c, layer, 0, table[bi * p->page_cols + kp / bs], kv, kp % bs);
-          } else {
-            const int64_t nt = kp - p_min;  // this step's positions are contiguous in the row
-            key = kin + ((bi * g.T + nt) * g.KVH + kv) * D;
+        scored += j1 - s0;
+        // the visible run: key positions in [lo, hi] (causal and windowed), inside the tile
+        int64_t lo = key_lo + s0, hi = key_lo + j1 - 1;
+        if (window > 0 && qpos - window + 1 > lo) lo = qpos - window + 1;
+        if (qpos < hi) hi = qpos;
+        const int64_t n = hi - lo + 1;
+        if (n > 0) {
+          const float* qv = q + ((bi * g.T + t) * g.H + head) * D;
+          KvWalk kw(c, trow, layer, 0, kv, p_min, kfresh, fresh_ld, lo);
+          int64_t j = 0;
+          for (; j + 4 <= n; j += 4) {
+            const float* k0 = kw.ptr;
+            kw.next();
+            const float* k1 = kw.ptr;
+            kw.next();
+            const float* k2 = kw.ptr;
+            kw.next();
+            const float* k3 = kw.ptr;
+            kw.next();
+            qk_dot4(qv, k0, k1, k2, k3, D, sc + j);
           }
-          float s = dot_f32(qv, key, D) * scale;
-          if (softcap != 0.0f) s = tanhf(s / softcap) * softcap;
-          sc[j] = s;
-          if (s > m) m = s;
-        }
-        if (m != -INFINITY) {
-          for (int64_t j = 0; j < n; ++j) {
-            if (sc[j] == -INFINITY) continue;
+          for (; j < n; ++j, kw.next()) sc[j] = qk_dot(qv, kw.ptr, D);
+          for (j = 0; j < n; ++j) {
+            float s = sc[j] * scale;
+            if (softcap != 0.0f) s = tanhf(s / softcap) * softcap;
+            sc[j] = s;
+            if (s > m) m = s;
+          }
+          KvWalk vw(c, trow, layer, 1, kv, p_min, vfresh, fresh_ld, lo);
+          for (j = 0; j < n && m != -INFINITY; ++j, vw.next()) {
             const float pe = expf(sc[j] - m);
             l += pe;
-            const int64_t kp = key_lo + s0 + j;
-            const float* val;
-            if (kp < p_min) {
-              val = kv_row(c, layer, 1, table[bi * p->page_cols + kp / bs], kv, kp % bs);
-            } else {
-              val = vin + ((bi * g.T + (kp - p_min)) * g.KVH + kv) * D;
-            }
-            for (int64_t d = 0; d < D; ++d) acc[d] += pe * val[d];
+            axpy_row(acc, pe, vw.ptr, D);
           }
         }
       }
