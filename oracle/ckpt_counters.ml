@@ -5,9 +5,15 @@
        "counters": [ {"name": str, "threshold": int, "scope": "cta"|"device"|"system"} ],
        "edges":    [ {"producer": int, "consumer": int} ],
        "ranks":    [int],                           (* topological rank per task (witness) *)
-       "workers_per_gpu": int }                     (* optional: absent = one GPU (all queues) *)
+       "workers_per_gpu": int,                      (* optional: absent = one GPU (all queues) *)
+       "dataflow": {                                (* optional: dependencies from data flow *)
+         "keys": [int],                             (* per task, its program key *)
+         "accesses": [ [ [lo, hi, write] ] ],       (* per task, byte ranges; write 1, read 0 *)
+         "block": int,                              (* block size of the write index *)
+         "chains": [ [from, to, [int]] ] } }        (* witness chains (untrusted) *)
    Checker: Plow.Counters.check_checkpoint_d (check_counters, then the scopes);
-   soundness: Plow.Countersproof.checkpoint_d_sound. *)
+   soundness: Plow.Countersproof.checkpoint_d_sound.  With "dataflow":
+   Plow.Dataflow.check_checkpoint_d_flow; soundness Plow.Dataflowproof.checkpoint_d_flow_sound. *)
 open Checkers
 
 type task = { name : string; worker : int; waits : int list; signals : int list }
@@ -38,6 +44,29 @@ let theorems =
     "Plow.Countersproof.counters_maximal_runs_all" ]
 
 let nl = map Jnum.n_of_int
+
+let theorems_flow =
+  [ "Plow.Dataflowproof.checkpoint_d_flow_sound"; "Plow.Dataflowproof.check_dataflow_sound";
+    "Plow.Dataflowproof.hb_safety"; "Plow.Dataflowproof.dataflow_safety" ] @ theorems
+
+let read_access j =
+  match j with
+  | `List [ lo; hi; w ] ->
+      let w = Jnum.to_int "accesses" w in
+      if w <> 0 && w <> 1 then Verdict.bad "field \"accesses\": write flag %d is not 0 or 1" w;
+      ((Jnum.to_n "accesses" lo, Jnum.to_n "accesses" hi), w = 1)
+  | _ -> Verdict.bad "field \"accesses\": an access is [lo, hi, write]"
+
+let read_chain j =
+  match j with
+  | `List [ u; t; xs ] -> ((Jnum.to_n "chains" u, Jnum.to_n "chains" t), nl (ints "chains" xs))
+  | _ -> Verdict.bad "field \"chains\": a chain is [from, to, [tasks in between]]"
+
+let read_dataflow j =
+  { df_keys = nl (ints "keys" (Jnum.field "keys" j));
+    df_acc = map (fun l -> map read_access (Jnum.to_list "accesses" l)) (Jnum.list_field "accesses" j);
+    df_block = Jnum.n_field "block" j;
+    df_chains = map read_chain (Jnum.list_field "chains" j) }
 
 let check (payload : Yojson.Safe.t) : Verdict.t =
   let tasks = Array.of_list (map read_task (Jnum.list_field "tasks" payload)) in
@@ -81,10 +110,15 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
     else task k
   in
   let cname c = if c >= 0 && c < Array.length counters then counters.(c).cname else "?" in
-  match check_checkpoint_d plan scopes (Jnum.n_of_int wpg) with
-  | Accept -> { accepted = true; reason = None; theorems }
-  | Reject e ->
-      let reason =
+  let flow =
+    match payload with
+    | `Assoc kv -> (
+        match List.assoc_opt "dataflow" kv with
+        | None | Some `Null -> None
+        | Some j -> Some (read_dataflow j))
+    | _ -> None
+  in
+  let proto_reason e =
         match e with
         | CErr_lengths (n, nw, nwt, nr) ->
             Printf.sprintf "lengths: %d tasks but %d worker fields, %d wait lists, %d ranks"
@@ -117,5 +151,31 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
               (where (i w))
               (if i sc = 0 then "a cta counter is one worker's"
                else Printf.sprintf "a device counter is one GPU's, %d workers per GPU" wpg)
-      in
-      { accepted = false; reason = Some reason; theorems = [] }
+  in
+  let flow_reason e =
+    match e with
+    | DErr_lengths (n, nk, na) ->
+        Printf.sprintf "dataflow lengths: %d tasks but %d keys and %d access lists" (i n) (i nk) (i na)
+    | DErr_block -> "dataflow: block size 0"
+    | DErr_range (t, k, lo, hi) ->
+        Printf.sprintf "dataflow: %s access %d, bytes [%d, %d), is empty or crosses a block boundary"
+          (task (i t)) (i k) (i lo) (i hi)
+    | DErr_race (u, t, lo, hi) ->
+        Printf.sprintf "race: %s and %s are one stage but both touch arena bytes [%d, %d), one writing"
+          (task_on (i u)) (task_on (i t)) (i lo) (i hi)
+    | DErr_unordered (u, t, lo, hi) ->
+        Printf.sprintf
+          "data flow: %s must precede %s (they share arena bytes [%d, %d), one writing) but no wait, \
+           queue order or chain of them orders the two"
+          (task_on (i u)) (task_on (i t)) (i lo) (i hi)
+  in
+  match flow with
+  | None -> (
+      match check_checkpoint_d plan scopes (Jnum.n_of_int wpg) with
+      | Accept -> { accepted = true; reason = None; theorems }
+      | Reject e -> { accepted = false; reason = Some (proto_reason e); theorems = [] })
+  | Some d -> (
+      match check_checkpoint_d_flow plan scopes (Jnum.n_of_int wpg) d with
+      | Accept -> { accepted = true; reason = None; theorems = theorems_flow }
+      | Reject (DProto e) -> { accepted = false; reason = Some (proto_reason e); theorems = [] }
+      | Reject (DFlow e) -> { accepted = false; reason = Some (flow_reason e); theorems = [] })

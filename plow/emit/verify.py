@@ -59,6 +59,7 @@ from plow.emit.wire import (
     NO_COUNTER,
     RECORD_SIZE,
     VALUE_FIELDS,
+    Flag,
     Opcode,
     PacketArray,
     Phase,
@@ -80,6 +81,14 @@ from plow.oracle.payloads.counters import (
     Edge,
     Task,
     with_ranks,
+)
+from plow.oracle.payloads.dataflow import (
+    COMPUTE,
+    LOAD,
+    MERGE,
+    TaskUnits,
+    dataflow_payload,
+    task_accesses,
 )
 from plow.profile import CompileProfile
 from plow.target import Target, load_target, shipped_targets
@@ -439,6 +448,39 @@ def counter_graph_from_packets(
     )
 
 
+def dataflow_from_packets(
+    arr: PacketArray, grouped: Grouped, ot: OpTable, sf: ScheduleFile, g: CounterGraph
+) -> dict[str, object] | str:
+    """The `dataflow` part of D's payload (`plow.oracle.payloads.dataflow`): per task its
+    program key and arena accesses, from its task packet (op index, opcode, flags, unit
+    range), the op table and the arena map; a string names a task packet that cannot be
+    read. The schedule file's edges play no part."""
+    opi = arr["op_index"].tolist()
+    code = arr["opcode"].tolist()
+    fl = arr["flags"].tolist()
+    rs = arr["row_start"].tolist()
+    rows = arr["rows"].tolist()
+    units: list[TaskUnits] = []
+    for k, m in enumerate(grouped.main):
+        if not 0 <= opi[m] < len(ot.ops):
+            return f"task {k} (packet {m}): op index {opi[m]} outside the op table"
+        stage = (
+            LOAD
+            if code[m] == Opcode.LOAD
+            else MERGE
+            if fl[m] & Flag.ACCUMULATE
+            else COMPUTE
+        )
+        units.append(TaskUnits(opi[m], stage, rs[m], rows[m]))
+    offsets = {b.name: b.offset for b in sf.arena.buffers}
+    try:
+        accs = task_accesses(ot, offsets, units, sf.workers_per_gpu)
+    except (KeyError, IndexError, ValueError, TypeError) as e:
+        return f"cannot derive the tasks' reads and writes from the op table: {e!r}"
+    keys = [4 * u.op + u.stage for u in units]
+    return dataflow_payload(keys, accs, g.waits, g.signals, g.queues)
+
+
 def check_counters_python(g: CounterGraph) -> str | None:
     """The hypotheses of checkpoint D (docs/oracle.md) in Python, for plans above the
     oracle's size limit; None when they hold, else the first violation. Acyclicity is
@@ -607,8 +649,8 @@ class Expected:
     align: int
 
 
-MATMUL_KINDS = ("linear", "lm_head")
-ROWWISE_KINDS = ("embedding", "rmsnorm", "rope", "gated_mlp", "residual_add", "sample")
+MATMUL_KINDS = ("linear", "lm_head", "expert_linear")
+ROWWISE_KINDS = ("embedding", "rmsnorm", "rope", "gated_mlp", "residual_add", "sample", "router")
 
 
 def expected_numbers(
@@ -800,6 +842,7 @@ def profile_ladder_problems(bundle: Path, m: Manifest) -> list[str]:
 REDUCTION_AXIS: dict[str, int] = {
     "linear": 2,
     "lm_head": 2,
+    "expert_linear": 2,
     "attention": 1,
     "sample": 1,
     "rmsnorm": 1,
@@ -1184,7 +1227,12 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             return _row("C", name, run_checkpoint("C", payload))
 
         def job_d(
-            decoded: PacketArray | str = decoded, graph: _Once = graph, name: str = name
+            decoded: PacketArray | str = decoded,
+            graph: _Once = graph,
+            name: str = name,
+            grouped: Grouped | str = grouped,
+            ot: OpTable = ot,
+            sf: ScheduleFile = sf,
         ) -> Row:
             if isinstance(decoded, str):
                 return Row("D", name, "reject", (), f"cannot read the packets: {decoded}")
@@ -1192,7 +1240,13 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             if isinstance(g, str):
                 return Row("D", name, "reject", (), g)
             if len(g.names) <= D_ORACLE_MAX_TASKS:
-                return _row("D", name, run_checkpoint("D", g.payload_dict(), timeout_s=600))
+                payload = g.payload_dict()
+                if not isinstance(grouped, str):
+                    flow = dataflow_from_packets(decoded, grouped, ot, sf, g)
+                    if isinstance(flow, str):
+                        return Row("D", name, "reject", (), flow)
+                    payload["dataflow"] = flow
+                return _row("D", name, run_checkpoint("D", payload, timeout_s=600))
             err = check_counters_python(g)
             note = f"checked in Python: {len(g.names)} tasks > {D_ORACLE_MAX_TASKS} (oracle limit)"
             return Row("D", name, "reject" if err else "accept (python)", (), err or note)

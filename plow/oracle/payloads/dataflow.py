@@ -1,0 +1,498 @@
+"""Checkpoint D from data flow (C10): what every task reads and writes, as arena byte ranges.
+
+The oracle (`Plow.Dataflow.check_checkpoint_d_flow`) derives the dependencies itself from the
+`dataflow` part of a D payload: two tasks conflict when they touch a common byte and one of
+them writes it; every conflicting pair must be ordered by the counter protocol (a wait, queue
+order, or a chain of them) in program order. Nothing here reads the scheduler's edge list:
+the accesses come from the op table (kind, operands, shapes, axes, attributes), the task's op,
+stage and unit range (from its packets) and the arena offsets (the schedule file's arena map).
+
+Program key of a task: `4 * op_index + stage` (load 0, compute 1, merge 2): the op table's
+order is the sequential program, a split reduction's merges follow its tiles.
+
+Access rules per unit (`docs/oracle.md`, "Checkpoint D: data flow"; the kernels' index rules
+of `plow/runtime/cpu/kernels.py`, written again here from the op table alone). A tile's
+ranges are row-major over the op's axes; views are `rows x cols` with `cols` the last dim:
+
+- linear, lm_head: reads `x[m0:m1, k0:k1]`; writes `out[m0:m1, n0:n1]` (split: the partial
+  `[k step, m, n]`);
+- rmsnorm: reads groups `a..b`, cols `c0..c1` of `x` seen as `(numel / g) x g`; writes the
+  same of `out` (split: the partial `[step, rows]`);
+- rope: reads the rows of `x` with columns widened to whole heads, and `positions`; writes
+  the rows x cols of `out`;
+- gated_mlp, residual_add: read the same box of every input, write it of `out`;
+- embedding: reads `ids[a:b]`; writes `out[a:b, c0:c1]`;
+- attention: reads `q` of its rows (row `r` = batch, kv head, token, head in the group), this
+  step's `k`/`v` of every token of its (batch, kv head) blocks, and `positions`; writes `out`
+  of its rows (split: the partial `[step, rows, head_dim]`);
+- sample: reads `logits` of every token of rows `a..b`, cols `c0..c1`, and `sample_index`;
+  writes `out[a:b]` (split: the partial `[step, rows, 2]`);
+- merge: reads the whole partial (and `x` rows for rmsnorm); writes its chunk of `out`
+  (blocks and column chunks numbered as `plow verify`'s `merge_unit_count`);
+- load: nothing in the arena.
+
+Not in the byte model (trusted, docs/oracle.md): weights (read-only; F keeps every live buffer
+disjoint from them), the key-value cache (read and written only inside its layer's attention
+op: a tile writes this step's key/value rows and reads older positions, so no tile of the op
+depends on another's cache write; F keeps the cache disjoint from everything live), and the
+buffers the runtime adds at load time (fused argmax partials, the attention partial's
+`.ml` rows, the page table).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from plow.emit.files import OpEntry, OpTable
+from plow.target.model import dtype_bytes
+
+LOAD, COMPUTE, MERGE = 0, 1, 2
+BLOCK = 4096  # bytes per block of the oracle's write index (any positive value is sound)
+REDUCTION_AXIS = {"linear": 2, "lm_head": 2, "attention": 1, "sample": 1, "rmsnorm": 1}
+MATMUL = ("linear", "lm_head")
+# Routed experts (issue 17): expert_linear is a matmul over (m, n, k) that also reads its
+# tile's expert's column of the router weights; its down form sums over experts (k split).
+REDUCTION_AXIS["expert_linear"] = 2
+MATMUL = (*MATMUL, "expert_linear")
+
+Access = tuple[int, int, int]  # [lo, hi) bytes, write 1 / read 0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskUnits:
+    """One task as its packets say: op index, stage, unit range."""
+
+    op: int
+    stage: int
+    start: int
+    count: int
+
+
+class _Space:
+    """Element ranges of the op table's tensors, turned into arena byte ranges."""
+
+    def __init__(self, ot: OpTable, offsets: dict[str, int]) -> None:
+        self.ot = ot
+        self.offsets = offsets
+
+    def tracked(self, name: str) -> bool:
+        t = self.ot.tensors.get(name)
+        return t is not None and t.role not in ("weight", "cache") and name in self.offsets
+
+    def elems(self, name: str, lo: int, hi: int, write: bool, out: list[Access]) -> None:
+        """Elements [lo, hi) of tensor `name` (row-major), clipped to the tensor."""
+        if not self.tracked(name):
+            return
+        t = self.ot.tensors[name]
+        n = math.prod(t.shape)
+        lo, hi = max(0, lo), min(n, hi)
+        if lo >= hi:
+            return
+        e = dtype_bytes(t.dtype)
+        base = self.offsets[name]
+        out.append((base + lo * e, base + hi * e, int(write)))
+
+    def box(
+        self, name: str, r0: int, r1: int, c0: int, c1: int, write: bool, out: list[Access]
+    ) -> None:
+        """Rows [r0, r1) x cols [c0, c1) of the tensor's `rows x cols` view."""
+        if not self.tracked(name):
+            return
+        cols = _view(self.ot.tensors[name].shape)[1]
+        c0, c1 = max(0, c0), min(cols, c1)
+        if c0 >= c1 or r0 >= r1:
+            return
+        if c0 == 0 and c1 == cols:
+            self.elems(name, r0 * cols, r1 * cols, write, out)
+            return
+        for r in range(r0, r1):
+            self.elems(name, r * cols + c0, r * cols + c1, write, out)
+
+    def whole(self, name: str, write: bool, out: list[Access]) -> None:
+        if self.tracked(name):
+            self.elems(name, 0, math.prod(self.ot.tensors[name].shape), write, out)
+
+
+def _view(shape: Sequence[int]) -> tuple[int, int]:
+    if len(shape) == 0:
+        return (1, 1)
+    if len(shape) == 1:
+        return (shape[0], 1)
+    return (math.prod(shape[:-1]), shape[-1])
+
+
+def _tile_ranges(o: OpEntry, j: int) -> list[tuple[int, int, int]]:
+    """(start, end, step index) per axis of tile `j` (row-major, last axis fastest)."""
+    out: list[tuple[int, int, int]] = []
+    for a in reversed(o.axes):
+        k = j % max(1, a.steps)
+        j //= max(1, a.steps)
+        out.append((k * a.tile, min((k + 1) * a.tile, a.extent), k))
+    return out[::-1]
+
+
+class _Attn:
+    def __init__(self, ot: OpTable, o: OpEntry) -> None:
+        q = ot.tensors[o.inputs[0]].shape
+        self.B, self.T = q[0], q[1]
+        self.H, self.KVH, self.D = (int(o.attrs[k]) for k in ("heads", "kv_heads", "head_dim"))
+        self.grp = max(1, self.H // max(1, self.KVH))
+        self.block = self.T * self.grp
+
+    def coords(self, r: int) -> tuple[int, int, int, int]:
+        """(batch, kv head, token, query head) of attention row `r`."""
+        bi = r // (self.KVH * self.block)
+        kv = (r // self.block) % self.KVH
+        tok = (r // self.grp) % self.T
+        return bi, kv, tok, kv * self.grp + r % self.grp
+
+    def q_elem(self, r: int) -> int:
+        bi, _, tok, h = self.coords(r)
+        return ((bi * self.T + tok) * self.H + h) * self.D
+
+
+def _split(o: OpEntry) -> bool:
+    red = REDUCTION_AXIS.get(o.kind)
+    return red is not None and red < len(o.axes) and o.axes[red].steps > 1
+
+
+def _partial_row(o: OpEntry, ot: OpTable) -> int:
+    """Elements of one reduction step of the op's partial buffer."""
+    if o.partial is None or o.partial not in ot.tensors:
+        return 0
+    shape = ot.tensors[o.partial].shape
+    return math.prod(shape[1:]) if shape else 0
+
+
+def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]) -> None:
+    ax = _tile_ranges(o, j)
+    k = o.kind
+    split = _split(o)
+    dst = o.partial if split and o.partial else o.outputs[0]
+    if k == "expert_linear":  # the expert's router column (gate_up: n expert-major; down: k)
+        (m0, m1, _), (n0, n1, _), (k0, k1, _) = ax
+        _, wn, kin = ot.tensors[o.inputs[2]].shape
+        gate_up = o.attrs.get("mode") == "gate_up"
+        e = n0 // max(1, wn // 2) if gate_up else k0 // max(1, kin)
+        sp.box(o.inputs[1], m0, m1, e, e + 1, False, out)
+    if k in MATMUL:
+        (m0, m1, _), (n0, n1, _), (k0, k1, ks) = ax
+        sp.box(o.inputs[0], m0, m1, k0, k1, False, out)
+        if split:
+            per = _partial_row(o, ot)
+            ncols = _view(ot.tensors[o.outputs[0]].shape)[1]
+            for m in range(m0, m1):
+                lo = ks * per + m * ncols
+                sp.elems(dst, lo + n0, lo + n1, True, out)
+        else:
+            sp.box(dst, m0, m1, n0, n1, True, out)
+        return
+    if k == "attention":
+        g = _Attn(ot, o)
+        (a, b, _), (_, _, ss), _ = ax[0], ax[1], ax[2]
+        d0, d1, _ = ax[2]
+        seen: set[tuple[int, int]] = set()
+        for r in range(a, b):
+            e = g.q_elem(r)
+            sp.elems(o.inputs[0], e + d0, e + d1, False, out)
+            bi, kv, _, _ = g.coords(r)
+            if (bi, kv) not in seen:
+                seen.add((bi, kv))
+                for name in o.inputs[1:3]:
+                    if sp.tracked(name):
+                        for t in range(g.T):
+                            lo = ((bi * g.T + t) * g.KVH + kv) * g.D
+                            sp.elems(name, lo, lo + g.D, False, out)
+            if split and sp.tracked(dst):
+                lo = ss * _partial_row(o, ot) + r * g.D
+                sp.elems(dst, lo + d0, lo + d1, True, out)
+            elif not split and sp.tracked(dst):
+                sp.elems(dst, e + d0, e + d1, True, out)
+        for name in o.inputs[5:6]:
+            sp.whole(name, False, out)
+        return
+    (a, b, _), (c0, c1, cs) = ax[0], ax[1]
+    if k == "rmsnorm":
+        shape = ot.tensors[o.inputs[0]].shape
+        gw = int(o.attrs.get("group") or _view(shape)[1])
+        for r in range(a, b):
+            if sp.tracked(o.inputs[0]):
+                sp.elems(o.inputs[0], r * gw + c0, r * gw + c1, False, out)
+            if not split and sp.tracked(dst):
+                sp.elems(dst, r * gw + c0, r * gw + c1, True, out)
+        if split and sp.tracked(dst):
+            per = _partial_row(o, ot)
+            sp.elems(dst, cs * per + a, cs * per + b, True, out)
+        return
+    if k == "rope":
+        hd = max(1, int(o.attrs.get("head_dim") or 1))
+        sp.box(o.inputs[0], a, b, (c0 // hd) * hd, -(-c1 // hd) * hd, False, out)
+        for name in o.inputs[1:]:
+            sp.whole(name, False, out)
+        sp.box(dst, a, b, c0, c1, True, out)
+        return
+    if k == "router":  # top-k reads every expert of its rows
+        sp.box(o.inputs[0], a, b, 0, _view(ot.tensors[o.inputs[0]].shape)[1], False, out)
+        sp.box(dst, a, b, c0, c1, True, out)
+        return
+    if k in ("gated_mlp", "residual_add"):
+        for name in o.inputs:
+            sp.box(name, a, b, c0, c1, False, out)
+        sp.box(dst, a, b, c0, c1, True, out)
+        return
+    if k == "embedding":
+        if sp.tracked(o.inputs[0]):
+            sp.elems(o.inputs[0], a, b, False, out)
+        sp.box(dst, a, b, c0, c1, True, out)
+        return
+    if k == "sample":
+        t = ot.tensors[o.inputs[0]].shape[1] if len(ot.tensors[o.inputs[0]].shape) > 2 else 1
+        sp.box(o.inputs[0], a * t, b * t, c0, c1, False, out)
+        for name in o.inputs[1:]:
+            sp.whole(name, False, out)
+        if split and sp.tracked(dst):
+            per = _partial_row(o, ot)
+            w = per // max(1, o.axes[0].extent)
+            sp.elems(dst, cs * per + a * w, cs * per + b * w, True, out)
+        elif not split and sp.tracked(dst):
+            sp.elems(dst, a, b, True, out)
+        return
+    raise ValueError(f"op {o.name!r}: no data-flow rule for kind {k!r}")
+
+
+def _chunks(c0: int, c1: int, per_block: int) -> list[tuple[int, int]]:
+    width = c1 - c0
+    if width <= 0:
+        return []
+    k = max(1, min(per_block, width // 16))
+    step = -(-width // k)
+    return [(c, min(c1, c + step)) for c in range(c0, c1, step)]
+
+
+def merge_boxes(ot: OpTable, o: OpEntry, workers: int) -> list[tuple[int, int, int, int]]:
+    """The merge units of a split op as boxes (rows r0..r1 of the unit's block, output
+    columns c0..c1): blocks = distinct tile ranges off the reduction axis in tile order, each
+    the bounding box of its tiles' output boxes, cut into column chunks (the numbering of
+    `plow verify`'s `merge_unit_count`). Rows are attention rows for attention, output-view
+    rows otherwise."""
+    red = REDUCTION_AXIS[o.kind]
+    ntiles = math.prod(a.steps for a in o.axes)
+    blocks: dict[tuple[tuple[int, int], ...], list[int]] = {}
+    ncols_out = _view(ot.tensors[o.outputs[0]].shape)[1]
+    for j in range(ntiles):
+        ax = _tile_ranges(o, j)
+        key = tuple((s, e) for i, (s, e, _) in enumerate(ax) if i != red)
+        if o.kind in MATMUL:
+            box = [ax[0][0], ax[0][1], ax[1][0], ax[1][1]]
+        elif o.kind == "attention":
+            g = _Attn(ot, o)
+            a, b = ax[0][0], ax[0][1]
+            heads = [g.coords(r)[3] for r in range(a, b)]
+            b0, b1 = g.coords(a)[0], g.coords(b - 1)[0]
+            if b0 == b1:
+                kv0, kv1 = g.coords(a)[1], g.coords(b - 1)[1]
+                box = [a, b, kv0 * g.grp * g.D, (kv1 + 1) * g.grp * g.D]
+            else:
+                box = [a, b, 0, g.H * g.D]
+            del heads
+        elif o.kind == "sample":
+            box = [ax[0][0], ax[0][1], 0, 1]
+        else:  # rmsnorm: the whole rows of its groups
+            box = [ax[0][0], ax[0][1], 0, ncols_out]
+        cur = blocks.get(key)
+        if cur is not None:
+            box = [
+                min(cur[0], box[0]),
+                max(cur[1], box[1]),
+                min(cur[2], box[2]),
+                max(cur[3], box[3]),
+            ]
+        blocks[key] = box
+    per_block = max(1, workers // max(1, len(blocks)))
+    out: list[tuple[int, int, int, int]] = []
+    for r0, r1, c0, c1 in blocks.values():
+        out.extend((r0, r1, a, b) for a, b in _chunks(c0, c1, per_block))
+    return out
+
+
+def _merge_unit(
+    sp: _Space, ot: OpTable, o: OpEntry, box: tuple[int, int, int, int], out: list[Access]
+) -> None:
+    r0, r1, c0, c1 = box
+    if o.partial:
+        sp.whole(o.partial, False, out)
+    dst = o.outputs[0]
+    if o.kind == "attention":
+        g = _Attn(ot, o)
+        for r in range(r0, r1):
+            h = g.coords(r)[3]
+            lo, hi = max(c0, h * g.D), min(c1, (h + 1) * g.D)
+            if lo < hi and sp.tracked(dst):
+                e = g.q_elem(r)
+                sp.elems(dst, e + lo - h * g.D, e + hi - h * g.D, True, out)
+        return
+    if o.kind == "sample":
+        if sp.tracked(dst):
+            sp.elems(dst, r0, r1, True, out)
+        for name in o.inputs[1:]:
+            sp.whole(name, False, out)
+        return
+    if o.kind == "rmsnorm":
+        shape = ot.tensors[o.inputs[0]].shape
+        gw = int(o.attrs.get("group") or _view(shape)[1])
+        ncols = _view(shape)[1]
+        per = max(1, ncols // max(1, gw))
+        # groups r0..r1 -> tensor elements [r0*gw, r1*gw), columns c0..c1 of the tensor view
+        for r in range(r0 // per, -(-r1 // per)):
+            lo, hi = max(r0 * gw, r * ncols + c0), min(r1 * gw, r * ncols + c1)
+            if lo < hi:
+                if sp.tracked(o.inputs[0]):
+                    sp.elems(o.inputs[0], lo, hi, False, out)
+                if sp.tracked(dst):
+                    sp.elems(dst, lo, hi, True, out)
+        return
+    sp.box(dst, r0, r1, c0, c1, True, out)
+
+
+def _coalesce(acc: list[Access]) -> list[Access]:
+    """Sorted, adjacent ranges of one kind merged, each cut at BLOCK boundaries."""
+    out: list[Access] = []
+    for w in (1, 0):
+        rs = sorted((lo, hi) for lo, hi, x in acc if x == w)
+        merged: list[list[int]] = []
+        for lo, hi in rs:
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        for lo, hi in merged:
+            while lo < hi:
+                end = min(hi, (lo // BLOCK + 1) * BLOCK)
+                out.append((lo, end, w))
+                lo = end
+    return out
+
+
+def task_accesses(
+    ot: OpTable, offsets: dict[str, int], tasks: Sequence[TaskUnits], workers: int
+) -> list[list[Access]]:
+    """Per task, its arena accesses (module doc), sorted, coalesced, cut at blocks."""
+    sp = _Space(ot, offsets)
+    merges: dict[int, list[tuple[int, int, int, int]]] = {}
+    result: list[list[Access]] = []
+    for t in tasks:
+        acc: list[Access] = []
+        o = ot.ops[t.op]
+        if t.stage == COMPUTE:
+            for j in range(t.start, t.start + t.count):
+                _compute_unit(sp, ot, o, j, acc)
+        elif t.stage == MERGE and _split(o):
+            boxes = merges.get(t.op)
+            if boxes is None:
+                boxes = merges[t.op] = merge_boxes(ot, o, workers)
+            for j in range(t.start, min(len(boxes), t.start + t.count)):
+                _merge_unit(sp, ot, o, boxes[j], acc)
+        result.append(_coalesce(acc))
+    return result
+
+
+def witness_chains(
+    n: int,
+    waits: Sequence[Sequence[int]],
+    signals: Sequence[Sequence[int]],
+    queues: Sequence[Sequence[int]],
+    pairs: Iterable[tuple[int, int]],
+) -> list[list[object]]:
+    """For each (u, t), a chain of direct links u -> x1 -> ... -> t (breadth first over gates
+    and queue order); pairs with no chain are left out (the oracle then rejects them)."""
+    waiters: dict[int, list[int]] = {}
+    for b, ws in enumerate(waits):
+        for c in dict.fromkeys(ws):
+            waiters.setdefault(c, []).append(b)
+    nxt: dict[int, int] = {}
+    for q in queues:
+        for a, b in zip(q, q[1:], strict=False):
+            nxt[a] = b
+    by_src: dict[int, list[int]] = {}
+    for u, t in pairs:
+        by_src.setdefault(u, []).append(t)
+    out: list[list[object]] = []
+    for u, ts in by_src.items():
+        parent: dict[int, int] = {u: -1}
+        seen_c: set[int] = set()
+        want = set(ts)
+        dq = deque([u])
+        while dq and want:
+            a = dq.popleft()
+            succ: list[int] = []
+            for c in dict.fromkeys(signals[a]):
+                if c not in seen_c:
+                    seen_c.add(c)
+                    succ.extend(waiters.get(c, ()))
+            if a in nxt:
+                succ.append(nxt[a])
+            for b in succ:
+                if b not in parent:
+                    parent[b] = a
+                    want.discard(b)
+                    dq.append(b)
+        for t in ts:
+            if t not in parent:
+                continue
+            path: list[int] = []
+            x = parent[t]
+            while x != u:
+                path.append(x)
+                x = parent[x]
+            out.append([u, t, path[::-1]])
+    return out
+
+
+def conflict_pairs(keys: Sequence[int], accs: Sequence[Sequence[Access]]) -> list[tuple[int, int]]:
+    """The conflicting pairs (earlier key first) that the oracle will look at: an access
+    against the writes of its block (the oracle's own enumeration)."""
+    index: dict[int, list[tuple[int, int, int]]] = {}
+    for u, acc in enumerate(accs):
+        for lo, hi, w in acc:
+            if w:
+                index.setdefault(lo // BLOCK, []).append((u, lo, hi))
+    out: set[tuple[int, int]] = set()
+    for t, acc in enumerate(accs):
+        for lo, hi, _ in acc:
+            for u, wlo, whi in index.get(lo // BLOCK, ()):
+                if u != t and lo < whi and wlo < hi and keys[u] != keys[t]:
+                    out.add((u, t) if keys[u] < keys[t] else (t, u))
+    return sorted(out)
+
+
+def dataflow_payload(
+    keys: Sequence[int],
+    accs: Sequence[Sequence[Access]],
+    waits: Sequence[Sequence[int]],
+    signals: Sequence[Sequence[int]],
+    queues: Sequence[Sequence[int]],
+) -> dict[str, object]:
+    """The `dataflow` field of a D payload; chains only for pairs not ordered directly."""
+    wsets = [set(w) for w in waits]
+    where: dict[int, tuple[int, int]] = {}
+    for wk, q in enumerate(queues):
+        for i, x in enumerate(q):
+            where[x] = (wk, i)
+
+    def direct(u: int, t: int) -> bool:
+        if wsets[t].intersection(signals[u]):
+            return True
+        pu, pt = where.get(u), where.get(t)
+        return pu is not None and pt is not None and pu[0] == pt[0] and pu[1] < pt[1]
+
+    need = [(u, t) for u, t in conflict_pairs(keys, accs) if not direct(u, t)]
+    chains = witness_chains(len(keys), waits, signals, queues, need)
+    return {
+        "keys": list(keys),
+        "accesses": [[list(a) for a in acc] for acc in accs],
+        "block": BLOCK,
+        "chains": chains,
+    }
