@@ -39,7 +39,8 @@ Local Open Scope N_scope.
 
 Inductive op_kind :=
 | K_embedding | K_rmsnorm | K_linear | K_rope | K_attention
-| K_gated_mlp | K_residual_add | K_lm_head | K_sample | K_other.
+| K_gated_mlp | K_residual_add | K_lm_head | K_sample
+| K_router | K_expert_linear | K_other.
 
 (** One task, as its task packet says: [pt_id] its index in the plan
     (for reasons), the unit range [pt_start, pt_start + pt_count), the
@@ -76,6 +77,7 @@ Definition opcode_of_kind (k : op_kind) : option N :=
   | K_embedding => Some 2 | K_rmsnorm => Some 3 | K_linear => Some 4
   | K_rope => Some 5 | K_attention => Some 6 | K_gated_mlp => Some 8
   | K_residual_add => Some 10 | K_lm_head => Some 11 | K_sample => Some 12
+  | K_router => Some 13 | K_expert_linear => Some 14
   | K_other => None
   end.
 
@@ -119,7 +121,12 @@ Definition last_dim (s : list N) : N := last s 1.
       divisible, [numel o = numel x];
     - rope, gated_mlp, residual_add: [c = last x], axes [numel x / c; c],
       divisible, [numel o = numel x];
-    - sample: logits [[b; ...]] (at least 2-d), axes [b; last x], [numel o = b]. *)
+    - sample: logits [[b; ...]] (at least 2-d), axes [b; last x], [numel o = b];
+    - router: as rope ([c = last x], axes [numel x / c; c]);
+    - expert_linear: input 1 the router weights [r] with [m * e = numel r], input 2
+      the stacked experts [[e; wn; k]], [numel x = m * last x]; gate_up ([last x = k],
+      [wn = 2 h], [numel o = m * e * h]): axes [m; e * h; k]; down ([last x = e * k],
+      [numel o = m * wn]): axes [m; wn; e * k]. *)
 Definition expected_extents (x : opx) : option (list N) :=
   match ox_ins x, ox_outs x with
   | xs :: rest, o :: _ =>
@@ -162,6 +169,22 @@ Definition expected_extents (x : opx) : option (list N) :=
       | K_sample =>
           match xs with
           | b :: _ :: _ => if numel o =? b then Some [b; last_dim xs] else None
+          | _ => None
+          end
+      | K_router =>
+          let c := last_dim xs in
+          let r := numel xs / c in
+          if (r * c =? numel xs) && (numel o =? numel xs) then Some [r; c] else None
+      | K_expert_linear =>
+          match rest with
+          | rt :: [e; wn; k] :: _ =>
+              let m := numel rt / e in
+              let h := wn / 2 in
+              let rows_ok := (m * e =? numel rt) && (numel xs =? m * last_dim xs) in
+              if rows_ok && (last_dim xs =? k) && (h * 2 =? wn) && (numel o =? m * (e * h))
+              then Some [m; e * h; k]
+              else if rows_ok && (last_dim xs =? e * k) && (numel o =? m * wn)
+              then Some [m; wn; e * k] else None
           | _ => None
           end
       | K_other => None

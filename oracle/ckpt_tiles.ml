@@ -81,6 +81,7 @@ let kind_of (k : string) : op_kind =
   | "embedding" -> K_embedding | "rmsnorm" -> K_rmsnorm | "linear" -> K_linear
   | "rope" -> K_rope | "attention" -> K_attention | "gated_mlp" -> K_gated_mlp
   | "residual_add" -> K_residual_add | "lm_head" -> K_lm_head | "sample" -> K_sample
+  | "router" -> K_router | "expert_linear" -> K_expert_linear
   | _ -> K_other
 
 let to_coq_task (t : ptask_r) : ptask =
