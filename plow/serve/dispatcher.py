@@ -1,27 +1,29 @@
 """The per-model dispatcher: a slot table, continuous batching and priced chunked prefill.
 
-One thread per served model drives its `Engine`. Each iteration of its loop is a *tick*:
+One thread per served model drives its `Engine`. Each iteration of its loop is a *tick*, in
+three parts as vLLM v1's `EngineCore.step`:
 
-1. free the slots (and key-value pages) of requests that finished or were aborted (client
-   disconnected) since the last tick;
-2. admit waiting requests into free slots, oldest first. When no request is decoding (the
-   engine is idle) admission may wait for the batch-formation window chosen by the M/D/1
-   model (`admission.py`), so that several prompts share one prefill launch; while requests
-   decode, arrivals are admitted at the next tick, so a request arriving mid-generation gets
-   its first token without waiting for the others to finish. A request that has waited
-   longer than the admission bound is refused here instead of admitted (finish reason
-   "refused", HTTP 429), so the bound holds for every admitted request even when the
-   arrival-time prediction was low;
-3. at most one prefill launch: the chunk size minimises the priced cost of the prompts still
-   to prefill (`prefill_cost.choose_chunk_size`), and chunks of several requests are packed
-   into the launch under the token budget (`max_num_batched_tokens` minus one token per
-   decoding request); the request whose prompt completes samples its first token;
-4. one decode launch over every request that was decoding at the start of the tick.
+1. **schedule** (`plow.serve.scheduler.schedule`, pure): a snapshot of the slot table and the
+   queue (`SchedulerState`) becomes a `TickPlan`: which slots to free (finished, or aborted
+   because the client went away), which waiting requests to refuse (they waited past the
+   admission bound: their arrival prediction was low, so they get HTTP 429 and the bound
+   holds for every admitted request), which to admit into which slot, the chunks of one
+   packed prefill launch (chunk size priced by `prefill_cost`) and the rows of one decode
+   launch. The dispatcher applies the plan to its own bookkeeping under its lock;
+2. **execute** (`plow.serve.step.execute`): the plan on the engine (any executor of
+   `plow.runtime.executors`), logits out;
+3. **update** (here): each logits row becomes a token through the request's
+   `plow.serve.sampling.RequestSampler` (grammar mask, logprobs, penalties, then the
+   sampler), and the token becomes a detokenised, stop-checked event for the request's sink.
 
-Sampling is per request (`plow.runtime.sampler`, one generator per request), so a request's
-tokens depend only on its seed and its logits, never on its batch neighbours. Detokenisation
-and stop strings run here (`detok.TextStream`), so streamed and non-streamed responses see the
-same deltas.
+When no request is decoding (the engine is idle) admission may wait for the batch-formation
+window chosen by the M/D/1 model (`admission.py`), so that several prompts share one prefill
+launch; while requests decode, arrivals are admitted at the next tick, so a request arriving
+mid-generation gets its first token without waiting for the others to finish.
+
+Sampling is per request (one generator per request), so a request's tokens depend only on its
+seed and its logits, never on its batch neighbours. Detokenisation and stop strings run here
+(`detok.TextStream`), so streamed and non-streamed responses see the same deltas.
 """
 
 from __future__ import annotations
@@ -38,12 +40,16 @@ from typing import Any
 
 import numpy as np
 
-from plow.runtime.sampler import SamplingParams, make_generator, sample_row
+from plow.runtime.sampler import SamplingParams
 from plow.serve.admission import AdmissionController, Decision, QueueState, Work
 from plow.serve.detok import TextStream
-from plow.serve.engine import Engine, KVUsage, PrefillChunk
+from plow.serve.engine import Engine, KVUsage
+from plow.serve.grammar import Grammar, GrammarError
 from plow.serve.metrics import ModelMetrics
-from plow.serve.prefill_cost import PrefillFit, choose_chunk_size
+from plow.serve.prefill_cost import PrefillFit
+from plow.serve.sampling import Penalties, RequestSampler, TokenLogprob
+from plow.serve.scheduler import Running, SchedulerState, TickPlan, Waiting, schedule
+from plow.serve.step import TickResult, execute
 
 log = logging.getLogger("plow.serve")
 
@@ -61,6 +67,7 @@ class GenerationEvent:
     tick: int
     error: str | None = None
     retry_after_s: int | None = None  # with "refused": when a retry could be admitted
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token of `token_ids`, when asked
 
 
 @dataclass
@@ -102,13 +109,16 @@ class Request:
     sink: Sink
     stop: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()
+    penalties: Penalties = Penalties()
+    logprobs: int | None = None  # None: no logprobs; k: the sampled token's and k alternatives
+    grammar: Grammar | None = None  # a response_format / regex constraint (plow.serve.grammar)
     # state owned by the dispatcher thread
     record: RequestRecord | None = None
     slot: int | None = None
     prefilled: int = 0
     generated: list[int] = field(default_factory=list)
     text: TextStream | None = None
-    rng: np.random.Generator | None = None
+    sampler: RequestSampler | None = None
     cancelled: bool = False
     finished: bool = False
     last_token_t: float = 0.0
@@ -294,7 +304,9 @@ class Dispatcher:
                 predicted_wait_s=decision.predicted_wait_s,
             )  # fmt: skip
             req.text = TextStream.create(self.decode_text, req.stop)
-            req.rng = None if req.params.is_greedy else make_generator(req.params)
+            req.sampler = RequestSampler(
+                req.params, tuple(req.prompt_ids), req.penalties, req.logprobs, req.grammar
+            )
             self._records[req.id] = req.record
             while len(self._records) > self._history:
                 self._records.popitem(last=False)
@@ -358,112 +370,130 @@ class Dispatcher:
         assert oldest is not None
         return max(0.0, oldest.arrival_t + w - now)
 
+    def _snapshot(self, now: float) -> SchedulerState:
+        """The slot table and queue as `schedule` reads them (call with the lock held)."""
+        running = tuple(
+            Running(
+                r.id, slot, len(r.prompt_ids), r.prefilled, len(r.generated),
+                r.generated[-1] if r.generated else None, r.finished, r.cancelled,
+            )
+            for slot, r in self._active.items()
+        )  # fmt: skip
+        waiting = tuple(
+            Waiting(r.id, r.record.arrival_t if r.record else now, len(r.prompt_ids), r.cancelled)
+            for r in self._waiting
+        )
+        return SchedulerState(
+            self.tick, now, running, waiting, tuple(self._free), self.max_num_batched_tokens,
+            self.fit.launch_rows,
+            self.admission.max_wait_s if self.admission is not None else None,
+        )  # fmt: skip
+
+    def _apply(self, plan: TickPlan, now: float) -> dict[str, list[int]]:
+        """The plan's bookkeeping on the dispatcher's own state (lock held); the prompts of
+        the admitted requests, for `execute`."""
+        tick = plan.tick
+        for rel in plan.release:
+            r = self._active.pop(rel.slot)
+            self._free.append(rel.slot)
+            if r.record is not None:
+                r.record.freed_tick = tick
+            if rel.aborted:
+                self._finish(r, "abort", "", tick)
+            self._by_id.pop(r.id, None)
+        if plan.drop or plan.refuse:
+            gone = {*plan.drop, *plan.refuse}
+            keep: deque[Request] = deque()
+            left: dict[str, Request] = {}
+            for r in self._waiting:
+                if r.id in gone:
+                    left[r.id] = r
+                else:
+                    keep.append(r)
+            self._waiting = keep
+            for r in left.values():
+                self._dequeued(r)
+                self._by_id.pop(r.id, None)
+            for rid in plan.drop:
+                self._finish(left[rid], "abort", "", tick)
+            if plan.refuse:
+                self._refuse(
+                    [left[rid] for rid in plan.refuse], tick
+                )
+        prompts: dict[str, list[int]] = {}
+        for a in plan.admit:
+            r = self._waiting.popleft()
+            assert r.id == a.request_id
+            self._dequeued(r)
+            self._free.remove(a.slot)
+            r.slot = a.slot
+            self._active[a.slot] = r
+            assert r.record is not None
+            r.record.admitted_t = now
+            r.record.admitted_tick = tick
+            r.record.slot = a.slot
+            self.metrics.queue.observe(now - r.record.arrival_t)
+            prompts[r.id] = r.prompt_ids
+        self._free.sort()
+        return prompts
+
     def _tick(self) -> None:
+        """schedule -> execute -> update (module docstring)."""
         t_start = time.monotonic()
         with self._cv:
             self.tick += 1
-            tick = self.tick
-            # 1. free finished / aborted
-            for slot, r in list(self._active.items()):
-                if r.finished or r.cancelled:
-                    self.engine.free(slot)
-                    del self._active[slot]
-                    self._free.append(slot)
-                    if r.record is not None:
-                        r.record.freed_tick = tick
-                    if not r.finished:
-                        self._finish(r, "abort", "", tick)
-                    self._by_id.pop(r.id, None)
-            for r in [r for r in self._waiting if r.cancelled]:
-                self._waiting.remove(r)
-                self._dequeued(r)
-                self._finish(r, "abort", "", tick)
-                self._by_id.pop(r.id, None)
-            self._free.sort()
-            # 2. admit; a request still waiting past the bound is refused instead (its
-            # predicted wait was too low), so no admitted request waited longer than the bound
-            now = time.monotonic()
-            self._refuse_late(now, tick)
-            while self._waiting and self._free:
-                r = self._waiting.popleft()
-                self._dequeued(r)
-                slot = self._free.pop(0)
-                self.engine.add(slot, r.prompt_ids)
-                r.slot = slot
-                self._active[slot] = r
-                assert r.record is not None
-                r.record.admitted_t = now
-                r.record.admitted_tick = tick
-                r.record.slot = slot
-                self.metrics.queue.observe(now - r.record.arrival_t)
-            active = list(self._active.values())
-        pending = [r for r in active if r.prefilled < len(r.prompt_ids) and not r.cancelled]
-        decoding = [r for r in active if r.generated and not r.finished and not r.cancelled]
-        launched = False
-        prefill_rows, prefill_s = 0, 0.0
-        # 3. one packed prefill launch
-        if pending:
-            budget = max(1, self.max_num_batched_tokens - len(decoding))
-            remaining = [len(r.prompt_ids) - r.prefilled for r in pending]
-            choice = choose_chunk_size(remaining, budget, self.fit.launch_rows)
-            per_launch = max(1, budget // choice.chunk)
-            owners = pending[:per_launch]
-            chunks = [
-                PrefillChunk(r.slot, min(choice.chunk, n))
-                for r, n in zip(owners, remaining, strict=False)
-                if r.slot is not None
-            ]
-            t0 = time.monotonic()
-            logits = self.engine.prefill(chunks)
-            now = time.monotonic()
-            launched = True
-            prefill_rows, prefill_s = sum(c.length for c in chunks), now - t0
+            plan = schedule(self._snapshot(t_start))
+            prompts = self._apply(plan, time.monotonic())
+            owners = {r.id: r for r in self._active.values()}
+        result = execute(self.engine, plan, prompts)
+        self._update(plan, result, owners, t_start)
+
+    def _update(
+        self, plan: TickPlan, result: TickResult, owners: dict[str, Request], t_start: float
+    ) -> None:
+        tick = plan.tick
+        now = t_start + result.prefill_s
+        prefill_rows = 0
+        if plan.prefill:
             self.metrics.prefill_launches.inc()
-            for r, ch, row in zip(owners, chunks, logits, strict=True):
-                r.prefilled += ch.length
-                assert r.record is not None
-                r.record.prefill_ticks.append(tick)
-                r.record.prefill_chunks.append(ch.length)
-                self.metrics.prompt_tokens.inc(ch.length)
-                if r.prefilled == len(r.prompt_ids):
-                    self._emit_token(r, sample_row(row, r.params, r.rng), tick, now)
-        # 4. one decode launch
-        if decoding:
-            slots = [r.slot for r in decoding if r.slot is not None]
-            logits = self.engine.decode(slots, [r.generated[-1] for r in decoding])
-            launched = True
-            now = time.monotonic()
-            for r, row in zip(decoding, logits, strict=True):
-                self._emit_token(r, sample_row(row, r.params, r.rng), tick, now)
+        for ch, row in zip(plan.prefill, result.prefill_logits, strict=True):
+            r = owners[ch.request_id]
+            r.prefilled += ch.length
+            prefill_rows += ch.length
+            assert r.record is not None
+            r.record.prefill_ticks.append(tick)
+            r.record.prefill_chunks.append(ch.length)
+            self.metrics.prompt_tokens.inc(ch.length)
+            if ch.completes:
+                self._sample(r, row, tick, time.monotonic())
+        now = time.monotonic()
+        for st, row in zip(plan.decode, result.decode_logits, strict=True):
+            self._sample(owners[st.request_id], row, tick, now)
         with self._cv:
             self._kv = self.engine.kv_usage()
-        if launched:
+        if plan.launches:
             elapsed = time.monotonic() - t_start
             self.metrics.engine_ticks.inc()
             self.metrics.tick.observe(elapsed)
             if self.admission is not None:
                 self.admission.observe_tick(
-                    len(decoding), elapsed - prefill_s, prefill_rows, prefill_s
+                    len(plan.decode), elapsed - result.prefill_s, prefill_rows, result.prefill_s
                 )
 
-    def _refuse_late(self, now: float, tick: int) -> None:
-        """Refuse the waiting requests whose wait already exceeds the admission bound (the
-        queue is in arrival order, so they are a prefix). Call with the lock held."""
-        if self.admission is None:
+    def _sample(self, r: Request, row: np.ndarray, tick: int, now: float) -> None:
+        assert r.sampler is not None
+        try:
+            tok, lp = r.sampler.sample(row)
+        except GrammarError as e:  # this request's constraint failed; the others go on
+            self._finish(r, "error", "", tick, error=str(e))
             return
+        self._emit_token(r, tok, tick, now, lp)
+
+    def _refuse(self, late: list[Request], tick: int) -> None:
+        """Refuse the waiting requests whose wait exceeded the admission bound (already out
+        of the queue). Call with the lock held."""
+        assert self.admission is not None
         bound = self.admission.max_wait_s
-        late: list[Request] = []
-        while self._waiting:
-            rec = self._waiting[0].record
-            assert rec is not None
-            if now - rec.arrival_t <= bound:
-                break
-            r = self._waiting.popleft()
-            self._dequeued(r)
-            self._by_id.pop(r.id, None)
-            late.append(r)
-        if not late:
-            return
         wait = self.admission.queue_wait(self._queue_state())
         retry = max(1, math.ceil(wait - bound))
         for r in late:
@@ -477,7 +507,9 @@ class Dispatcher:
 
     # ----------------------------------------------------------------------------- outputs
 
-    def _emit_token(self, r: Request, tok: int, tick: int, now: float) -> None:
+    def _emit_token(
+        self, r: Request, tok: int, tick: int, now: float, lp: TokenLogprob | None = None
+    ) -> None:
         assert r.record is not None and r.text is not None
         r.generated.append(tok)
         rec = r.record
@@ -501,6 +533,9 @@ class Dispatcher:
             delta = r.text.push(tok)
             if r.text.stopped:
                 finish = "stop"
+            elif r.sampler is not None and r.sampler.grammar_done:
+                delta += r.text.finish()
+                finish = "stop"
             elif (
                 len(r.generated) >= r.max_tokens
                 or len(r.prompt_ids) + len(r.generated) >= self.engine.max_context
@@ -508,12 +543,14 @@ class Dispatcher:
                 delta += r.text.finish()
                 finish = "length"
         rec.completion_tokens = len(r.generated)
+        lps = (lp,) if lp is not None else ()
         if finish is None:
             self._send(r, GenerationEvent(
-                r.id, delta, (tok,), None, len(r.prompt_ids), len(r.generated), tick
+                r.id, delta, (tok,), None, len(r.prompt_ids), len(r.generated), tick,
+                logprobs=lps,
             ))  # fmt: skip
         else:
-            self._finish(r, finish, delta, tick, (tok,))
+            self._finish(r, finish, delta, tick, (tok,), logprobs=lps)
 
     def _finish(
         self,
@@ -524,6 +561,7 @@ class Dispatcher:
         toks: tuple[int, ...] = (),
         error: str | None = None,
         retry_after_s: int | None = None,
+        logprobs: tuple[TokenLogprob, ...] = (),
     ) -> None:
         if r.finished:
             return
@@ -552,7 +590,7 @@ class Dispatcher:
             m.finished(reason)
         self._send(r, GenerationEvent(
             r.id, delta, toks, reason, len(r.prompt_ids), len(r.generated), tick, error,
-            retry_after_s,
+            retry_after_s, logprobs,
         ))  # fmt: skip
 
     def _send(self, r: Request, ev: GenerationEvent) -> None:

@@ -50,14 +50,14 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from plow.checkpoint import load_checkpoint
+from plow.checkpoint import Checkpoint, load_checkpoint
 from plow.checkpoint.tokenizer import Tokenizer
 from plow.errors import PlowError
 from plow.runtime.sampler import InvalidSamplingParams, SamplingParams
 from plow.serve.admission import AdmissionController, QueueModel, calibrate_step_time
 from plow.serve.dispatcher import Dispatcher, GenerationEvent
 from plow.serve.dispatcher import Request as GenRequest
-from plow.serve.engine import Engine, ReferenceEngine
+from plow.serve.engine import Engine
 from plow.serve.metrics import CONTENT_TYPE_LATEST, ModelMetrics, render_all
 from plow.serve.prefill_cost import PrefillFit, fit_prefill, load_fit, sweep_prefill
 from plow.serve.protocol import (
@@ -237,33 +237,22 @@ def load_served_model(
     executor: str | None = None,
 ) -> ServedModel:
     """Load a checkpoint or a bundle, build its engine, calibrate the step time, start nothing
-    yet. `executor`: `native` (a bundle's packet streams on the C++ kernel; a checkpoint is
-    compiled into a cached, verified bundle first; `plow serve`'s default), `cpu` (the same
-    bundles on the numpy emulator), `reference` (a checkpoint's per-op forward). None: `cpu`
-    for a bundle, `reference` for a checkpoint (this function's long-standing behaviour)."""
+    yet. `executor` names an executor of the runtime's registry (`plow.runtime.executors`):
+    `native` (a bundle's packet streams on the C++ kernel; a checkpoint is compiled into a
+    cached, verified bundle first; `plow serve`'s default), `cpu` (the same bundles on the
+    numpy emulator), `cuda` (on an NVIDIA GPU), `reference` (a checkpoint's per-op forward).
+    None: `cpu` for a bundle, `reference` for a checkpoint."""
     from plow.runtime.cpu.bundle import Bundle, compile_cached
+    from plow.runtime.executors import EXECUTORS, get_executor
 
     directory = Path(path)
+    is_bundle = (directory / "manifest.json").is_file()
     if executor is None:
-        executor = "cpu" if (directory / "manifest.json").is_file() else "reference"
-    if executor not in ("native", "cpu", "reference"):
-        raise PlowError("--executor", f"must be native, cpu or reference, not {executor!r}")
-    bundle = None
-    if (directory / "manifest.json").is_file():  # a bundle: its packet streams
-        if executor == "reference":
-            raise PlowError(directory, "a bundle runs on --executor native or cpu")
-        bundle = Bundle.open(directory)
-        spec, tok = bundle.spec, bundle.tokenizer
-    else:
-        ckpt = load_checkpoint(directory)
-        spec, tok = ckpt.spec, ckpt.tokenizer
-        if executor != "reference":
-            bundle = Bundle.open(compile_cached(directory, max_batch=max_num_seqs))
+        executor = "cpu" if is_bundle else "reference"
+    if executor not in EXECUTORS:
+        raise PlowError("--executor", f"must be one of {', '.join(EXECUTORS)}, not {executor!r}")
+    kind = get_executor(executor)  # an executor this machine cannot run: one line, exit 2
     served = name or directory.name
-    if max_model_len is not None and not 1 <= max_model_len <= spec.max_position:
-        raise PlowError(
-            "--max-model-len", f"must be in 1..{spec.max_position}, got {max_model_len}"
-        )
     if max_num_seqs < 1:
         raise PlowError("--max-num-seqs", "must be at least 1")
     if max_num_batched_tokens < max_num_seqs:
@@ -271,21 +260,23 @@ def load_served_model(
             "--max-num-batched-tokens",
             f"must be at least --max-num-seqs ({max_num_seqs}), got {max_num_batched_tokens}",
         )
-    engine: Engine
-    if bundle is not None and executor == "native":
-        from plow.runtime.cpu.engine import CpuEngine
-        from plow.runtime.native import open_native
-
-        native = open_native(bundle, max_batch=max_num_seqs, max_context=max_model_len)
-        engine = CpuEngine(native)
-    elif bundle is not None:
-        from plow.runtime.cpu.engine import CpuEngine
-
-        engine = CpuEngine.from_bundle(bundle, max_batch=max_num_seqs, max_context=max_model_len)
+    source: Bundle | Checkpoint
+    if is_bundle:  # a bundle: its packet streams
+        if kind.runs != "bundle":
+            raise PlowError(directory, "a bundle runs on --executor native, cpu or cuda")
+        source = Bundle.open(directory)
+        spec, tok = source.spec, source.tokenizer
     else:
-        engine = ReferenceEngine.from_checkpoint(
-            ckpt, max_batch=max_num_seqs, max_context=max_model_len
+        ckpt = load_checkpoint(directory)
+        spec, tok = ckpt.spec, ckpt.tokenizer
+        source = ckpt
+        if kind.runs == "bundle":
+            source = Bundle.open(compile_cached(directory, max_batch=max_num_seqs))
+    if max_model_len is not None and not 1 <= max_model_len <= spec.max_position:
+        raise PlowError(
+            "--max-model-len", f"must be in 1..{spec.max_position}, got {max_model_len}"
         )
+    engine = kind.open_engine(source, max_batch=max_num_seqs, max_context=max_model_len)
     fit = prefill_fit or load_fit(directory) or quick_prefill_fit(engine, served)
     step = calibrate_step_time(engine)
     admission = AdmissionController(QueueModel(step, fit, engine.max_batch), max_queue_wait_s)
