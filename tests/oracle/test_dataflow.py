@@ -1,0 +1,278 @@
+"""Checkpoint D from data flow (C10, Plow.Dataflow): the oracle derives the dependencies from
+the tasks' arena reads and writes, not from the schedule's edge list.
+
+Small hand-made payloads pin the checker's verdicts; semantic mutations of a real tiny bundle
+(hashes re-forged, plan re-emitted) show that a dropped wait with its matching edge — which the
+edge-list check accepts — is now rejected naming the two tasks and the bytes; and two compiles
+of one checkpoint (two processes) give byte-identical certificates."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plow.emit.bundle import MANIFEST, compile_bundle
+from plow.emit.files import OpTable, ScheduleFile
+from plow.emit.verify import (
+    VOLATILE,
+    bundle_digest,
+    counter_graph_from_packets,
+    group_tasks,
+    verify_bundle,
+)
+from plow.emit.wire import decode_plan
+from plow.oracle import run_checkpoint
+from plow.oracle.payloads.dataflow import BLOCK, dataflow_payload
+from plow.profile import CompileProfile
+from plow.target import load_target
+from tests.emit.bundle_edit import copy_bundle, edit_rung, rungs
+
+# -- hand-made payloads ------------------------------------------------------------------
+
+
+def plan(
+    workers: list[int],
+    waits: list[list[int]],
+    signals: list[list[int]],
+    thresholds: list[int],
+    keys: list[int],
+    accesses: list[list[list[int]]],
+    chains: list[list[Any]] | None = None,
+) -> dict[str, Any]:
+    """A D payload with no schedule edges: every dependency must come from data flow."""
+    nw = max(workers) + 1
+    queues = [[t for t, w in enumerate(workers) if w == k] for k in range(nw)]
+    return {
+        "tasks": [
+            {"name": f"t{i}", "worker": w, "waits": wa, "signals": si}
+            for i, (w, wa, si) in enumerate(zip(workers, waits, signals, strict=True))
+        ],
+        "queues": queues,
+        "counters": [
+            {"name": f"c{i}", "threshold": th, "scope": "system"} for i, th in enumerate(thresholds)
+        ],
+        "edges": [],
+        "ranks": list(range(len(workers))),
+        "dataflow": {
+            "keys": keys,
+            "accesses": accesses,
+            "block": BLOCK,
+            "chains": chains or [],
+        },
+    }
+
+
+def test_read_after_write_needs_a_wait() -> None:
+    # t0 writes bytes [0, 16); t1 (another worker, later op) reads [8, 12)
+    ok = plan([0, 1], [[], [0]], [[0], []], [1], [5, 9], [[[0, 16, 1]], [[8, 12, 0]]])
+    cert = run_checkpoint("D", ok)
+    assert cert.accepted
+    assert "Plow.Dataflowproof.checkpoint_d_flow_sound" in cert.theorems
+    bad = plan([0, 1], [[], []], [[], []], [], [5, 9], [[[0, 16, 1]], [[8, 12, 0]]])
+    cert = run_checkpoint("D", bad)
+    assert not cert.accepted
+    assert "task 0 (t0)" in (cert.reason or "") and "task 1 (t1)" in (cert.reason or "")
+    assert "bytes [8, 12)" in (cert.reason or "")
+    # the edge-list check alone accepts it (no edges listed): the old hole
+    bad.pop("dataflow")
+    assert run_checkpoint("D", bad).accepted
+
+
+def test_reads_never_conflict_with_reads() -> None:
+    p = plan([0, 1], [[], []], [[], []], [], [5, 9], [[[0, 16, 0]], [[8, 12, 0]]])
+    assert run_checkpoint("D", p).accepted
+
+
+def test_same_stage_conflict_is_a_race() -> None:
+    p = plan([0, 1], [[], []], [[], []], [], [5, 5], [[[0, 16, 1]], [[12, 20, 1]]])
+    cert = run_checkpoint("D", p)
+    assert not cert.accepted
+    assert (cert.reason or "").startswith("race:") and "bytes [12, 16)" in (cert.reason or "")
+
+
+def war_plan(chains: list[list[Any]] | None) -> dict[str, Any]:
+    """t0 reads [0, 8); t1 waits for t0; t2 waits for t1 and overwrites [0, 8) (write after
+    read, ordered only through t1)."""
+    return plan(
+        [0, 1, 2],
+        [[], [0], [1]],
+        [[0], [1], []],
+        [1, 1],
+        [1, 5, 9],
+        [[[0, 8, 0]], [[100, 104, 1]], [[0, 8, 1]]],
+        chains,
+    )
+
+
+def test_write_after_read_ordered_through_a_chain() -> None:
+    cert = run_checkpoint("D", war_plan(None))
+    assert not cert.accepted and "task 0 (t0)" in (cert.reason or "")
+    assert "task 2 (t2)" in (cert.reason or "") and "bytes [0, 8)" in (cert.reason or "")
+    assert run_checkpoint("D", war_plan([[0, 2, [1]]])).accepted
+    # a chain is checked link by link: t0 -> t2 directly is not a link
+    assert not run_checkpoint("D", war_plan([[0, 2, []]])).accepted
+
+
+def test_builder_finds_the_chain() -> None:
+    p = war_plan(None)
+    tasks = p["tasks"]
+    accs = [[tuple(a) for a in acc] for acc in p["dataflow"]["accesses"]]
+    p["dataflow"] = dataflow_payload(
+        p["dataflow"]["keys"],
+        accs,
+        [t["waits"] for t in tasks],
+        [t["signals"] for t in tasks],
+        p["queues"],
+    )
+    assert p["dataflow"]["chains"] == [[0, 2, [1]]]
+    assert run_checkpoint("D", p).accepted
+
+
+def test_range_across_a_block_is_refused() -> None:
+    p = plan([0], [[]], [[]], [], [1], [[[BLOCK - 4, BLOCK + 4, 1]]])
+    cert = run_checkpoint("D", p)
+    assert not cert.accepted and "crosses a block boundary" in (cert.reason or "")
+
+
+# -- a real tiny bundle ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tiny_llama: Path) -> Path:
+    """The session's tiny Llama checkpoint (tests/conftest.py)."""
+    return tiny_llama
+
+
+PROFILE = CompileProfile(decode_batches=(1,), prefill_seqs=(8,))
+
+
+@pytest.fixture(scope="module")
+def h200_bundle(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dflow_h200") / "b"
+    return compile_bundle(tiny_ckpt, out, load_target("h200"), PROFILE, plan_only=True).out
+
+
+def _d_reasons(bundle: Path) -> list[str]:
+    return [r.reason for r in verify_bundle(bundle).rows if r.rejected]
+
+
+def test_unmutated_bundle_certified_from_data_flow(h200_bundle: Path) -> None:
+    rep = verify_bundle(h200_bundle)
+    assert rep.accepted, [(r.checkpoint, r.reason) for r in rep.rows if r.rejected]
+    d = [r for r in rep.rows if r.checkpoint == "D"]
+    assert d and all("Plow.Dataflowproof.checkpoint_d_flow_sound" in r.theorems for r in d)
+
+
+def _drop_candidate(sched: dict[str, Any]) -> tuple[int, int]:
+    """(producer, consumer) of an edge whose consumer is first on its worker, waits on one
+    counter, and whose producer is on another worker."""
+    t = sched["tasks"]
+    first: dict[int, int] = {}
+    for i, w in enumerate(t["worker"]):
+        first.setdefault(w, i)
+    e = sched["edges"]
+    for u, v in zip(e[0::2], e[1::2], strict=True):
+        w = t["worker"][v]
+        if len(t["waits"][v]) == 1 and first[w] == v and t["worker"][u] != w:
+            return u, v
+    raise AssertionError("no candidate edge")
+
+
+def test_dropped_wait_and_edge_rejected_before_anything_runs(
+    h200_bundle: Path, tmp_path: Path
+) -> None:
+    b = copy_bundle(h200_bundle, tmp_path / "m")
+    rung = rungs(b)[0]
+    sched = json.loads((b / rung["schedule"]).read_text())
+    u, v = _drop_candidate(sched)
+    names = sched["tasks"]["name"]
+
+    def drop(s: dict[str, Any]) -> None:
+        s["tasks"]["waits"][v] = []
+        e = s["edges"]
+        keep = [(a, c) for a, c in zip(e[0::2], e[1::2], strict=True) if c != v]
+        s["edges"] = [x for pair in keep for x in pair]
+
+    edit_rung(b, rung, schedule=drop)
+    rep = verify_bundle(b)
+    bad = [r for r in rep.rows if r.rejected]
+    assert [r.checkpoint for r in bad] == ["D"], [(r.checkpoint, r.reason) for r in bad]
+    reason = bad[0].reason
+    assert f"({names[u]})" in reason and f"({names[v]})" in reason
+    assert "arena bytes [" in reason and "must precede" in reason
+    # the edge-list checker alone (the schedule file's edges, no data flow) accepts it
+    sf = ScheduleFile.model_validate_json((b / rung["schedule"]).read_bytes())
+    _, arr = decode_plan((b / rung["plan"]).read_bytes())
+    g = counter_graph_from_packets(arr, sf, group_tasks(arr))
+    assert not isinstance(g, str)
+    assert run_checkpoint("D", g.payload_dict()).accepted
+
+
+def test_swapped_wait_thresholds_rejected(h200_bundle: Path, tmp_path: Path) -> None:
+    b = copy_bundle(h200_bundle, tmp_path / "m")
+    rung = rungs(b)[0]
+    sched = json.loads((b / rung["schedule"]).read_text())
+    th = sched["counters"]["threshold"]
+    i, j = next((i, j) for i in range(len(th)) for j in range(i) if th[i] != th[j])
+
+    def swap(s: dict[str, Any]) -> None:
+        t = s["counters"]["threshold"]
+        t[i], t[j] = t[j], t[i]
+
+    edit_rung(b, rung, schedule=swap)
+    reasons = _d_reasons(b)
+    assert reasons and any("threshold" in r for r in reasons), reasons
+
+
+def test_shrunk_task_range_rejected(h200_bundle: Path, tmp_path: Path) -> None:
+    b = copy_bundle(h200_bundle, tmp_path / "m")
+    rung = rungs(b)[0]
+    sched = json.loads((b / rung["schedule"]).read_text())
+    k = next(i for i, c in enumerate(sched["tasks"]["unit_count"]) if c > 1)
+
+    def shrink(s: dict[str, Any]) -> None:
+        s["tasks"]["unit_count"][k] -= 1
+
+    edit_rung(b, rung, schedule=shrink)
+    rep = verify_bundle(b)
+    bad = [r for r in rep.rows if r.rejected]
+    assert bad and bad[0].checkpoint == "B", [(r.checkpoint, r.reason) for r in bad]
+    assert "op " in bad[0].reason
+
+
+# -- reproducible certificates ------------------------------------------------------------
+
+_COMPILE = (
+    "import sys; from pathlib import Path; from plow.emit.bundle import compile_bundle;"
+    "from plow.profile import CompileProfile; from plow.target import load_target;"
+    "compile_bundle(Path(sys.argv[1]), Path(sys.argv[2]), load_target('cpu'),"
+    "CompileProfile(decode_batches=(1,), prefill_seqs=(8,)), verify=True)"
+)
+
+
+@pytest.mark.slow
+def test_certificates_reproducible_across_processes(tiny_ckpt: Path, tmp_path: Path) -> None:
+    a = compile_bundle(tiny_ckpt, tmp_path / "a", load_target("cpu"), PROFILE, verify=True).out
+    b = tmp_path / "b"
+    subprocess.run([sys.executable, "-c", _COMPILE, str(tiny_ckpt), str(b)], check=True)
+    files_a = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    files_b = sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
+    assert files_a == files_b
+    certs = [f for f in files_a if f.startswith("certificates/")]
+    assert len(certs) == 5
+    for f in files_a:
+        if f != MANIFEST:
+            assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    assert bundle_digest(a) == bundle_digest(b)
+    ma, mb = (json.loads((x / MANIFEST).read_bytes()) for x in (a, b))
+    for k in VOLATILE:
+        ma.pop(k, None)
+        mb.pop(k, None)
+    assert ma == mb
+    ot = OpTable.model_validate_json((a / rungs(a)[0]["ops"]).read_bytes())
+    assert ot.ops  # the bundle holds a real plan
