@@ -18,6 +18,9 @@ FORBIDDEN = re.compile(r"\b(Admitted|admit|Axiom|Axioms|Parameter|Conjecture)\b"
 TOP_THEOREMS = [
     "Plow.Countersproof.checkpoint_d_sound",
     "Plow.Countersproof.check_scopes_sound",
+    "Plow.Dataflowproof.checkpoint_d_flow_sound",
+    "Plow.Dataflowproof.check_dataflow_sound",
+    "Plow.Dataflowproof.hb_safety",
     "Plow.Tilesproof.checkpoint_b_sound",
     "Plow.Tilesproof.check_tiling_plan_sound",
     "Plow.Partitionproof.check_plan_tasks_sound",
