@@ -52,7 +52,7 @@ from plow.target.model import dtype_bytes
 LOAD, COMPUTE, MERGE = 0, 1, 2
 BLOCK = 4096  # bytes per block of the oracle's write index (any positive value is sound)
 REDUCTION_AXIS = {"linear": 2, "lm_head": 2, "attention": 1, "sample": 1, "rmsnorm": 1}
-MATMUL = ("linear", "lm_head")
+MATMUL: tuple[str, ...] = ("linear", "lm_head")
 # Routed experts (issue 17): expert_linear is a matmul over (m, n, k) that also reads its
 # tile's expert's column of the router weights; its down form sums over experts (k split).
 REDUCTION_AXIS["expert_linear"] = 2
