@@ -58,6 +58,7 @@ from plow.serve.admission import AdmissionController, QueueModel, calibrate_step
 from plow.serve.dispatcher import Dispatcher, GenerationEvent
 from plow.serve.dispatcher import Request as GenRequest
 from plow.serve.engine import Engine
+from plow.serve.grammar import Grammar, GrammarCompiler, GrammarError, constraint_of
 from plow.serve.metrics import CONTENT_TYPE_LATEST, ModelMetrics, render_all
 from plow.serve.prefill_cost import PrefillFit, fit_prefill, load_fit, sweep_prefill
 from plow.serve.protocol import (
@@ -70,6 +71,7 @@ from plow.serve.protocol import (
     SamplingFields,
     TokenizeRequest,
 )
+from plow.serve.sampling import MAX_TOP_LOGPROBS, Penalties, TokenLogprob
 
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
 # After the limit, up to this many more bytes are read and dropped so that the client, still
@@ -199,6 +201,50 @@ class ServedModel:
     vocab_size: int
     created: int = field(default_factory=lambda: int(time.time()))
     token_chars: int | None = None  # max_token_chars(tokenizer), set by load_served_model
+    eos_token_ids: tuple[int, ...] = ()
+    _grammars: GrammarCompiler | None = None
+    _pieces: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self._grammars
+
+    def piece(self, token: int) -> str:
+        """A token's text alone (the logprobs' `token`), as the tokenizer decodes it."""
+        s = self._pieces.get(token)
+        if s is None:
+            s = self._pieces[token] = self.tokenizer.decode([token])
+        return s
+
+    def chat_logprobs(self, lps: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+        """Chat's `logprobs.content`: per token its text, logprob, UTF-8 bytes, and the top
+        alternatives in the same shape."""
+
+        def entry(tok: int, lp: float) -> dict[str, Any]:
+            t = self.piece(tok)
+            return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+
+        return [
+            {**entry(x.token, x.logprob), "top_logprobs": [entry(t, v) for t, v in x.top]}
+            for x in lps
+        ]
+
+    def completion_logprobs(self, lps: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+        """Completions' `logprobs`: tokens, token_logprobs, top_logprobs (token text ->
+        logprob), text_offset (characters into the completion)."""
+        tokens = [self.piece(x.token) for x in lps]
+        offsets = []
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(t)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [x.logprob for x in lps],
+            "top_logprobs": [{self.piece(t): v for t, v in x.top} for x in lps],
+            "text_offset": offsets,
+        }
 
     @property
     def engine(self) -> Engine:
@@ -292,7 +338,7 @@ def load_served_model(
     )
     return ServedModel(
         served, str(directory), tok, dispatcher, engine.max_context, spec.vocab_size,
-        token_chars=max_token_chars(tok),
+        token_chars=max_token_chars(tok), eos_token_ids=tuple(spec.eos_token_ids),
     )  # fmt: skip
 
 
@@ -609,18 +655,6 @@ class Server:
     def _common_checks(self, body: SamplingFields, max_tokens: int | None) -> None:
         if not 1 <= body.n <= MAX_N:
             raise ApiError(400, f"n must be in 1..{MAX_N}, got {body.n}", param="n")
-        unsupported = [
-            ("logprobs", body.logprobs not in (None, False, 0)),
-            ("top_logprobs", body.top_logprobs not in (None, 0)),
-            ("presence_penalty", body.presence_penalty not in (None, 0.0)),
-            ("frequency_penalty", body.frequency_penalty not in (None, 0.0)),
-            ("repetition_penalty", body.repetition_penalty not in (None, 1.0)),
-            ("response_format",
-             body.response_format not in (None, {}) and body.response_format != {"type": "text"}),
-        ]  # fmt: skip
-        for name, bad in unsupported:
-            if bad:  # the sampler has no such step yet: say so rather than ignore it
-                raise ApiError(400, f"{name} is not supported by this server", param=name)
         if max_tokens is not None and max_tokens < 1:
             raise ApiError(
                 400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens"
@@ -628,6 +662,58 @@ class Server:
         bad_ids = [t for t in body.stop_token_ids or [] if t < 0]
         if bad_ids:
             raise ApiError(400, f"token id {bad_ids[0]} is negative", param="stop_token_ids")
+
+    @staticmethod
+    def _logprobs(body: SamplingFields, chat: bool) -> int | None:
+        """How many top alternatives per token (None: no logprobs), to each API's spec:
+        chat has `logprobs: bool` and `top_logprobs: 0..20`; completions `logprobs: 0..20`."""
+        lp, top = body.logprobs, body.top_logprobs
+        if chat:
+            if lp is not None and not isinstance(lp, bool):
+                raise ApiError(400, "logprobs must be a boolean (use top_logprobs for a count)",
+                               param="logprobs")  # fmt: skip
+            if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+                raise ApiError(400, f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top}",
+                               param="top_logprobs")  # fmt: skip
+            if top and not lp:
+                raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            return (top or 0) if lp else None
+        if isinstance(lp, bool):
+            raise ApiError(400, "logprobs must be an integer on /v1/completions",
+                           param="logprobs")  # fmt: skip
+        if lp is not None and not 0 <= lp <= MAX_TOP_LOGPROBS:
+            raise ApiError(400, f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {lp}",
+                           param="logprobs")  # fmt: skip
+        return lp
+
+    @staticmethod
+    def _penalties(body: SamplingFields) -> Penalties:
+        try:
+            return Penalties(
+                0.0 if body.presence_penalty is None else body.presence_penalty,
+                0.0 if body.frequency_penalty is None else body.frequency_penalty,
+                1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            )
+        except ValueError as e:
+            param = str(e).split(" ", 1)[0]
+            raise ApiError(400, str(e), param=param) from e
+
+    async def _grammars(self, m: ServedModel, body: SamplingFields) -> list[Grammar | None]:
+        """One compiled constraint per choice (llguidance, in a worker thread)."""
+        try:
+            c = constraint_of(body.response_format)
+        except GrammarError as e:
+            raise ApiError(400, f"response_format: {e}", param="response_format") from e
+        if c is None:
+            return [None] * body.n
+
+        def work() -> list[Grammar | None]:
+            return [m.grammars.compile(c) for _ in range(body.n)]
+
+        try:
+            return await asyncio.to_thread(work)
+        except GrammarError as e:
+            raise ApiError(400, f"response_format: {e}", param="response_format") from e
 
     @staticmethod
     def _too_long(m: ServedModel, tokens: int, what: str = "") -> ApiError:
@@ -708,8 +794,12 @@ class Server:
         max_tokens: int,
         prefix: str,
         http_request: Request,
+        *,
+        logprobs: int | None = None,
+        grammars: Sequence[Grammar | None] = (),
     ) -> _Job:
         loop = asyncio.get_running_loop()
+        penalties = self._penalties(body)
         queue: asyncio.Queue[tuple[int, GenerationEvent]] = asyncio.Queue()
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         stop_ids = frozenset(body.stop_token_ids or ()) | (
@@ -725,7 +815,10 @@ class Server:
                     loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
 
             rid = m.dispatcher.new_id(prefix)
-            req = GenRequest(rid, ids, params[i], max_tokens, sink, tuple(stops), stop_ids)
+            req = GenRequest(
+                rid, ids, params[i], max_tokens, sink, tuple(stops), stop_ids, penalties,
+                logprobs, grammars[i] if grammars else None,
+            )  # fmt: skip
             decision = m.dispatcher.submit(req)
             if not decision.admit:
                 job.abort()  # the choices already queued
@@ -741,21 +834,25 @@ class Server:
         job.watch(http_request)
         return job
 
-    async def _collect(self, job: _Job, n: int) -> tuple[list[str], list[GenerationEvent]]:
+    async def _collect(
+        self, job: _Job, n: int
+    ) -> tuple[list[str], list[GenerationEvent], list[list[TokenLogprob]]]:
         parts: list[list[str]] = [[] for _ in range(n)]
+        lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
         last: list[GenerationEvent | None] = [None] * n
         try:
             async for i, ev in job.events():
                 if ev.finish_reason in ("refused", "error", "abort"):
                     _raise_for(ev)
                 parts[i].append(ev.text)
+                lps[i].extend(ev.logprobs)
                 if ev.finish_reason is not None:
                     last[i] = ev
         finally:
             job.close()
         done = [ev for ev in last if ev is not None]
         assert len(done) == n
-        return ["".join(p) for p in parts], done
+        return ["".join(p) for p in parts], done, lps
 
     async def _first(self, job: _Job) -> tuple[int, GenerationEvent]:
         """Wait for the job's first event before answering: a refusal or an error that comes
@@ -783,8 +880,12 @@ class Server:
         body = parse_body(CompletionRequest, raw)
         m = self._model(body.model)
         self._common_checks(body, body.max_tokens)
+        logprobs = self._logprobs(body, chat=False)
         if body.best_of not in (None, 1, body.n):
             raise ApiError(400, "best_of other than n is not supported", param="best_of")
+        if body.echo and logprobs is not None:
+            raise ApiError(400, "echo with logprobs (the prompt's logprobs) is not supported",
+                           param="logprobs")  # fmt: skip
         prompt: Any = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
             if len(prompt) != 1:
@@ -802,7 +903,9 @@ class Server:
         echo = ""
         if body.echo:
             echo = prompt if isinstance(prompt, str) else m.tokenizer.decode(ids)
-        job = self._submit(m, ids, body, max_tokens, "cmpl", http_request)
+        grammars = await self._grammars(m, body)
+        job = self._submit(m, ids, body, max_tokens, "cmpl", http_request,
+                           logprobs=logprobs, grammars=grammars)  # fmt: skip
         created = int(time.time())
         base = {
             "id": job.request_ids[0],
@@ -823,6 +926,7 @@ class Server:
                                   "finish_reason": None}  # fmt: skip
                         yield _sse({**base, "choices": [choice], **extra})
                 completion = 0
+                offsets = [0] * n
 
                 async def all_events() -> AsyncIterator[tuple[int, GenerationEvent]]:
                     yield first
@@ -833,8 +937,12 @@ class Server:
                     if ev.finish_reason in ("refused", "error"):
                         yield _stream_error(ev)
                         break
-                    if ev.text or ev.finish_reason is not None:
-                        choice = {"index": i, "text": ev.text, "logprobs": None,
+                    if ev.text or ev.logprobs or ev.finish_reason is not None:
+                        lp = None
+                        if logprobs is not None:
+                            lp = m.completion_logprobs(ev.logprobs, offsets[i])
+                            offsets[i] += sum(len(t) for t in lp["tokens"])
+                        choice = {"index": i, "text": ev.text, "logprobs": lp,
                                   "finish_reason": ev.finish_reason}  # fmt: skip
                         yield _sse({**base, "choices": [choice], **extra})
                     if ev.finish_reason is not None:
@@ -844,11 +952,12 @@ class Server:
                 yield "data: [DONE]\n\n"
 
             return _ClosingStream(gen(), job.close)
-        texts, lasts = await self._collect(job, n)
+        texts, lasts, lps = await self._collect(job, n)
         return {
             **base,
             "choices": [
-                {"index": i, "text": echo + texts[i], "logprobs": None,
+                {"index": i, "text": echo + texts[i],
+                 "logprobs": m.completion_logprobs(lps[i]) if logprobs is not None else None,
                  "finish_reason": lasts[i].finish_reason}
                 for i in range(n)
             ],
@@ -864,9 +973,12 @@ class Server:
             else body.max_tokens
         )
         self._common_checks(body, max_req)
+        logprobs = self._logprobs(body, chat=True)
         ids = await self._chat_ids(m, body.messages, body.add_generation_prompt)
         max_tokens = self._check_prompt(m, ids, max_req, None)
-        job = self._submit(m, ids, body, max_tokens, "chatcmpl", http_request)
+        grammars = await self._grammars(m, body)
+        job = self._submit(m, ids, body, max_tokens, "chatcmpl", http_request,
+                           logprobs=logprobs, grammars=grammars)  # fmt: skip
         created = int(time.time())
         base = {"id": job.request_ids[0], "created": created, "model": m.name}
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -892,9 +1004,13 @@ class Server:
                     if ev.finish_reason in ("refused", "error"):
                         yield _stream_error(ev)
                         break
-                    if ev.text or ev.finish_reason is not None:
+                    if ev.text or ev.logprobs or ev.finish_reason is not None:
                         delta = {"content": ev.text} if ev.text else {}
-                        choice = {"index": i, "delta": delta, "logprobs": None,
+                        lp = (
+                            {"content": m.chat_logprobs(ev.logprobs)}
+                            if logprobs is not None else None
+                        )  # fmt: skip
+                        choice = {"index": i, "delta": delta, "logprobs": lp,
                                   "finish_reason": ev.finish_reason}  # fmt: skip
                         yield _sse({**chunk, "choices": [choice], **extra})
                     if ev.finish_reason is not None:
@@ -905,14 +1021,16 @@ class Server:
                 yield "data: [DONE]\n\n"
 
             return _ClosingStream(gen(), job.close)
-        texts, lasts = await self._collect(job, n)
+        texts, lasts, lps = await self._collect(job, n)
         return {
             **base,
             "object": "chat.completion",
             "choices": [{
                 "index": i,
                 "message": {"role": "assistant", "content": texts[i]},
-                "logprobs": None,
+                "logprobs": (
+                    {"content": m.chat_logprobs(lps[i])} if logprobs is not None else None
+                ),
                 "finish_reason": lasts[i].finish_reason,
             } for i in range(n)],
             "usage": self._usage(len(ids), sum(ev.completion_tokens for ev in lasts)),

@@ -41,7 +41,7 @@ from plow.runtime.sampler import SamplingParams, make_generator, sample_row
 if TYPE_CHECKING:
     from plow.serve.grammar import Grammar
 
-MAX_TOP_LOGPROBS = 20
+MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs (chat) and vLLM's default max_logprobs
 
 
 @dataclass(frozen=True, slots=True)

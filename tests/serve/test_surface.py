@@ -1,5 +1,6 @@
 """The OpenAI surface people use, through the official `openai` client: n > 1, stop strings
-and stop token ids, echo, /v1/models metadata, and vLLM's /tokenize and /detokenize."""
+and stop token ids, echo, logprobs, response_format, /v1/models metadata, and vLLM's
+/tokenize and /detokenize."""
 
 from __future__ import annotations
 
@@ -132,13 +133,89 @@ def test_tokenize_and_detokenize_round_trip(live: LiveServer, client: openai.Ope
                       timeout=30).status_code == 401  # fmt: skip
 
 
-def test_unsupported_sampling_fields_are_refused_not_ignored(client: openai.OpenAI) -> None:
-    for kw in ({"logprobs": 2}, {"presence_penalty": 1.0}, {"frequency_penalty": 0.5}):
+def test_sampling_fields_out_of_range_are_400s_naming_the_field(client: openai.OpenAI) -> None:
+    for kw in ({"logprobs": 21}, {"presence_penalty": 2.5}, {"frequency_penalty": -3.0},
+               {"repetition_penalty": 0.0}, {"logprobs": True}):  # fmt: skip
         with pytest.raises(openai.BadRequestError) as e:
-            client.completions.create(model="tiny", prompt="x", max_tokens=2, **kw)  # type: ignore[call-overload]
-        assert e.value.body["param"] == next(iter(kw))  # type: ignore[index]
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(
-            model="tiny", max_tokens=2, messages=[{"role": "user", "content": "x"}],
-            response_format={"type": "json_object"},
-        )  # fmt: skip
+            client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body=kw)
+        assert e.value.body["param"] == next(iter(kw)), kw  # type: ignore[index]
+    msgs = [{"role": "user", "content": "x"}]
+    for kw, param in (
+        ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": []}}},
+         "response_format"),
+        ({"response_format": {"type": "regex", "regex": "(unclosed"}}, "response_format"),
+    ):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny", max_tokens=2, messages=msgs,  # type: ignore[arg-type]
+                                           extra_body=kw)  # fmt: skip
+        assert e.value.body["param"] == param, kw  # type: ignore[index]
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"enum": ["ada", "bob"]}, "age": {"type": "integer", "minimum": 0,
+                                                              "maximum": 120}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_json_schema_through_the_client(client: openai.OpenAI) -> None:
+    import json
+
+    import jsonschema
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    msgs = [{"role": "user", "content": "who?"}]
+    full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=48, n=4,  # type: ignore[arg-type]
+                                          temperature=1.0, seed=11, response_format=fmt)  # type: ignore[arg-type]  # fmt: skip
+    for c in full.choices:
+        assert c.finish_reason == "stop"
+        jsonschema.validate(json.loads(c.message.content or ""), SCHEMA)
+    stream = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=48, n=4,  # type: ignore[arg-type]
+                                            temperature=1.0, seed=11, response_format=fmt,  # type: ignore[arg-type]
+                                            stream=True)  # fmt: skip
+    parts = ["", "", "", ""]
+    for ch in stream:
+        for c in ch.choices:
+            parts[c.index] += c.delta.content or ""
+    assert parts == [c.message.content for c in full.choices]
+    obj = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=64,  # type: ignore[arg-type]
+                                         response_format={"type": "json_object"})  # fmt: skip
+    if obj.choices[0].finish_reason == "stop":  # an untrained model may run out of tokens
+        assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
+    else:
+        assert (obj.choices[0].message.content or "").startswith("{")
+
+
+def test_logprobs_through_the_client(client: openai.OpenAI) -> None:
+    import math
+
+    msgs = [{"role": "user", "content": "tell me"}]
+    full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6,  # type: ignore[arg-type]
+                                          temperature=0, logprobs=True, top_logprobs=3)  # fmt: skip
+    content = full.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == full.usage.completion_tokens  # type: ignore[union-attr]
+    for e in content:
+        assert len(e.top_logprobs) == 3 and e.logprob <= 0.0
+        assert e.top_logprobs[0].logprob == e.logprob  # greedy picks the most likely token
+        assert [t.logprob for t in e.top_logprobs] == sorted(
+            (t.logprob for t in e.top_logprobs), reverse=True)
+        assert e.bytes == list(e.token.encode())
+    stream = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6,  # type: ignore[arg-type]
+                                            temperature=0, logprobs=True, top_logprobs=3,
+                                            stream=True)  # fmt: skip
+    streamed = [e for ch in stream for c in ch.choices if c.logprobs and c.logprobs.content
+                for e in c.logprobs.content]  # fmt: skip
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    cmpl = client.completions.create(model="tiny", prompt="Once upon", max_tokens=5,
+                                     temperature=1.0, seed=5, logprobs=2)  # fmt: skip
+    lp = cmpl.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and len(lp.tokens) == 5
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    for v, top in zip(lp.token_logprobs or [], lp.top_logprobs or [], strict=True):
+        assert 1 <= len(top) <= 2 and max(top.values()) >= v - 1e-12  # top 2 of all tokens
+        assert math.isfinite(v) and v <= 0.0
