@@ -26,7 +26,6 @@ from plow.serve.prefill_cost import PrefillFit
 from plow.serve.sampling import Penalties, TokenLogprob
 from plow.serve.scheduler import (
     Admit,
-    Chunk,
     Release,
     Running,
     SchedulerState,
