@@ -218,11 +218,11 @@ def test_json_schema_responses_parse_and_validate_every_time(
     c = constraint_of({"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}})
     assert c == Constraint("json", SCHEMA)
     d = dispatcher(ckpt)
-    events: list[list[GenerationEvent]] = [[] for _ in range(8)]
+    events: list[list[GenerationEvent]] = [[] for _ in range(5)]
     reqs = [
         request(f"j{i}", [5, 17, 42 + i], 64, events[i], grammar=grammars.compile(c),
                 params=SamplingParams(temperature=1.0, seed=i) if i else SamplingParams())
-        for i in range(8)
+        for i in range(5)
     ]  # fmt: skip
     run(d, reqs)
     texts = ["".join(ev.text for ev in evs) for evs in events]
