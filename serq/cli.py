@@ -1,4 +1,4 @@
-"""The ``serq`` command: ``serq run FILE.sq`` and ``serq check FILE.sq``."""
+"""The ``serq`` command: ``serq run FILE.sq``, ``serq check FILE.sq`` and ``serq prove FILE.sq``."""
 
 from __future__ import annotations
 
@@ -119,6 +119,47 @@ def check(
     claims = ", ".join(c.name for c in info.claims) or "none"
     engines = ", ".join(info.engines) or "none"
     typer.echo(f"{file}: ok (engines: {engines}; claims: {claims})")
+
+
+@app.command()
+def prove(
+    file: Annotated[Path, typer.Argument(help="the .sq program")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="override args.number(NAME, ...): NAME=VALUE (repeatable)"),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="write the exported Rocq file (.v) here")
+    ] = None,
+    json_: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+) -> None:
+    """Export FILE's engine and claims to Rocq and prove each claim over every path
+    (exit 1 if a claim is not proved)."""
+    from rich.table import Table
+
+    from serq.prove import prove_file
+
+    try:
+        results = prove_file(file, _parse_sets(set_ or []), out)
+    except SerqError as err:
+        _fail(err, debug, file)
+        return
+    if json_:
+        rows = [{"claim": r.name, "given": r.given, "proved": r.proved, "detail": r.detail}
+                for r in results]  # fmt: skip
+        sys.stdout.write(json.dumps({"file": str(file), "claims": rows}) + "\n")
+    else:
+        t = Table(title=f"claims of {file}, in Rocq", title_justify="left")
+        for col in ("claim", "kind", "result"):
+            t.add_column(col)
+        for r in results:
+            name = r.name if r.given is None else f"{r.name} given ({r.given})"
+            style = "green" if r.proved else "bold red"
+            t.add_row(name, "every iteration, every path", f"[{style}]{r.result_text()}[/{style}]")
+        Console(highlight=False).print(t)
+    if not all(r.proved for r in results):
+        raise typer.Exit(EXIT_CLAIM_FAILED)
 
 
 def main() -> None:

@@ -220,3 +220,16 @@ Proof.
   intros Hb Hs. eapply every_path_impl; [|exact (rad_batch_tiled bcol E Hb Hs)].
   intros v H; apply H.
 Qed.
+
+(** All three at once, for claims that need more than one of them. *)
+Corollary rad_all (bcol tlin tnl : nat) (E : engine) :
+  0 < bcol -> rad_schedule bcol E -> rad_cost bcol tlin tnl E ->
+  every_path E (tiled bcol)
+    (fun v => (optimal_tiling bcol v /\ decoder_bound bcol v) /\ token_rate bcol tlin tnl v).
+Proof.
+  intros Hb Hs Hc arr Hg n st1 b st' Hst. split.
+  - exact (rad_batch_tiled bcol E Hb Hs arr Hg n st1 b st' Hst).
+  - destruct Hs as [Hcap _].
+    refine (rad_token_rate bcol tlin tnl E Hb Hcap Hc arr _ n st1 b st' Hst).
+    apply Forall_forall. reflexivity.
+Qed.
