@@ -32,7 +32,8 @@ enum PlowKind {
 };
 
 // Weight storage dtypes: weights run in their stored precision.
-enum PlowDType { PLOW_NONE = 0, PLOW_F32 = 1, PLOW_BF16 = 2 };
+// weights: fp32, bf16, or GGML blocks of 32 (kernels/blocks.h; plow/checkpoint/quant.py)
+enum PlowDType { PLOW_NONE = 0, PLOW_F32 = 1, PLOW_BF16 = 2, PLOW_Q4_0 = 3, PLOW_Q4_1 = 4, PLOW_Q8_0 = 5 };
 
 // Wire-v1 opcodes and flags the interpreter reads (docs/wire.md).
 enum PlowOpcode {

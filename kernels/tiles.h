@@ -47,18 +47,24 @@ PLOW_HD static inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 
-PLOW_HD static inline float weight_at(const void* w, int32_t dt, int64_t i) {
-  if (dt == PLOW_BF16) return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
-  return static_cast<const float*>(w)[i];
-}
-
 // 32 lanes (two AVX-512 / four AVX2 registers in flight), summed by a fixed tree.
 #define PLOW_LANES 32
+static_assert(PLOW_LANES == 32, "a quantization block (32 weights) is one pass of the lanes");
 
 PLOW_HD static inline float lanes_sum(float* acc) {
   for (int s = PLOW_LANES / 2; s > 0; s >>= 1)
     for (int l = 0; l < s; ++l) acc[l] += acc[l + s];
   return acc[0];
+}
+
+}  // namespace plow
+#include "blocks.h"
+namespace plow {
+
+PLOW_HD static inline float weight_at(const void* w, int32_t dt, int64_t i) {
+  if (dt == PLOW_BF16) return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  if (is_blocked(dt)) return block_weight(static_cast<const uint8_t*>(w), dt, i);
+  return static_cast<const float*>(w)[i];
 }
 
 PLOW_HD static inline float bf16_lane(const uint16_t* w, int64_t i) {
@@ -144,12 +150,14 @@ PLOW_SIMD static void dot4_bf16(const float* x, int64_t ldx, const uint16_t* w, 
 PLOW_HD static inline float dot_w(const float* x, const void* w, int32_t dt, int64_t off,
                                   int64_t n) {
   if (dt == PLOW_BF16) return dot_bf16(x, static_cast<const uint16_t*>(w) + off, n);
+  if (is_blocked(dt)) return dot_blocks(x, static_cast<const uint8_t*>(w), dt, off, n);
   return dot_f32(x, static_cast<const float*>(w) + off, n);
 }
 
 PLOW_HD static inline void dot4_w(const float* x, int64_t ldx, const void* w, int32_t dt,
                                   int64_t off, int64_t n, float* y) {
   if (dt == PLOW_BF16) return dot4_bf16(x, ldx, static_cast<const uint16_t*>(w) + off, n, y);
+  if (is_blocked(dt)) return dot4_blocks(x, ldx, static_cast<const uint8_t*>(w), dt, off, n, y);
   dot4_f32(x, ldx, static_cast<const float*>(w) + off, n, y);
 }
 

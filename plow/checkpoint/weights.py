@@ -18,6 +18,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from plow.checkpoint.quant import QuantTensor
+from plow.checkpoint.quant import check_shape as check_quant_shape
+from plow.checkpoint.quant import read_metadata as read_quant_metadata
 from plow.errors import CheckpointError
 
 _DTYPES: dict[str, np.dtype] = {
@@ -47,6 +50,12 @@ class TensorEntry:
     offset: int  # absolute byte offset in the file
     nbytes: int
     parts: tuple[TensorEntry, ...] = ()
+    quant: tuple[str, tuple[int, int]] | None = None  # block format and logical [N, K]
+
+    @property
+    def logical_shape(self) -> tuple[int, ...]:
+        """The weight's shape (a block-quantized tensor's `shape` is its raw bytes')."""
+        return self.quant[1] if self.quant else self.shape
 
     @property
     def pieces(self) -> tuple[TensorEntry, ...]:
@@ -132,6 +141,7 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         raise CheckpointError(path, f"malformed safetensors header: {e}") from e
     base = 8 + hlen
     entries: dict[str, TensorEntry] = {}
+    quant = read_quant_metadata(header.get("__metadata__"), path)
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -147,7 +157,10 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             raise CheckpointError(
                 path, f"tensor {name!r}: data offsets {start}..{end} do not match shape {shape}"
             )
-        entries[name] = TensorEntry(path, dtype, shape, base + start, end - start)
+        q = quant.get(name)
+        if q is not None:
+            check_quant_shape(f"{path}: tensor {name!r}", q[0], q[1], shape)
+        entries[name] = TensorEntry(path, dtype, shape, base + start, end - start, quant=q)
     return entries
 
 
@@ -205,7 +218,10 @@ class WeightStore(Mapping[str, np.ndarray]):
             flat = np.concatenate([r.ravel() for r in runs]).reshape(e.shape)
             flat.flags.writeable = False
             return flat
-        return np.memmap(e.file, dtype=e.dtype, mode="r", offset=e.offset, shape=e.shape)
+        mm = np.memmap(e.file, dtype=e.dtype, mode="r", offset=e.offset, shape=e.shape)
+        if e.quant is not None:  # blocks kept as blocks; np.asarray de-quantizes exactly
+            return QuantTensor(e.quant[0], e.quant[1], mm)  # type: ignore[return-value]
+        return mm
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
@@ -226,7 +242,8 @@ class WeightStore(Mapping[str, np.ndarray]):
             e = self._entries.get(name)
             if e is None:
                 raise self._missing(name)
-            if e.shape != shape:
+            if e.logical_shape != shape:
                 raise CheckpointError(
-                    e.file, f"tensor {name!r} has shape {list(e.shape)}, expected {list(shape)}"
+                    e.file,
+                    f"tensor {name!r} has shape {list(e.logical_shape)}, expected {list(shape)}",
                 )

@@ -192,14 +192,19 @@ def copy_weights(source: Path, names: list[str], dest: Path) -> WeightsInfo:
     """Copy the named tensors from the checkpoint's safetensors files into one file, byte for
     byte (streamed, never whole in RAM), in `names` order."""
     from plow.checkpoint.loader import weight_files
+    from plow.checkpoint.quant import METADATA_KEY as QUANT_KEY
+    from plow.checkpoint.quant import write_metadata as write_quant_metadata
     from plow.checkpoint.weights import WeightStore
 
     store = WeightStore.open(weight_files(source), where=source)
     header: dict[str, Any] = {"__metadata__": {"format": "pt", "writer": "plow"}}
     pos = 0
     entries = []
+    quant: dict[str, tuple[str, tuple[int, int]]] = {}
     for n in names:
         e = store.entry(n)
+        if e.quant is not None:  # blocks are copied as blocks; the metadata says how to read them
+            quant[n] = e.quant
         header[n] = {
             "dtype": _ST_DTYPE[e.dtype.name],
             "shape": list(e.shape),
@@ -207,6 +212,8 @@ def copy_weights(source: Path, names: list[str], dest: Path) -> WeightsInfo:
         }
         entries.append(e)
         pos += e.nbytes
+    if quant:
+        header["__metadata__"][QUANT_KEY] = write_quant_metadata(quant)
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     with dest.open("wb") as out:

@@ -21,6 +21,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from plow.checkpoint.quant import FORMATS, QuantTensor
 from plow.emit.files import OpTable
 from plow.emit.wire import read_plan
 from plow.errors import PlowError
@@ -49,7 +50,9 @@ class Lowered:
     records: int = 0
 
 
-def weight_dtype(a: np.ndarray) -> int:
+def weight_dtype(a: np.ndarray | QuantTensor) -> int:
+    if isinstance(a, QuantTensor):
+        return FORMATS[a.format].code
     if a.dtype == np.float32:
         return DTYPE_F32
     if a.dtype == ml_dtypes.bfloat16:
@@ -57,12 +60,18 @@ def weight_dtype(a: np.ndarray) -> int:
     return DTYPE_NONE
 
 
-def stored(a: np.ndarray) -> np.ndarray:
-    """A weight as the kernel reads it: fp32 and bf16 as stored (memory-mapped, no copy);
-    other dtypes (fp16, fp8) widened to fp32 once."""
+def stored(a: np.ndarray | QuantTensor) -> np.ndarray | QuantTensor:
+    """A weight as the kernel reads it: fp32, bf16 and GGML blocks as stored (memory-mapped, no
+    copy); other dtypes (fp16, fp8) widened to fp32 once."""
+    if isinstance(a, QuantTensor):
+        return QuantTensor(a.format, a.shape, np.ascontiguousarray(a.blocks))
     if weight_dtype(a) == DTYPE_NONE:
         return np.ascontiguousarray(np.asarray(a, dtype=np.float32))
     return np.ascontiguousarray(a)
+
+
+def weight_pointer(a: np.ndarray | QuantTensor) -> int:
+    return int((a.blocks if isinstance(a, QuantTensor) else a).ctypes.data)
 
 
 def lower(
@@ -166,7 +175,7 @@ def _lower_op(
     def weight(name: str) -> tuple[int, int]:
         a = stored(weights[name])
         low.keep.append(a)
-        return a.ctypes.data, weight_dtype(a)
+        return weight_pointer(a), weight_dtype(a)
 
     if merge is not None:
         low.keep.append(merge)

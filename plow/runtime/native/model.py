@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from plow.checkpoint.quant import QuantTensor
 from plow.errors import PlowError
 from plow.runtime.cpu.bundle import Bundle
 from plow.runtime.cpu.engine import generate_request
@@ -214,12 +215,14 @@ class NativeModel(CpuModel):
 
     def _weight(self, name: str) -> None:
         if name not in self.weights:
-            self.weights[name] = stored(np.asarray(self._raw[name]))
+            raw: object = self._raw[name]  # GGML blocks stay blocks (the dict holds both)
+            w = stored(raw if isinstance(raw, QuantTensor) else np.asarray(raw))
+            self.weights[name] = w  # type: ignore[assignment]
 
     @property
     def weight_bytes(self) -> int:
         """Bytes of the weights a step reads, in their stored dtype (each tensor once)."""
-        return sum(int(np.asarray(self._raw[n]).nbytes) for n in self._names)
+        return sum(int(self._raw[n].nbytes) for n in self._names)
 
 
 GPU_VENDORS = ("nvidia", "amd")
