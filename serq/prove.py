@@ -158,9 +158,7 @@ class _Export:
             self.used[n] = k
             return _ident(n), "nat"
         if ctx == "given":
-            raise NotExported(
-                f"the request variable '{n}' is not the amount of a run step", e.loc
-            )
+            raise NotExported(f"the request variable '{n}' is not the amount of a run step", e.loc)
         raise NotExported(f"'{n}'", e.loc)
 
     def binary(self, e: A.Binary, ctx: str, env: Mapping[str, Code]) -> Code:
@@ -319,8 +317,8 @@ def attempt_file(ex: Export) -> str:
         out += [
             f"Goal {c.statement}.",
             "Proof.",
-            f"tryif ({_tactic(ex)}) then idtac \"@@serq proved {i}\" "
-            f"else (idtac \"@@serq open {i}\"; serq_residual ({ex.bcol}) ltac:(sq_unfold)).",
+            f'tryif ({_tactic(ex)}) then idtac "@@serq proved {i}" '
+            f'else (idtac "@@serq open {i}"; serq_residual ({ex.bcol}) ltac:(sq_unfold)).',
             "Show.",
             "Abort.",
         ]
