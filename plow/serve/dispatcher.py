@@ -222,6 +222,10 @@ class Dispatcher:
             self._thread.join(timeout=10)
             self._thread = None
 
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def new_id(self, prefix: str = "cmpl") -> str:
         return f"{prefix}-{self.name}-{next(self._ids)}-{time.monotonic_ns() % 10**9:09d}"
 

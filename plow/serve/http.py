@@ -55,6 +55,7 @@ from plow.checkpoint.tokenizer import Tokenizer
 from plow.errors import PlowError
 from plow.runtime.sampler import InvalidSamplingParams, SamplingParams
 from plow.serve.admission import AdmissionController, QueueModel, calibrate_step_time
+from plow.serve.client import EngineClient
 from plow.serve.dispatcher import Dispatcher, GenerationEvent
 from plow.serve.dispatcher import Request as GenRequest
 from plow.serve.engine import Engine
@@ -248,7 +249,13 @@ class ServedModel:
 
     @property
     def engine(self) -> Engine:
+        """The engine (for the loader's report and tests; the server never uses it)."""
         return self.dispatcher.engine
+
+    @property
+    def client(self) -> EngineClient:
+        """All the HTTP server uses of the model's engine side (`plow.serve.client`)."""
+        return self.dispatcher
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`, as `Tokenizer.encode` (a BOS when the tokenizer adds one)
@@ -562,7 +569,7 @@ class _Job:
 
     def abort(self) -> None:
         for rid in self.request_ids:
-            self.model.dispatcher.abort(rid)
+            self.model.client.abort(rid)
 
     def close(self) -> None:
         """Abort whatever still runs (no-op for finished requests) and stop watching."""
@@ -803,7 +810,7 @@ class Server:
         queue: asyncio.Queue[tuple[int, GenerationEvent]] = asyncio.Queue()
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         stop_ids = frozenset(body.stop_token_ids or ()) | (
-            frozenset() if body.ignore_eos else m.dispatcher.eos_token_ids
+            frozenset() if body.ignore_eos else m.client.eos_token_ids
         )
         params = [self._params(body, i) for i in range(body.n)]
         rids: list[str] = []
@@ -814,12 +821,12 @@ class Server:
                 with contextlib.suppress(RuntimeError):  # loop closed at shutdown
                     loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
 
-            rid = m.dispatcher.new_id(prefix)
+            rid = m.client.new_id(prefix)
             req = GenRequest(
                 rid, ids, params[i], max_tokens, sink, tuple(stops), stop_ids, penalties,
                 logprobs, grammars[i] if grammars else None,
             )  # fmt: skip
-            decision = m.dispatcher.submit(req)
+            decision = m.client.submit(req)
             if not decision.admit:
                 job.abort()  # the choices already queued
                 raise ApiError(
@@ -1065,12 +1072,12 @@ class Server:
         @asynccontextmanager
         async def lifespan(_: FastAPI) -> AsyncIterator[None]:
             for m in self.models.values():
-                m.dispatcher.start()
+                m.client.start()
             try:
                 yield
             finally:
                 for m in self.models.values():
-                    m.dispatcher.stop()
+                    m.client.stop()
 
         app = FastAPI(title="plow", lifespan=lifespan, docs_url=None, redoc_url=None)
         app.add_middleware(_Gate, server=self)
@@ -1127,7 +1134,7 @@ class Server:
             dead = [
                 m.name
                 for m in server.models.values()
-                if m.dispatcher._thread is None or not m.dispatcher._thread.is_alive()
+                if not m.client.alive
             ]
             if dead:
                 return error_response(
@@ -1137,7 +1144,7 @@ class Server:
 
         @app.get("/metrics")
         async def metrics() -> Response:
-            text = render_all([m.dispatcher.metrics for m in server.models.values()])
+            text = render_all([m.client.metrics for m in server.models.values()])
             return Response(text, media_type=CONTENT_TYPE_LATEST)
 
         @app.get("/debug/admission")
@@ -1145,7 +1152,7 @@ class Server:
             out: dict[str, Any] = {}
             now = time.monotonic()
             for m in server.models.values():
-                adm = m.dispatcher.admission
+                adm = m.client.admission
                 if adm is None:
                     continue
                 p = adm.predict(now)
@@ -1162,7 +1169,7 @@ class Server:
                         "prefill_launches": est.prefill_seen,
                         "full_batch_tick_s": est.decode_tick_s(adm.model.slots),
                     },
-                    "predicted_wait_now_s": m.dispatcher.predicted_wait(),
+                    "predicted_wait_now_s": m.client.predicted_wait(),
                     "prediction": {**asdict(p), "wait_s": p.wait_s},
                 }
             return out
@@ -1170,9 +1177,9 @@ class Server:
         @app.get("/debug/requests/{request_id}")
         async def debug_request(request_id: str) -> Any:
             for m in server.models.values():
-                rec = m.dispatcher.record(request_id)
+                rec = m.client.record(request_id)
                 if rec is not None:
-                    return {"model": m.name, "tick": m.dispatcher.tick, **rec.as_dict()}
+                    return {"model": m.name, "tick": m.client.tick, **rec.as_dict()}
             raise ApiError(404, f"no record of request {request_id!r}", param="request_id")
 
         return app
