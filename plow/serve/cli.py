@@ -105,8 +105,8 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
         executor: Annotated[
             str,
             typer.Option(
-                help="native (default: the C++ persistent kernel), cpu (the numpy emulator) or "
-                "reference (a checkpoint's per-op forward)."
+                help="native (default: the C++ persistent kernel), cpu (the numpy emulator), "
+                "cuda (an NVIDIA GPU) or reference (a checkpoint's per-op forward)."
             ),
         ] = "native",
     ) -> None:
