@@ -95,7 +95,7 @@ class EGraphView:
         nodes, lit = [], {}
         for k, v in raw.items():
             c = ids[v["eclass"]]
-            if k.startswith("primitive-"):
+            if k.startswith("primitive-") and v["op"] != "Vec":
                 lit[c] = json.loads(v["op"]) if v["op"][:1] in '"-0123456789' else v["op"]
                 continue
             kids = tuple(ids[raw[ch]["eclass"]] for ch in v["children"])
@@ -157,6 +157,8 @@ def _infer(n: Node, info: Mapping[int, Info]) -> Info | None:
     if n.op == "lm_head_argmax" and ch[0] and ch[1]:
         x, w = ch[0][0][0], ch[1][0][0]
         return (((*x[:-1], w[0]), ACT_BYTES), ((x[0],), 4))
+    if n.op == "Vec" and all(ch):
+        return tuple(x for c in ch for x in c)  # type: ignore[union-attr]
     if n.op == "kv_write" and ch[0]:
         return (ch[0][0],)
     if n.op in ("fst", "snd") and ch[0]:

@@ -9,8 +9,10 @@ Edges are counted as `OpGraph.edges` counts them: one per input an op reads from
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from plow.egraph.extract import LAYOUTS, VIEWS, EGraphView, Extraction, rule_of
 
@@ -22,6 +24,8 @@ class FusedOp:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     rule: str | None  # the rule whose fused op this is (None: canonical)
+    # the e-node's literal arguments in order: attribute objects (decoded JSON), integers
+    params: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,9 @@ def build_fused(view: EGraphView, ext: Extraction, canonical: Mapping[int, str])
                 and tensor_name(ch).startswith(("cat3(nobias", "interleave(nobias"))
             ):
                 continue
+            if cn.op == "Vec":  # an opaque op's inputs
+                ins.extend(tensor_name(x) for x in cn.children)
+                continue
             if cn.op in VIEWS:  # read the viewed op's output
                 ins.append(tensor_name(ch))
                 continue
@@ -128,5 +135,12 @@ def build_fused(view: EGraphView, ext: Extraction, canonical: Mapping[int, str])
             outs = tuple(tensor_name(v) for _, v in sorted(viewers[n.cls]))
         else:
             outs = (tensor_name(n.cls),)
-        ops.append(FusedOp("+".join(outs), n.op, tuple(ins), outs, rule_of(n.op)))
+        params = tuple(_param(view.literal[ch]) for ch in n.children if ch in view.literal)
+        ops.append(FusedOp("+".join(outs), n.op, tuple(ins), outs, rule_of(n.op), params))
     return FusedGraph(tuple(ops), tuple(relayouts.values()))
+
+
+def _param(v: Any) -> Any:
+    if isinstance(v, str) and v.startswith("{"):
+        return json.loads(v)
+    return v
