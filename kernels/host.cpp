@@ -79,7 +79,10 @@ void set_err(char* err, int64_t len, const std::string& msg) {
   err[n] = 0;
 }
 
-bool supported(uint32_t opcode) { return opcode <= PLOW_OP_SAMPLE; }
+bool supported(uint32_t opcode) {
+  return opcode <= PLOW_OP_SAMPLE || opcode == plow::PLOW_OP_ROUTER ||
+         opcode == plow::PLOW_OP_EXPERT_LINEAR;
+}
 
 // -- the thread pool: threads stay up between steps; a step is one generation --------------
 struct Pool {

@@ -5,6 +5,7 @@
 #define PLOW_INTERP_H
 
 #include "tiles.h"
+#include "moe.h"
 
 namespace plow {
 
@@ -61,6 +62,8 @@ PLOW_HD static int64_t run_tile(const Ctx& c, const PlowOp& op, const Range* r, 
     case PLOW_GATED_MLP:
     case PLOW_RESIDUAL_ADD: tile_elementwise(c, op, r); break;
     case PLOW_SAMPLE: tile_sample(c, op, r, step); break;
+    case PLOW_ROUTER: tile_router(c, op, r); break;
+    case PLOW_EXPERT_LINEAR: return tile_expert(c, op, r, step);
     default: break;  // the loader refuses other kinds
   }
   return 0;
@@ -73,6 +76,7 @@ PLOW_HD static void run_merge(const Ctx& c, const PlowOp& op, const int64_t* u, 
     case PLOW_LM_HEAD: merge_linear(c, op, u); break;
     case PLOW_ATTENTION: merge_attention(c, op, u, scratch); break;
     case PLOW_SAMPLE: merge_sample(c, op, u); break;
+    case PLOW_EXPERT_LINEAR: merge_linear(c, op, u); break;  // the sum over experts
     default: break;
   }
 }

@@ -1,11 +1,11 @@
-"""Routed experts (qwen3_moe) on the `cpu` executor against HuggingFace transformers.
+"""Routed experts (qwen3_moe) on the `cpu` and `native` executors against transformers.
 
 A tiny `Qwen3MoeForCausalLM` made by `plow.testing` (top-2 of 8 experts, a dense layer
-between two routed ones, head_dim 24 != 64 / 4): greedy tokens equal transformers' (32 tokens
-x 4 prompts) from a certified bundle, logits within 1e-4 * max(1, |logit|); random
-interleavings of the emulator give the same arena bytes; a row inside a batch of 8 rows
-that route to different experts gives its tokens alone; an expert tile whose expert no row
-chose computes nothing and still signals (every task of the step ran).
+between two routed ones, head_dim 24 != 64 / 4): greedy tokens equal transformers' (32
+tokens x 4 prompts) from a certified bundle, logits within 1e-4 * max(1, |logit|); random
+interleavings of the emulator give the same arena bytes; a row inside a batch of 8 rows that
+route to different experts gives its tokens alone; an expert tile whose expert no row chose
+computes nothing and still signals (every task of the step ran).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from plow.checkpoint import load_checkpoint
 from plow.emit.bundle import compile_bundle
 from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, RowDevice, RowInput, generate
+from plow.runtime.native import NativeModel, open_native
 from plow.runtime.sampler import SamplingParams
 from plow.target import load_target
 from plow.testing import make_tiny_checkpoint
@@ -55,7 +56,7 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"path": path, "bundle": bundle, "ckpt": ckpt, "hf": hf, "ids": ids, "refs": refs}
 
 
-def _prefill_logits(m: CpuModel, ids: list[int]) -> np.ndarray:
+def _prefill_logits(m: CpuModel | NativeModel, ids: list[int]) -> np.ndarray:
     t = m.kv.new_table()
     m.kv.reserve(t, len(ids))
     last = None
@@ -95,6 +96,20 @@ def test_logits_within_1e_4_of_transformers(moe: dict) -> None:
         got = _prefill_logits(m, ids)
         tol = 1e-4 * np.maximum(1.0, np.abs(want))
         assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want)))
+
+
+def test_native_greedy_tokens_and_logits_equal_transformers(moe: dict) -> None:
+    m = open_native(moe["bundle"], max_batch=8)
+    got = generate(m, [Request(tuple(p), NEW) for p in moe["ids"]])  # type: ignore[attr-defined]
+    assert got == moe["refs"]
+    ids = moe["ids"][0]  # type: ignore[index]
+    with torch.no_grad():
+        want = moe["hf"](torch.tensor([ids])).logits[0, -1].numpy()  # type: ignore[operator]
+    got_l = _prefill_logits(open_native(moe["bundle"], max_batch=8), ids)
+    tol = 1e-4 * np.maximum(1.0, np.abs(want))
+    assert np.all(np.abs(got_l - want) <= tol), float(np.max(np.abs(got_l - want)))
+    work = m.plan(m.decode_bucket(1))
+    assert any(o.kind == "expert_linear" for o in work.ops)
 
 
 def test_random_interleavings_give_identical_bytes(moe: dict) -> None:

@@ -196,10 +196,10 @@ def test_an_opcode_this_build_does_not_run_is_refused_before_anything_runs(
     _, arr = read_plan(plan_file)
     rec = int(np.flatnonzero(arr["opcode"] == Opcode.RMSNORM)[0])
     data = bytearray(plan_file.read_bytes())
-    data[HEADER_SIZE + 64 * rec] = int(Opcode.ROUTER)
+    data[HEADER_SIZE + 64 * rec] = int(Opcode.ALLREDUCE)  # router / expert_linear now run
     plan_file.write_bytes(bytes(data))
     m = open_native(path, verify=False)  # the override: an uncertified plan file
-    with pytest.raises(PlowError, match=f"packet {rec}: opcode 13 is not supported"):
+    with pytest.raises(PlowError, match=f"packet {rec}: opcode 15 is not supported"):
         generate(m, [Request((1, 2, 3), 2)])
 
 

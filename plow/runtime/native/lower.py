@@ -40,6 +40,9 @@ from plow.runtime.native.library import (
 from plow.runtime.numpy_ops import rope_inv_freq
 from plow.schedule.regions import partial_name
 
+# Routed experts' kinds (kernels/moe.h `PlowMoeKind`), beside library.KINDS.
+MOE_KINDS = {"router": 10, "expert_linear": 11}
+
 
 @dataclass
 class Lowered:
@@ -158,7 +161,7 @@ def _lower_op(
     merge: np.ndarray | None,
     low: Lowered,
 ) -> None:
-    kind = KINDS.get(op.kind)
+    kind = KINDS.get(op.kind, MOE_KINDS.get(op.kind))
     if kind is None:
         raise PlowError(op.name, f"op kind {op.kind!r} is not supported by the native executor")
     o.kind = kind
@@ -228,6 +231,22 @@ def _lower_op(
         o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.inputs[1]), word(op.outputs[0])
         o.d[0] = _view2(shape(op.inputs[0]).shape)[1]
         o.d[1] = 0 if op.attrs.get("activation", "silu") == "silu" else 1
+    elif k == "router":  # kernels/moe.h
+        o.t[0], o.t[1] = word(op.inputs[0]), word(op.outputs[0])
+        o.d[0] = _view2(shape(op.inputs[0]).shape)[1]
+        o.d[1] = int(op.attrs["top_k"])
+        o.d[2] = 1 if op.attrs.get("norm_topk_prob") else 0
+    elif k == "expert_linear":  # kernels/moe.h
+        n_exp, wn, k_in = shape(op.inputs[2]).shape
+        gate_up = op.attrs["mode"] == "gate_up"
+        o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.outputs[0]), part
+        o.t[3] = word(op.inputs[1])
+        o.d[0], o.d[1] = op.extents[0], op.extents[1]
+        o.d[2] = _view2(shape(op.inputs[0]).shape)[1]
+        o.d[3], o.d[4], o.d[5] = op.steps[2], 0 if gate_up else 1, n_exp
+        o.d[6] = wn // 2 if gate_up else k_in
+        o.d[7] = 0 if op.attrs.get("activation", "silu") == "silu" else 1
+        o.w0, o.w0_dtype = weight(op.inputs[2])
     elif k == "sample":
         b, t, v = shape(op.inputs[0]).shape
         o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.inputs[1]), word(op.outputs[0])
