@@ -287,6 +287,10 @@ from plow.cli_plan import register as _register_plan  # noqa: E402  (compile, ca
 
 _register_plan(app, _fail)
 
+from plow.cli_import import register as _register_import  # noqa: E402  (import-gguf)
+
+_register_import(app, _fail)
+
 from plow.serve.cli import register as _register_serve  # noqa: E402  (serve, calibrate prefill)
 
 _register_serve(app, _fail)
