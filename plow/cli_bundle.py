@@ -106,11 +106,38 @@ def _inspect_cmd(fail: Fail) -> Callable[..., None]:
     def inspect(
         bundle: Annotated[Path, typer.Argument(help="A bundle directory (plow compile -o).")],
         as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+        rewrites: Annotated[
+            bool,
+            typer.Option(
+                "--rewrites",
+                help="The fusion e-graph's report per bucket: rule matches, extractions, "
+                "what the emitter lacks.",
+            ),
+        ] = False,
     ) -> None:
         """Per bucket: ops, tiles, packets, counters, edges (and after transitive
         reduction), dead counters, arena bytes by region, on-chip peak per worker."""
         from plow.emit.inspect import inspect_bundle
 
+        if rewrites:
+            from plow.egraph.report import render
+            from plow.emit.inspect import rewrites_of_bundle
+
+            try:
+                reports = rewrites_of_bundle(bundle)
+            except PlowError as e:
+                fail(e)
+            if as_json:
+                print(
+                    json.dumps(
+                        {"bundle": str(bundle), "rewrites": [r.model_dump() for r in reports]}
+                    )
+                )
+                return
+            for r in reports:
+                for table in render(r):
+                    Console().print(table)
+            return
         try:
             info = inspect_bundle(bundle)
         except PlowError as e:

@@ -3,6 +3,8 @@ lacks. Crosses the CLI boundary as JSON (`plow inspect --rewrites --json`), so p
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -60,3 +62,54 @@ class RewriteReport(_M):
     emitted: GraphCounts  # extraction over the emitter's ops: what reaches the packets
     relayouts: list[RelayoutRow]  # weights the searched extraction re-lays out
     unimplemented: list[str]  # fused kinds the searched extraction uses, no emitter yet
+
+
+def render(report: RewriteReport) -> list[Any]:
+    """Rich tables of one report: the search, the rules, the counts before and after."""
+    from rich.table import Table
+
+    head = Table(title=f"rewrites: {report.bucket} on {report.target}")
+    for c in ("iterations", "stop", "e-nodes", "e-classes", "lower s", "saturate s", "extract s"):
+        head.add_column(c)
+    head.add_row(
+        str(report.iterations),
+        report.stop,
+        str(report.enodes),
+        str(report.eclasses),
+        f"{report.lower_seconds:.2f}",
+        f"{report.saturate_seconds:.2f}",
+        f"{report.extract_seconds:.2f}",
+    )
+    rules = Table(title="rules (matches over the saturation; instances in each extraction)")
+    for c in ("rule", "name", "matches", "searched", "emitted", "emitter", "lemma"):
+        rules.add_column(c)
+    for r in report.rules:
+        rules.add_row(
+            r.id,
+            r.name,
+            str(r.matches),
+            str(r.searched),
+            str(r.emitted),
+            "yes" if r.emitter else "no",
+            r.lemma,
+        )
+    counts = Table(title="graph before and after extraction")
+    for c in ("graph", "ops", "edges", "distinct op edges", "after reduction", "cost ms"):
+        counts.add_column(c)
+    for name, g in (
+        ("canonical", report.canonical),
+        ("searched", report.searched),
+        ("emitted", report.emitted),
+    ):
+        counts.add_row(
+            name,
+            str(g.ops),
+            str(g.edges),
+            str(g.op_edges),
+            str(g.op_edges_after_reduction),
+            f"{g.cost_ns / 1e6:.3f}",
+        )
+    tail = Table(show_header=False, box=None)
+    tail.add_row("no emitter yet", ", ".join(report.unimplemented) or "-")
+    tail.add_row("re-laid-out weights (searched)", str(len(report.relayouts)))
+    return [head, rules, counts, tail]

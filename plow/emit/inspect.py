@@ -112,3 +112,26 @@ def inspect_bundle(bundle: Path) -> dict[str, Any]:
             }
         )
     return out
+
+
+def rewrites_of_bundle(bundle: Path) -> list[Any]:
+    """`plow inspect --rewrites`: the fusion stage's `RewriteReport` (plow/egraph) for every
+    bucket of the ladder, from the bundle's `config.json` and target — what the e-graph
+    search finds, what each extraction chooses, what the emitter does not implement yet.
+    The bundle row runs first, as for `inspect_bundle`."""
+    from plow.checkpoint import load_spec
+    from plow.egraph import rewrite
+    from plow.graph import Bucket, Phase, build_graph
+    from plow.target import Target
+
+    bundle = Path(bundle)
+    m = read_manifest(bundle)
+    row = verify_bundle(bundle, checkpoints=()).rows[0]
+    if row.rejected:
+        raise MalformedBundle(bundle, f"{row.reason} (see `plow verify {bundle}`)")
+    spec = load_spec(bundle)
+    target = Target.model_validate(m.target)
+    return [
+        rewrite(build_graph(spec, Bucket(Phase(r.phase), r.batch, r.seq, r.context)), target).report
+        for r in m.ladder
+    ]
