@@ -41,6 +41,10 @@ from serq.parser import parse_file
 #: Where the compiled proof library is, unless SERQ_ROCQ_LIB says otherwise.
 DEFAULT_LIB = Path(__file__).resolve().parents[1] / "_build" / "default" / "Plow"
 COQC_TIMEOUT_S = 600
+HEADER = (
+    "From Coq Require Import List Bool Arith Lia.\n"
+    "From Plow Require Import Serq.Step Serq.Stepproof Serq.Rad Serq.Radproof Serq.Tactics."
+)
 
 
 class NotExported(Exception):
@@ -236,7 +240,8 @@ class ClaimExport:
 
 @dataclass(frozen=True, slots=True)
 class Export:
-    prelude: str  # imports, constants, the engine, the unfolding tactic
+    prelude: str  # imports, then defs
+    defs: str  # the constants, the unfolding tactic, the engine E
     bcol: str | None  # the tokens cap, the tile size the RAD theorems are instantiated at
     claims: tuple[ClaimExport, ...]
     reason: str | None  # why the engine itself was not exported
@@ -293,15 +298,17 @@ def export(spec: Spec, source: str) -> Export:
         claims.append(ClaimExport(c.name, given_text, stmt, None))
     consts = "\n".join(f"Definition {_ident(n)} : nat := {v}." for n, v in x.used.items())
     unfold = ", ".join(_ident(n) for n in x.used)
-    prelude = "\n".join([
-        f"(* {source} exported by serq prove: constants, engine, claims (Plow/Serq/Step.v). *)",
-        "From Coq Require Import List Bool Arith Lia.",
-        "From Plow Require Import Serq.Step Serq.Stepproof Serq.Rad Serq.Radproof Serq.Tactics.",
+    defs = "\n".join([
         consts,
         f"Ltac sq_unfold := {'unfold ' + unfold + ' in *' if unfold else 'idtac'}.",
         engine or f"(* {reason} *)",
     ])  # fmt: skip
-    return Export(prelude, bcol, tuple(claims), reason)
+    prelude = "\n".join([
+        f"(* {source} exported by serq prove: constants, engine, claims (Plow/Serq/Step.v). *)",
+        HEADER,
+        defs,
+    ])  # fmt: skip
+    return Export(prelude, defs, bcol, tuple(claims), reason)
 
 
 def _tactic(ex: Export) -> str:

@@ -1,0 +1,182 @@
+"""The Rocq step semantics (``Plow/Serq/Step.v``) against the reference interpreter.
+
+Random programs of the exported fragment (caps, both clauses with modes, guards and bounds
+reading the engine state, ``now`` and ``served``, costs) and random traces (integer arrival
+gaps, prefill and decode amounts, including empty ones) go through ``serq.interp.run`` and
+through Rocq's own evaluation of ``Step.step`` (``vm_compute`` on the exported engine, in one
+``coqc`` run): after every iteration, the clock, the tokens served, the batch, the counts the
+claims read, the waiting queue, every request's prefill and decode progress and the number of
+ended requests must be equal.  Time stays integral because gaps and costs are integers.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import random
+import re
+import shutil
+from typing import Any
+
+import pytest
+
+from serq import interp
+from serq.checker import check
+from serq.parser import parse
+from serq.prove import HEADER, coqc, export, library
+
+TRACE_FN = """
+Fixpoint trace (E : engine) (fuel : nat) (st : state)
+    : list (nat * nat * nat * nat * nat * nat * nat * list nat * list (nat * nat)
+            * list (nat * nat) * nat) :=
+  match fuel with
+  | 0 => []
+  | S f =>
+      match step E st with
+      | Iterated st1 b st' =>
+          let v := claim_view st1 b in
+          (s_now st', s_served st', b_tokens b, b_requests b, v_decoding v, v_count v,
+           v_waiting v, map j_id (s_waiting st'),
+           map (fun j => (j_id j, j_pre j)) (s_prefilling st'),
+           map (fun j => (j_id j, j_dec j)) (s_decoding st'), length (s_ended st'))
+          :: trace E f st'
+      | Idle st' => trace E f st'
+      | Halted _ => []
+      end
+  end.
+"""
+
+MODES = [
+    None,
+    "decoding",
+    "!decoding",
+    "running.decoding >= {k} || running.decoding == running.count ? decoding : !decoding",
+    "waiting.count > {k} ? !decoding : decoding",
+]
+GUARDS = [
+    None,
+    "running.preempted == 0",
+    "waiting.count > {k}",
+    "batch.tokens < {k}",
+    "batch.requests <= {k}",
+    "running.count <= {k} + 2",
+    "served % 3 != 1",
+]
+BOUNDS = [None, "{k}", "1 + now % {k}", "max({k}, running.prefilling)", "min({k}, 2 + served % 4)"]
+
+
+def _pick(rng: random.Random, options: list[str | None]) -> str | None:
+    o = rng.choice(options)
+    return None if o is None else o.format(k=rng.randint(1, 5))
+
+
+def program(rng: random.Random) -> str:
+    """A random program of the exported fragment; amounts are read from the draw streams."""
+    clauses = []
+    for kind, queue in (("advance", "running"), ("admit", "waiting")):
+        if rng.random() < 0.1:
+            continue
+        cl = f"{kind} {queue}"
+        if (m := _pick(rng, MODES)) is not None:
+            cl += f" only ({m})"
+        if kind == "admit" and (g := _pick(rng, GUARDS)) is not None:
+            cl += f" while ({g})"
+        if (b := _pick(rng, BOUNDS)) is not None:
+            cl += f" each at most ({b})"
+        clauses.append(cl + ";")
+    cap = f"tokens cap {rng.randint(1, 8)};" if rng.random() < 0.8 else ""
+    a, b, c, k = rng.randint(0, 9), rng.randint(0, 3), rng.randint(0, 2), rng.randint(1, 6)
+    return (
+        f"let k = {k};\nfn main() {{\n  device gpu {{ }}\n  engine E on gpu {{\n    {cap}\n"
+        f"    schedule {{ {' '.join(clauses)} }}\n"
+        f"    execute ({a} * ceil(batch.tokens / k) + {b} * batch.tokens + {c});\n  }}\n"
+        "  workload { arrive poisson(1); init { set vp = ~uniform(0, 1); set vd = ~exp(1); } }\n"
+        "  server { run E prefill (cost(E, vp)); run E decode (cost(E, vd)); }\n}\n"
+    )
+
+
+def trace_input(rng: random.Random) -> list[tuple[int, int, int]]:
+    """Arrivals: (gap since the previous one, prefill amount, decode amount)."""
+    return [
+        (rng.choice([0, 0, 1, 3, 10, 40]), rng.choice([0, 1, 2, 3, 5, 8, 12]), rng.randint(0, 6))
+        for _ in range(rng.randint(1, 9))
+    ]
+
+
+def interp_trace(spec: interp.Spec, reqs: list[tuple[int, int, int]]) -> list[tuple[Any, ...]]:
+    gaps = iter([float(g) for g, _, _ in reqs] + [1e30] * 4)
+    vps = iter([float(p) for _, p, _ in reqs])
+    vds = iter([float(d) for _, _, d in reqs])
+    steps: list[tuple[Any, ...]] = []
+    interp.run(spec, 1e15, 0.0, gaps.__next__, vps.__next__, vds.__next__, [math.inf],
+               steps=steps)  # fmt: skip
+    out = []
+    for row, now, served, waiting, prefilling, decoding, ended, _active in steps:
+        _i, _t0, _s0, tokens, requests, decoders, residents, left, _mode = row
+        assert float(now).is_integer()
+        out.append((int(now), served, tokens, requests, decoders, residents, left,
+                    list(waiting), list(prefilling), list(decoding), ended))  # fmt: skip
+    return out
+
+
+def rocq_arrivals(reqs: list[tuple[int, int, int]]) -> str:
+    t, out = 0, []
+    for g, p, d in reqs:
+        t += g
+        out.append(f"mk_req {t} {p} {d}")
+    return "[" + "; ".join(out) + "]"
+
+
+def rocq_traces(cases: list[tuple[interp.Spec, list[list[tuple[int, int, int]]]]]) -> list[Any]:
+    """Evaluate ``trace`` in Rocq for every (program, arrival lists); one coqc run."""
+    parts = [HEADER, "Import ListNotations.", TRACE_FN]
+    for i, (spec, traces) in enumerate(cases):
+        ex = export(spec, f"program {i}")
+        assert ex.reason is None, ex.reason
+        parts.append(f"Module P{i}.\n{ex.defs}")
+        for j, reqs in enumerate(traces):
+            fuel = 4 * sum(p + d + 2 for _, p, d in reqs) + 10
+            parts.append(f"Definition t{j} := trace E {fuel} (init {rocq_arrivals(reqs)}).")
+        parts.append(f"End P{i}.")
+        parts += [f"Eval vm_compute in P{i}.t{j}." for j in range(len(traces))]
+    rc, out = coqc("\n".join(parts) + "\n", library(), "SerqStepTrace")
+    assert rc == 0, out[-3000:]
+    results = []
+    for m in re.finditer(r"=\s*(\[.*?\])\s*:\s*list", out, re.S):
+        results.append(ast.literal_eval(" ".join(m.group(1).split()).replace(";", ",")))
+    return results
+
+
+def _compare(n_programs: int, n_traces: int, seed: int) -> int:
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(n_programs):
+        text = program(rng)
+        spec = interp.prepare(check(parse(text), "<gen>", text))
+        cases.append((spec, [trace_input(rng) for _ in range(n_traces)]))
+    got = rocq_traces(cases)
+    assert len(got) == n_programs * n_traces
+    it = iter(got)
+    iterations = 0
+    for spec, traces in cases:
+        for reqs in traces:
+            want = interp_trace(spec, reqs)
+            rocq = [tuple(r) for r in next(it)]
+            assert rocq == want, (reqs, rocq, want)
+            iterations += len(want)
+    return iterations
+
+
+needs_rocq = pytest.mark.skipif(shutil.which("coqc") is None, reason="coqc is not installed")
+
+
+@needs_rocq
+def test_rocq_step_matches_interpreter_quick() -> None:
+    assert _compare(4, 5, seed=1) > 40
+
+
+@needs_rocq
+@pytest.mark.slow
+def test_rocq_step_matches_interpreter() -> None:
+    """1,000 traces over 50 generated programs."""
+    assert _compare(50, 20, seed=2) > 4000
