@@ -13,7 +13,15 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from plow.egraph.extract import EMITTER, EGraphView, Extraction, extract, infer_info, rule_of
+from plow.egraph.extract import (
+    EMITTER,
+    MATMUL_WEIGHT,
+    EGraphView,
+    Extraction,
+    extract,
+    infer_info,
+    rule_of,
+)
 from plow.egraph.fused import FusedGraph, build_fused, transitive_reduction_count
 from plow.egraph.report import GraphCounts, LimitsRow, RelayoutRow, RewriteReport, RuleRow
 from plow.egraph.rules import RULES
@@ -23,6 +31,8 @@ from plow.target import Target
 from plow.target.model import dtype_bytes
 
 __all__ = ["Limits", "Rewritten", "RewriteReport", "FusedGraph", "rewrite"]
+
+LAYOUT_RULE = {"cat3": "R4", "interleave": "R2"}  # layout -> the rule that introduces it
 
 
 @dataclass(frozen=True)
@@ -44,18 +54,19 @@ def _counts(names: list[str], edges: list[tuple[str, str]], cost: float) -> Grap
 
 
 def _instances(view: EGraphView, ext: Extraction) -> Counter[str]:
+    """Instances of each rule in an extraction: its fused e-nodes, and for the layout rules
+    (R2, R4) the matmuls whose weight is an interleaved or concatenated one."""
     c: Counter[str] = Counter()
     for i in ext.op_nodes:
         n = view.nodes[i]
         r = rule_of(n.op)
         if r:
             c[r] += 1
-        for ch in n.children:
-            k = ext.choice.get(ch)
-            if k is not None and view.nodes[k].op == "cat3" and ch == n.children[1]:
-                c["R4"] += 1
-            if k is not None and view.nodes[k].op == "interleave" and ch == n.children[1]:
-                c["R2"] += 1
+        if n.op in MATMUL_WEIGHT:
+            k = ext.choice.get(n.children[MATMUL_WEIGHT[n.op]])
+            op = view.nodes[k].op if k is not None else ""
+            if op in LAYOUT_RULE:
+                c[LAYOUT_RULE[op]] += 1
     return c
 
 

@@ -51,7 +51,7 @@ EMITTER = frozenset(
     }
 )
 # the argument position of the weight of each matmul-shaped op
-_MATMUL_W = {
+MATMUL_WEIGHT = {
     "linear": 1,
     "linear_glu": 1,
     "linear_rope": 1,
@@ -142,8 +142,8 @@ def _infer(n: Node, info: Mapping[int, Info]) -> Info | None:
     if n.op == "interleave" and ch[0] is not None:
         a, e = ch[0][0]
         return (((2 * a[0], *a[1:]) if a else (), e),)
-    if n.op in _MATMUL_W and n.op not in _PAIRS and ch[0] and ch[_MATMUL_W[n.op]]:
-        x, w = ch[0][0][0], ch[_MATMUL_W[n.op]][0][0]  # type: ignore[index]
+    if n.op in MATMUL_WEIGHT and n.op not in _PAIRS and ch[0] and ch[MATMUL_WEIGHT[n.op]]:
+        x, w = ch[0][0][0], ch[MATMUL_WEIGHT[n.op]][0][0]  # type: ignore[index]
         cols = w[0] // 2 if n.op == "linear_glu" else w[0]
         return (((*x[:-1], cols), ACT_BYTES),)
     if n.op == "glu_interleaved" and ch[0]:
@@ -182,9 +182,9 @@ def node_cost_ns(n: Node, info: Mapping[int, Info], target: Target, dtype: str) 
         moved = 2 * _nbytes(info[n.children[1]]) + _nbytes(info[n.children[2]])
     else:
         moved = sum(_nbytes(i) for i in tensors) + _nbytes(out)
-    if n.op in _MATMUL_W:
+    if n.op in MATMUL_WEIGHT:
         x = info[n.children[0]][0][0]
-        w = info[n.children[_MATMUL_W[n.op]]][0][0]
+        w = info[n.children[MATMUL_WEIGHT[n.op]]][0][0]
         flops = 2 * (math.prod(x) // x[-1]) * w[0] * w[1]
     elif n.op in _ATTN_CACHE:
         q = info[n.children[0]][0][0]
