@@ -1,0 +1,143 @@
+(** * Theorem 2 of Bari et al. (B4, B5): statements only
+
+    Stated on the step semantics of [Step.v] and NOT proved here: nothing in this file is a
+    theorem, and no other file assumes these propositions.  [serq prove] does not use them.
+    B6 (compound Poisson arrivals) is not stated: its arrival law has infinite support, and
+    its expected return time needs a real-valued expectation over it.
+
+    The model, as the seed's account of the Lean proofs describes it.  Time is slotted: in a
+    slot, the slot's list of requests arrives (drawn from a finite distribution over lists
+    of request types, prompts 128 .. 1024 tokens in whole tiles, outputs 1 .. 512 tokens),
+    then the engine runs one iteration of [bari_rad.sq]'s RAD engine ([rad_engine], the
+    exported engine of the program).  The chain is on job lists: what is left of each
+    waiting, prefilling and decoding request, without the clock, the tokens served, the ids
+    or the ended requests (complete machine states never repeat).  It is a Markov chain
+    because the RAD engine reads only the counts of the lists, never [now] or [served].
+
+    Probabilities are rationals ([Q], axiom-free).  A state [s] is positive recurrent when
+    the expected return time [E_s[tau_s] = sum_{k >= 0} P_s(tau_s > k)] is finite, i.e. its
+    partial sums are bounded; [P_s(tau_s > k)] is the mass of the [k]-step paths from [s]
+    that avoid [s] at steps [1 .. k] ([avoid]), a finite sum.  Bounded partial sums also give
+    [P_s(tau_s = infinity) = 0], so this is positive recurrence, not only finite mean
+    among returning paths. *)
+From Coq Require Import List Bool Arith QArith.
+From Plow Require Import Serq.Step Serq.Rad.
+Import ListNotations.
+Local Open Scope Q_scope.
+
+(** ** The engine of [bari_rad.sq] *)
+
+Definition rad_engine (bcol tlin tnl : nat) : engine :=
+  mk_engine (Some (fun _ => bcol))
+    (Some (mk_clause (Some (rad_mode bcol)) None (Some (fun _ => bcol))))
+    (Some (mk_clause (Some (rad_mode bcol)) (Some (fun _ => Nat.eqb 0 0)) (Some (fun _ => bcol))))
+    (fun v => (tlin * ceil_div (v_tokens v) bcol + tnl * v_tokens v)%nat).
+
+Definition E128 : engine := rad_engine 128 4000 5.
+
+(** ** Job lists and one slot *)
+
+(** Request types: (prompt tokens, output tokens). *)
+Definition rtype : Type := (nat * nat)%type.
+
+Definition valid_type (t : rtype) : Prop :=
+  (exists k, 1 <= k <= 8 /\ fst t = 128 * k)%nat /\ (1 <= snd t <= 512)%nat.
+
+(** What is left of each request: (prefill, decode), per queue. *)
+Record joblist := mk_joblist {
+  jl_waiting : list (nat * nat);
+  jl_prefilling : list (nat * nat);
+  jl_decoding : list (nat * nat)
+}.
+
+Definition jl_empty : joblist := mk_joblist [] [] [].
+
+Definition left_of (js : list job) : list (nat * nat) := map (fun j => (j_pre j, j_dec j)) js.
+Definition jobs_of (ls : list (nat * nat)) : list job :=
+  map (fun '(p, d) => mk_job 0 p d) ls.
+
+Definition project (st : state) : joblist :=
+  mk_joblist (left_of (s_waiting st)) (left_of (s_prefilling st)) (left_of (s_decoding st)).
+
+(** One slot: the arrivals [a] join at time 0, then one step of [E]. *)
+Definition slot (E : engine) (a : list rtype) (s : joblist) : joblist :=
+  let st := mk_state 0 0 0 0 (map (fun '(p, d) => mk_req 0 p d) a)
+              (jobs_of (jl_waiting s)) (jobs_of (jl_prefilling s)) (jobs_of (jl_decoding s)) [] in
+  project (next (step E st)).
+
+Definition pairs_eqb (l m : list (nat * nat)) : bool :=
+  (length l =? length m)%nat
+  && forallb (fun '((a, b), (c, d)) => (a =? c)%nat && (b =? d)%nat) (combine l m).
+
+Definition jl_eqb (s t : joblist) : bool :=
+  pairs_eqb (jl_waiting s) (jl_waiting t) && pairs_eqb (jl_prefilling s) (jl_prefilling t)
+  && pairs_eqb (jl_decoding s) (jl_decoding t).
+
+(** ** The chain *)
+
+(** A slot distribution: finitely many (probability, the slot's request list). *)
+Definition dist : Type := list (Q * list rtype).
+
+Definition valid_dist (D : dist) : Prop :=
+  Forall (fun pa => 0 < fst pa /\ Forall valid_type (snd pa)) D
+  /\ fold_right (fun pa acc => fst pa + acc) 0 D == 1.
+
+Definition tokens_of (a : list rtype) : nat := fold_right (fun t n => fst t + snd t + n)%nat 0%nat a.
+
+(** [L]: the expected number of arriving tokens per slot. *)
+Definition load (D : dist) : Q :=
+  fold_right (fun pa acc => fst pa * inject_Z (Z.of_nat (tokens_of (snd pa))) + acc) 0 D.
+
+(** [avoid E D s k x]: the probability that the chain from [x] avoids [s] at steps [1 .. k]. *)
+Fixpoint avoid (E : engine) (D : dist) (s : joblist) (k : nat) (x : joblist) : Q :=
+  match k with
+  | O => 1
+  | S k' =>
+      fold_right (fun pa acc =>
+        let y := slot E (snd pa) x in
+        (if jl_eqb y s then 0 else fst pa * avoid E D s k' y) + acc) 0 D
+  end.
+
+Fixpoint partial_return (E : engine) (D : dist) (s : joblist) (n : nat) : Q :=
+  match n with
+  | O => 0
+  | S n' => partial_return E D s n' + avoid E D s n' s
+  end.
+
+Definition positive_recurrent (E : engine) (D : dist) (s : joblist) : Prop :=
+  exists M : Q, forall n, partial_return E D s n <= M.
+
+Inductive reachable (E : engine) (D : dist) : joblist -> Prop :=
+  | reachable_empty : reachable E D jl_empty
+  | reachable_slot x p a :
+      reachable E D x -> In (p, a) D -> 0 < p -> reachable E D (slot E a x).
+
+(** ** B4: one node, a finite slot-arrival distribution, [L < 128] *)
+
+Definition theorem2_one_node : Prop :=
+  forall D : dist, valid_dist D -> load D < inject_Z 128 ->
+  forall s, reachable E128 D s -> positive_recurrent E128 D s.
+
+(** ** B5: [g] nodes, each arrival routed independently and uniformly, [L < 128 g]
+
+    The nodes do not interact and advance one iteration per shared slot, so each node's job
+    list is the chain above under the slot distribution thinned by the routing: each request
+    of the slot's list comes to this node with probability [1/g], independently. *)
+Fixpoint route_list (g : positive) (a : list rtype) : list (Q * list rtype) :=
+  match a with
+  | [] => [(1, [])]
+  | t :: rest =>
+      flat_map (fun pr => [((1 # g) * fst pr, t :: snd pr); ((1 - (1 # g)) * fst pr, snd pr)])
+        (route_list g rest)
+  end.
+
+Definition route (g : positive) (D : dist) : dist :=
+  flat_map (fun pa => map (fun pr => (fst pa * fst pr, snd pr)) (route_list g (snd pa))) D.
+
+Definition theorem2_nodes_per_node : Prop :=
+  forall (g : positive) (D : dist), valid_dist D -> load D < inject_Z (128 * Zpos g) ->
+  forall s, reachable E128 (route g D) s -> positive_recurrent E128 (route g D) s.
+
+(** The joint part of B5 (with a positive probability of an empty slot, the joint chain
+    returns to every engine empty in bounded expected time, uniformly over empty starting
+    machines) is not stated here. *)
