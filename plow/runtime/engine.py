@@ -41,6 +41,7 @@ from plow.checkpoint import Checkpoint, ModelSpec
 from plow.graph import Bucket, OpGraph
 from plow.runtime.kv_cache import BlockPool, PageTable
 from plow.runtime.reference import ReferenceSession
+from plow.runtime.sampler import SamplingParams
 
 DEFAULT_PAGE_SIZE = 16
 
@@ -110,6 +111,23 @@ class Engine(Protocol):
         ...
 
     def kv_usage(self) -> KVUsage: ...
+
+
+@runtime_checkable
+class SamplingEngine(Engine, Protocol):
+    """An engine that can also sample on the device: `decode_sampled` is `decode` whose step
+    epilogue samples each row with its own params and generator (greedy fused into the
+    lm_head reduction) and returns token ids instead of logits rows. A caller uses it for a
+    launch whose rows all need nothing but a token (no logprobs, penalties or grammar); the
+    tokens equal sampling the logits on the host with the same generators."""
+
+    def decode_sampled(
+        self,
+        slots: Sequence[int],
+        tokens: Sequence[int],
+        params: Sequence[SamplingParams],
+        rngs: Sequence[np.random.Generator | None],
+    ) -> np.ndarray: ...
 
 
 @dataclass

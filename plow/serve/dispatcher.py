@@ -149,6 +149,7 @@ class Dispatcher:
         admission: AdmissionController | None = None,
         metrics: ModelMetrics | None = None,
         history: int = 4096,
+        device_sampling: bool = True,
     ) -> None:
         if max_num_batched_tokens < engine.max_batch:
             raise ValueError(
@@ -157,6 +158,9 @@ class Dispatcher:
             )
         self.name = name
         self.engine = engine
+        # a decode launch whose rows are all plain requests samples on the device when the
+        # engine can (`plow.serve.step`); False: always logits rows, sampled here
+        self.device_sampling = device_sampling
         self.decode_text = decode
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -449,7 +453,11 @@ class Dispatcher:
             plan = schedule(self._snapshot(t_start))
             prompts = self._apply(plan, time.monotonic())
             owners = {r.id: r for r in self._active.values()}
-        result = execute(self.engine, plan, prompts)
+        rows = [owners[st.request_id].sampler for st in plan.decode]
+        device = None
+        if self.device_sampling and all(x is not None and x.plain for x in rows):
+            device = [(x.params, x.rng) for x in rows if x is not None]
+        result = execute(self.engine, plan, prompts, device)
         self._update(plan, result, owners, t_start)
 
     def _update(
@@ -471,8 +479,12 @@ class Dispatcher:
             if ch.completes:
                 self._sample(r, row, tick, time.monotonic())
         now = time.monotonic()
-        for st, row in zip(plan.decode, result.decode_logits, strict=True):
-            self._sample(owners[st.request_id], row, tick, now)
+        if result.decode_tokens is not None:  # sampled on the device (plain requests)
+            for st, tok in zip(plan.decode, result.decode_tokens, strict=True):
+                self._emit_token(owners[st.request_id], int(tok), tick, now)
+        else:
+            for st, row in zip(plan.decode, result.decode_logits, strict=True):
+                self._sample(owners[st.request_id], row, tick, now)
         with self._cv:
             self._kv = self.engine.kv_usage()
         if plan.launches:

@@ -88,3 +88,45 @@ def test_sixteen_prompts_alone_together_and_shuffled_are_bitwise_equal(
                 assert other[0] == alone[i][0], f"prompt {i}: tokens"
                 np.testing.assert_allclose([v for v, _ in other[1]],
                                            [v for v, _ in alone[i][1]], atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("executor", ["native", "cpu"])
+def test_plain_requests_sample_on_the_device_with_the_host_samplers_tokens(
+    bundle: Bundle, executor: str
+) -> None:
+    """A decode launch whose rows are all plain requests samples in the step epilogue (no
+    logits row read); its tokens equal sampling the logits on the host, greedy and seeded."""
+    if EXECUTORS[executor].unavailable_reason() is not None:
+        pytest.skip(EXECUTORS[executor].unavailable_reason() or "")
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(1, 250, size=int(n)).tolist() for n in rng.integers(2, 20, size=6)]
+    params = [SamplingParams(), SamplingParams(temperature=1.0, seed=1),
+              SamplingParams(temperature=0.8, top_k=20, seed=2),
+              SamplingParams(temperature=1.2, top_p=0.9, seed=3), SamplingParams(),
+              SamplingParams(temperature=1.0, min_p=0.05, seed=4)]  # fmt: skip
+    out: dict[bool, list[list[int]]] = {}
+    calls: dict[bool, list[str]] = {}
+    for device in (True, False):
+        eng = EXECUTORS[executor].open_engine(bundle, max_batch=8)
+        seen: list[str] = []
+        for name in ("decode", "decode_sampled"):
+            inner = getattr(eng, name)
+
+            def spy(*a: object, _inner: object = inner, _name: str = name,
+                    _seen: list[str] = seen) -> object:  # fmt: skip
+                _seen.append(_name)
+                return _inner(*a)  # type: ignore[operator]
+
+            setattr(eng, name, spy)
+        d = Dispatcher("t", eng, bundle.tokenizer.decode, eos_token_ids=(),
+                       prefill_fit=PrefillFit(launch_s=0.0, per_row_s=1e-5),
+                       max_num_batched_tokens=64, device_sampling=device)  # fmt: skip
+        events: list[list[GenerationEvent]] = [[] for _ in prompts]
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+            d.submit(Request(f"r{i}", p, sp, 10, events[i].append))
+        while not d._idle():
+            d._tick()
+        out[device] = [[t for e in ev for t in e.token_ids] for ev in events]
+        calls[device] = seen
+    assert out[True] == out[False] and all(len(t) == 10 for t in out[True])
+    assert set(calls[True]) == {"decode_sampled"} and set(calls[False]) == {"decode"}

@@ -21,10 +21,10 @@ import numpy as np
 from plow.checkpoint import Checkpoint
 from plow.errors import PlowError
 from plow.runtime.cpu.generate import GenerationStats, Request, generate
-from plow.runtime.cpu.model import CpuModel, RowInput
+from plow.runtime.cpu.model import CpuModel, RowDevice, RowInput
+from plow.runtime.engine import EngineError, KVUsage, PrefillChunk, check_new_slot
 from plow.runtime.kv_cache import KVDtype, PageTable
 from plow.runtime.sampler import SamplingParams
-from plow.runtime.engine import EngineError, KVUsage, PrefillChunk, check_new_slot
 
 if TYPE_CHECKING:
     from plow.runtime.cpu.bundle import Bundle
@@ -178,6 +178,39 @@ class CpuEngine:
         for slot in slots:
             self._slots[slot].length += 1
         return np.stack([logits[s] for s in slots])
+
+    def decode_sampled(
+        self,
+        slots: Sequence[int],
+        tokens: Sequence[int],
+        params: Sequence[SamplingParams],
+        rngs: Sequence[np.random.Generator | None],
+    ) -> np.ndarray:
+        """`decode`, sampling on the device: one launch whose step epilogue samples each row
+        (greedy fused into the lm_head reduction; a stochastic row draws one number from its
+        own generator, as `plow.runtime.sampler.sample_row` on the host would); token ids
+        [len(slots)] out, no logits row read back (`plow.runtime.engine.SamplingEngine`)."""
+        if not len(slots) == len(tokens) == len(params) == len(rngs):
+            raise EngineError("decode_sampled needs one token, params and rng per slot")
+        if not slots:
+            return np.zeros(0, np.int64)
+        m = self.model
+        plan = m.plan(m.decode_bucket(max(slots) + 1))
+        rows: list[RowInput | None] = [None] * plan.batch
+        dev: list[RowDevice | None] = [None] * plan.batch
+        for slot, tok, p, g in zip(slots, tokens, params, rngs, strict=True):
+            s = self._slot(slot)
+            if s.length < len(s.prompt):
+                raise EngineError(f"slot {slot}: decode before its prompt is prefilled")
+            if s.length >= self.max_context:
+                raise EngineError(f"slot {slot}: context {self.max_context} is full")
+            m.kv.reserve(s.table, s.length + 1)
+            rows[slot] = RowInput(s.table, (s.length,), (int(tok),))
+            dev[slot] = RowDevice(p, g, 1)
+        ring = m.run_quantum(plan, rows, dev, 1)
+        for slot in slots:
+            self._slots[slot].length += 1
+        return np.array([int(ring[0, s]) for s in slots], dtype=np.int64)
 
     def free(self, slot: int) -> None:
         s = self._slots.pop(slot, None)
