@@ -2,7 +2,8 @@
 driving the executor's `Engine`, against the time the engine's own calls took.
 
 Each request is submitted alone (batch 1, greedy, end-of-sequence ignored) and timed from
-submission to its last event; the engine is wrapped so every `prefill`/`decode` call is timed.
+submission to its last event; the engine is wrapped so every `prefill`/`decode` call (and
+`decode_sampled`, the device-sampled decode plain requests take) is timed.
 Overhead = (request wall time - time inside engine calls) / time inside engine calls: the
 dispatcher's ticks, sampling, detokenisation, event delivery and thread hand-offs.
 """
@@ -69,6 +70,30 @@ class TimedEngine:
         return self.inner.kv_usage()
 
 
+@dataclass
+class TimedSamplingEngine(TimedEngine):
+    """`TimedEngine` of an engine that samples on the device (`SamplingEngine`): the
+    dispatcher's plain decode launches go through `decode_sampled`, timed the same way."""
+
+    def decode_sampled(
+        self,
+        slots: Sequence[int],
+        tokens: Sequence[int],
+        params: Sequence[Any],
+        rngs: Sequence[Any],
+    ) -> np.ndarray:
+        return self._timed(lambda: self.inner.decode_sampled(slots, tokens, params, rngs))
+
+
+def timed(engine: Any) -> TimedEngine:
+    """The timing wrapper that keeps what `engine` can do (device sampling or not)."""
+    from plow.runtime.engine import SamplingEngine
+
+    return TimedSamplingEngine(engine) if isinstance(engine, SamplingEngine) else TimedEngine(
+        engine
+    )
+
+
 def dispatcher_overhead(
     engine: Any,
     prompts: Sequence[list[int]],
@@ -81,9 +106,9 @@ def dispatcher_overhead(
     from plow.serve.dispatcher import Dispatcher, GenerationEvent, Request
     from plow.serve.prefill_cost import PrefillFit
 
-    timed = TimedEngine(engine)
+    timer = timed(engine)
     disp = Dispatcher(
-        "harness", timed, decode_text, eos_token_ids=(),
+        "harness", timer, decode_text, eos_token_ids=(),
         max_num_batched_tokens=max(512, max(len(p) for p in prompts) + 1),
         prefill_fit=PrefillFit(launch_s=1e-3, per_row_s=1e-4, engine=executor),
     )  # fmt: skip
@@ -98,13 +123,13 @@ def dispatcher_overhead(
                 if ev.finish_reason is not None:
                     done.set()
 
-            b0 = timed.busy_ns
+            b0 = timer.busy_ns
             t0 = time.perf_counter_ns()
             disp.submit(Request(f"h{i}", list(ids), SamplingParams(), n, sink), check=False)
             if not done.wait(timeout_s):
                 raise TimeoutError(f"dispatcher request {i} did not finish in {timeout_s:g} s")
             walls.append((time.perf_counter_ns() - t0) / 1e6)
-            busy.append((timed.busy_ns - b0) / 1e6)
+            busy.append((timer.busy_ns - b0) / 1e6)
     finally:
         disp.stop()
     over = [(w - b) / b * 100 for w, b in zip(walls, busy, strict=True)]
