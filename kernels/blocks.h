@@ -15,31 +15,21 @@
 
 namespace plow {
 
-// IEEE half -> float, exact (every half is a float); no F16C needed, same on every build.
+// IEEE half -> float, exact: the half's bits shifted into a float's place are the value
+// times 2^-112 (normal and subnormal halves alike), and a power-of-two scale is exact;
+// infinities and NaNs keep an all-ones exponent. Branch-light, the same on every build.
 PLOW_HD static inline float half_to_f32(const uint8_t* p) {
   const uint32_t h = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8);
-  const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  uint32_t u;
-  if (e == 0) {
-    if (m == 0) {
-      u = sign;
-    } else {  // subnormal half: normalise
-      int sh = 0;
-      uint32_t mm = m;
-      while ((mm & 0x400u) == 0) {
-        mm <<= 1;
-        ++sh;
-      }
-      u = sign | ((113u - sh) << 23) | ((mm & 0x3ffu) << 13);
-    }
-  } else if (e == 31) {
-    u = sign | 0x7f800000u | (m << 13);
-  } else {
-    u = sign | ((e + 112u) << 23) | (m << 13);
-  }
+  uint32_t u = (h & 0x7fffu) << 13;
   float f;
-  memcpy(&f, &u, 4);
-  return f;
+  if ((h & 0x7c00u) == 0x7c00u) {
+    u |= 0x7f800000u;
+    memcpy(&f, &u, 4);
+  } else {
+    memcpy(&f, &u, 4);
+    f *= 0x1p112f;
+  }
+  return (h & 0x8000u) ? -f : f;
 }
 
 PLOW_HD static inline int64_t block_bytes(int32_t dt) {
@@ -50,8 +40,8 @@ PLOW_HD static inline bool is_blocked(int32_t dt) {
   return dt == PLOW_Q4_0 || dt == PLOW_Q4_1 || dt == PLOW_Q8_0;
 }
 
-// The 32 weights of block `b`, decoded.
-PLOW_SIMD static void decode_block(const uint8_t* w, int32_t dt, int64_t b, float* out) {
+// The 32 weights of block `b`, decoded; inlined into each SIMD clone of its callers.
+PLOW_HD static inline void decode_block(const uint8_t* w, int32_t dt, int64_t b, float* out) {
   const uint8_t* blk = w + b * block_bytes(dt);
   const float d = half_to_f32(blk);
   if (dt == PLOW_Q8_0) {
@@ -85,14 +75,100 @@ PLOW_HD static inline float block_weight(const uint8_t* w, int32_t dt, int64_t i
   return d * static_cast<float>(q - 8);
 }
 
+#if defined(PLOW_X86_BLOCKS)
+// AVX2 + FMA + F16C spellings of the block-aligned q4_1 / q8_0 dots (the host build's hot
+// path; GCC's vectorisation of the portable loop spills the 32 lanes). Each lane does the
+// portable loop's operations in its order — exact half widening, d * q rounded, + m rounded,
+// one fma — and the lanes are reduced by lanes_sum, so the bits are the portable path's.
+}  // namespace plow
+#include <immintrin.h>
+namespace plow {
+
+#define PLOW_WIDEN_U8(v) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
+#define PLOW_WIDEN_I8(v) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+
+__attribute__((target("avx2,fma,f16c"))) static float dot_q4_1_avx2(const float* x,
+                                                                    const uint8_t* blk,
+                                                                    int64_t blocks) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  const __m128i low = _mm_set1_epi8(0x0f);
+  for (int64_t b = 0; b < blocks; ++b, blk += 20, x += 32) {
+    uint16_t hd, hm;
+    memcpy(&hd, blk, 2);
+    memcpy(&hm, blk + 2, 2);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(hd)), m = _mm256_set1_ps(_cvtsh_ss(hm));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
+    const __m128i lo = _mm_and_si128(q, low), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+    const __m256 w0 = _mm256_add_ps(_mm256_mul_ps(d, PLOW_WIDEN_U8(lo)), m);
+    const __m256 w1 = _mm256_add_ps(_mm256_mul_ps(d, PLOW_WIDEN_U8(_mm_srli_si128(lo, 8))), m);
+    const __m256 w2 = _mm256_add_ps(_mm256_mul_ps(d, PLOW_WIDEN_U8(hi)), m);
+    const __m256 w3 = _mm256_add_ps(_mm256_mul_ps(d, PLOW_WIDEN_U8(_mm_srli_si128(hi, 8))), m);
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x), w0, a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), w1, a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), w2, a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), w3, a3);
+  }
+  float acc[PLOW_LANES];
+  _mm256_storeu_ps(acc, a0);
+  _mm256_storeu_ps(acc + 8, a1);
+  _mm256_storeu_ps(acc + 16, a2);
+  _mm256_storeu_ps(acc + 24, a3);
+  return lanes_sum(acc);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static float dot_q8_0_avx2(const float* x,
+                                                                    const uint8_t* blk,
+                                                                    int64_t blocks) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t b = 0; b < blocks; ++b, blk += 34, x += 32) {
+    uint16_t hd;
+    memcpy(&hd, blk, 2);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(hd));
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x), _mm256_mul_ps(d, PLOW_WIDEN_I8(q0)), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), _mm256_mul_ps(d, PLOW_WIDEN_I8(_mm_srli_si128(q0, 8))), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), _mm256_mul_ps(d, PLOW_WIDEN_I8(q1)), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), _mm256_mul_ps(d, PLOW_WIDEN_I8(_mm_srli_si128(q1, 8))), a3);
+  }
+  float acc[PLOW_LANES];
+  _mm256_storeu_ps(acc, a0);
+  _mm256_storeu_ps(acc + 8, a1);
+  _mm256_storeu_ps(acc + 16, a2);
+  _mm256_storeu_ps(acc + 24, a3);
+  return lanes_sum(acc);
+}
+
+static const bool plow_has_avx2 =
+    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+    __builtin_cpu_supports("f16c");
+#endif
+
 // dot(x, w[off .. off + n)) with dot_f32's lanes and tree. A block-aligned run decodes whole
 // blocks; an unaligned one (a split-K edge) decodes element by element, same values, same order.
 PLOW_SIMD static float dot_blocks(const float* x, const uint8_t* w, int32_t dt, int64_t off,
                                   int64_t n) {
+#if defined(PLOW_X86_BLOCKS)
+  if (plow_has_avx2 && off % 32 == 0 && n % 32 == 0 && (dt == PLOW_Q4_1 || dt == PLOW_Q8_0)) {
+    const uint8_t* blk = w + off / 32 * block_bytes(dt);
+    return dt == PLOW_Q4_1 ? dot_q4_1_avx2(x, blk, n / 32) : dot_q8_0_avx2(x, blk, n / 32);
+  }
+#endif
   float acc[PLOW_LANES] = {0};
   float wv[32];
   int64_t k = 0;
-  if (off % 32 == 0) {
+  if (off % 32 == 0 && dt == PLOW_Q4_1) {  // the common case, decoded in registers
+    const int64_t bb = block_bytes(dt);
+    for (; k + 32 <= n; k += 32) {
+      const uint8_t* blk = w + (off + k) / 32 * bb;
+      const float d = half_to_f32(blk), m = half_to_f32(blk + 2);
+      const uint8_t* qs = blk + 4;
+      for (int l = 0; l < 16; ++l) {
+        acc[l] = fmaf(x[k + l], d * static_cast<float>(qs[l] & 0x0f) + m, acc[l]);
+        acc[l + 16] = fmaf(x[k + l + 16], d * static_cast<float>(qs[l] >> 4) + m, acc[l + 16]);
+      }
+    }
+  } else if (off % 32 == 0) {
     for (; k + 32 <= n; k += 32) {
       decode_block(w, dt, (off + k) / 32, wv);
       for (int l = 0; l < PLOW_LANES; ++l) acc[l] = fmaf(x[k + l], wv[l], acc[l]);

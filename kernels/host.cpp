@@ -35,6 +35,9 @@
 #define PLOW_SIMD \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
+#if defined(__x86_64__)
+#define PLOW_X86_BLOCKS 1  // kernels/blocks.h: AVX2 spellings of the quantized dots
+#endif
 #include "interp.h"
 #include "sampler.h"
 
