@@ -1,0 +1,35 @@
+"""examples/plow_serve.sq, plow's dispatcher as a serQ program: its claims hold, and a request
+alone on the node sees exactly the priced launches (TTFT one prefill launch of one padded
+chunk, then one decode tick per output token)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from serq.prove import prove_file
+from serq.sim import load, simulate
+
+PROGRAM = Path(__file__).resolve().parents[2] / "examples" / "plow_serve.sq"
+
+
+def test_plow_serve_claims_hold_under_load() -> None:
+    r = simulate(load(PROGRAM, overrides={"rate": 0.00001}), 3e7, 0.0, 3)
+    assert [c.status for c in r.claims] == ["holds", "holds"]
+    assert r.stats["completions"] > 250
+
+
+def test_plow_serve_alone_pays_the_priced_launches() -> None:
+    # one request every 20 s on average, each done in well under a second
+    r = simulate(load(PROGRAM, overrides={"rate": 0.00000005}), 1e9, 0.0, 5)
+    s = r.stats
+    assert s["arrivals"] > 20
+    # prefill: launch 3000 µs + 40 µs per row * one 64-row chunk (prompts are 8..48 tokens)
+    assert s["ttft_us"]["p50"] == 3000 + 40 * 64
+    # decode: 8000 µs + 600 µs per decoding row, one row
+    assert s["tbt_us"]["p50"] == 8000 + 600
+
+
+def test_plow_serve_outside_the_proved_fragment() -> None:
+    (budget, slots) = prove_file(PROGRAM)
+    assert not budget.proved and "subtraction" in budget.detail
+    assert not slots.proved
