@@ -99,7 +99,8 @@ class Grammar:
 
 
 class GrammarCompiler:
-    """llguidance's tokenizer for one model, built on first use (thread-safe)."""
+    """llguidance's tokenizer for one model, built on first use (thread-safe); it also gives
+    each token's bytes for the logprobs' `bytes` field."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]):
         self.tokenizer = tokenizer
@@ -119,6 +120,19 @@ class GrammarCompiler:
                     eos_token=self.eos or None,
                 )
             return self._ll
+
+    def ready(self) -> None:
+        """Build llguidance's tokenizer now (it can take a second on a large vocabulary: call
+        it from a worker thread)."""
+        self._lltok()
+
+    def token_bytes(self, token: int) -> bytes | None:
+        """A token's own bytes (a byte-level token may be part of a multi-byte character);
+        None for a special token (its text is not model output)."""
+        t = self._lltok()
+        if t.is_special_token(int(token)):
+            return None
+        return bytes(t.decode_bytes([int(token)]))
 
     def compile(self, c: Constraint) -> Grammar:
         import llguidance

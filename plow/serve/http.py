@@ -220,12 +220,15 @@ class ServedModel:
         return s
 
     def chat_logprobs(self, lps: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
-        """Chat's `logprobs.content`: per token its text, logprob, UTF-8 bytes, and the top
-        alternatives in the same shape."""
+        """Chat's `logprobs.content`: per token its text (decoded alone), logprob, bytes (the
+        token's own bytes, so a multi-byte character split over tokens can be rebuilt), and
+        the top alternatives in the same shape."""
 
         def entry(tok: int, lp: float) -> dict[str, Any]:
             t = self.piece(tok)
-            return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+            raw = self.grammars.token_bytes(tok)
+            return {"token": t, "logprob": lp,
+                    "bytes": list(t.encode("utf-8") if raw is None else raw)}  # fmt: skip
 
         return [
             {**entry(x.token, x.logprob), "top_logprobs": [entry(t, v) for t, v in x.top]}
@@ -981,6 +984,8 @@ class Server:
         )
         self._common_checks(body, max_req)
         logprobs = self._logprobs(body, chat=True)
+        if logprobs is not None:  # token bytes come from llguidance's tokenizer: build it
+            await asyncio.to_thread(m.grammars.ready)
         ids = await self._chat_ids(m, body.messages, body.add_generation_prompt)
         max_tokens = self._check_prompt(m, ids, max_req, None)
         grammars = await self._grammars(m, body)

@@ -268,3 +268,16 @@ def test_logprobs_with_a_grammar_are_of_the_masked_distribution(
     allowed = {ckpt.tokenizer.decode([t]) for t, v in first.top if v > -np.inf}
     assert all("ab".startswith(s) or "cd".startswith(s) for s in allowed)
     assert np.exp([v for _, v in first.top]).sum() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_token_bytes_rebuild_multibyte_characters(
+    ckpt: Checkpoint, grammars: GrammarCompiler
+) -> None:
+    text = "naïve café € 😀 über"
+    ids = ckpt.tokenizer.inner.encode(text, add_special_tokens=False).ids
+    pieces = [ckpt.tokenizer.decode([i]) for i in ids]
+    assert any("\ufffd" in p for p in pieces)  # some tokens hold part of a character
+    raw = [grammars.token_bytes(i) for i in ids]
+    assert all(b is not None for b in raw)
+    assert b"".join(b for b in raw if b is not None) == text.encode()
+    assert grammars.token_bytes(ckpt.spec.eos_token_ids[0]) is None  # special: no bytes
