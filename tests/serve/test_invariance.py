@@ -62,7 +62,7 @@ def serve(
     return out, batches
 
 
-@pytest.mark.parametrize("executor", ["native", "cpu"])
+@pytest.mark.parametrize("executor", ["native", pytest.param("cpu", marks=pytest.mark.slow)])
 def test_sixteen_prompts_alone_together_and_shuffled_are_bitwise_equal(
     bundle: Bundle, executor: str
 ) -> None:
