@@ -1,0 +1,194 @@
+"""Benchmark: does serQ predict plow's own server? (issue 16, item 4)
+
+**Needs a quiet machine.** It times a real server; on a contended machine (other jobs on the
+cores) the measured side is noise, and the numbers must not be published.
+
+For one tiny fixture checkpoint (the same as ``serving_overhead.py``), in one run:
+
+1. start ``plow serve`` (native executor, 4 slots, 256-token budget) on 127.0.0.1 and read its
+   own startup calibration from ``/debug/admission``: the decode tick ``d0 + d1 * rows``
+   (``StepTimes``) and the prefill fit ``launch + per_row * rows`` (``PrefillFit``);
+2. at each offered load, send Poisson arrivals (prompts of 8..48 tokens, 16..48 output
+   tokens, ``ignore_eos``) and record each request's send time, first streamed token, end and
+   token counts (TTFT, TPOT, end-to-end, as ``vllm bench serve`` defines them);
+3. run ``examples/plow_serve.sq`` (the dispatcher as a serQ program) through the reference
+   interpreter on **the same arrivals**: the measured send times and token counts are fed to
+   it as its arrival and length streams, its costs set to the server's calibration (``--set``)
+   and its chunk to the one plow's priced chooser picks for the mean prompt;
+4. compare p50 / p90 / p99 of TTFT, TPOT and end-to-end: relative error of the prediction.
+
+Usage: ``python benchmarks/serq_predict.py [--quick] [--loads 0.3,0.6] [--out DIR]``.
+Writes ``serq_predict.json`` and ``serq_predict.md`` (with a Limits section) into ``--out``
+(default ``results/benchmarks``).
+"""
+
+# ruff: noqa: E501  (report tables)
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: shared cores
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import serving_overhead as so  # noqa: E402
+
+from plow.serve.prefill_cost import choose_chunk_size  # noqa: E402
+from plow.testing import make_tiny_checkpoint  # noqa: E402
+from serq import interp  # noqa: E402
+from serq.checker import check  # noqa: E402
+from serq.parser import parse_file  # noqa: E402
+
+PROGRAM = ROOT / "examples" / "plow_serve.sq"
+NAME = "llama-h64-l2"
+BUDGET = 256  # serving_overhead.start_server's --max-num-batched-tokens
+PROMPTS, OUTPUTS = (8, 48), (16, 48)
+
+
+def calibration(srv: so.ServerProc) -> dict[str, float]:
+    adm = httpx.get(f"{srv.url}/debug/admission", headers=srv.headers(), timeout=30).json()[NAME]
+    step, fit = adm["step"], adm["prefill_fit"]
+    launch_rows = fit["launch_s"] / fit["per_row_s"]
+    mean_prompt = round(sum(PROMPTS) / 2)
+    chunk = choose_chunk_size([mean_prompt], max(1, BUDGET - so.SLOTS), launch_rows).chunk
+    return {
+        "slots": so.SLOTS,
+        "budget": BUDGET,
+        "chunk": chunk,
+        "d0_us": step["d0_s"] * 1e6,
+        "d1_us": step["d1_s"] * 1e6,
+        "launch_us": fit["launch_s"] * 1e6,
+        "row_us": fit["per_row_s"] * 1e6,
+    }
+
+
+def predict(arrivals: list[tuple[float, int, int]], costs: dict[str, float]) -> dict[str, list[float]]:
+    """Run plow_serve.sq on exactly these arrivals: (time s, prompt tokens, output tokens)."""
+    program, text = parse_file(PROGRAM)
+    sets = {**costs, "plo": 0, "phi": 0, "olo": 0, "ohi": 0, "rate": 1.0, "window_us": 0}
+    spec = interp.prepare(check(program, str(PROGRAM), text), sets)
+    times = [a[0] * 1e6 for a in arrivals]
+    gaps = iter([t - s for s, t in zip([0.0, *times], times, strict=False)] + [1e30] * 4)
+    # plen = floor(~uniform(0, 1)) and olen likewise: feed the length itself, plus a half
+    lengths = iter([x + 0.5 for _, p, o in arrivals for x in (p, o)])
+    rec = interp.run(spec, 1e15, 0.0, gaps.__next__, lengths.__next__, lambda: 0.0, [math.inf])
+    return {
+        "ttft": [t / 1e3 for t in rec["ttft"]],
+        "tpot": [t / 1e3 for t in rec["tbt"]],
+        "e2e": [t / 1e3 for t in rec["resp"]],
+    }
+
+
+def pcts(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan")}
+    p50, p90, p99 = np.percentile(np.asarray(xs, dtype=float), [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def one_load(srv: so.ServerProc, costs: dict[str, float], rho: float, n: int, seed: int) -> dict[str, Any]:
+    hold = (costs["d0_us"] + costs["d1_us"] * so.SLOTS) / 1e6 * 32  # ~32 tokens at full batch
+    rate = rho * so.SLOTS / hold
+    res, dur = asyncio.run(so.poisson(srv, NAME, rate, n, seed, PROMPTS, OUTPUTS))
+    ok = sorted((r for r in res if r.ok), key=lambda r: r.start)
+    t0 = ok[0].start
+    arrivals = [(r.start - t0, r.prompt_tokens, r.output_tokens) for r in ok]
+    measured = {
+        "ttft": [r.ttft * 1e3 for r in ok],
+        "tpot": [t * 1e3 for r in ok if (t := r.tpot) is not None],
+        "e2e": [r.e2el * 1e3 for r in ok],
+    }
+    predicted = predict(arrivals, costs)
+    rows = {}
+    for key in ("ttft", "tpot", "e2e"):
+        m, p = pcts(measured[key]), pcts(predicted[key])
+        rows[key] = {
+            "measured_ms": m,
+            "predicted_ms": p,
+            "error_pct": {q: (p[q] / m[q] - 1) * 100 for q in m},
+        }
+    return {"load": rho, "request_rate_per_s": rate, "requests": len(ok),
+            "failed": len(res) - len(ok), "duration_s": dur, "metrics": rows}  # fmt: skip
+
+
+def write_md(data: dict[str, Any], path: Path) -> None:
+    L = ["# serQ predicting plow serve", "",
+         f"{data['when']} on {data['machine']}; model {NAME} (tiny fixture), native executor, "
+         f"{so.SLOTS} slots, budget {BUDGET}; costs from the server's calibration: "
+         + ", ".join(f"{k} {v:.4g}" for k, v in data["costs"].items()), "",
+         "| load | metric | measured p50 / p90 / p99 ms | predicted p50 / p90 / p99 ms | error p50 / p90 / p99 % |",
+         "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for run in data["runs"]:
+        for key, row in run["metrics"].items():
+            m, p, e = row["measured_ms"], row["predicted_ms"], row["error_pct"]
+            L.append(f"| {run['load']:.2f} ({run['requests']} req) | {key} | "
+                     + " / ".join(f"{m[q]:.1f}" for q in ("p50", "p90", "p99")) + " | "
+                     + " / ".join(f"{p[q]:.1f}" for q in ("p50", "p90", "p99")) + " | "
+                     + " / ".join(f"{e[q]:+.0f}" for q in ("p50", "p90", "p99")) + " |")  # fmt: skip
+    L += ["", "## Limits", "",
+          "- Valid only on a quiet machine: the measured side times a real server.",
+          "- The program models the dispatcher's policy and its two priced launches; it does not "
+          "model HTTP, tokenisation, detokenisation, sampling or the tick's bookkeeping, so the "
+          "prediction of per-token time is low by that overhead.",
+          "- plow re-prices the prefill chunk every tick (`choose_chunk_size`); the program uses one "
+          "chunk, the one chosen for the mean prompt. plow packs at most `budget // chunk` chunks; "
+          "the program fills the budget with a partial last chunk.",
+          "- plow admits into a free slot even when the tick's prefill launch is full; the program "
+          "admits only requests that get prefill tokens in that tick.",
+          "- The batch-formation window is dynamic in plow (chosen by its M/D/1 model); the program "
+          "runs with `window_us = 0`. The admission bound (429 refusals) is not modelled: every "
+          "request of the run was admitted or the run counts it as failed.",
+          "- The decode tick is the calibration's line `d0 + d1 * rows` measured at startup, not "
+          "the tick measured during the run."]  # fmt: skip
+    path.write_text("\n".join(L) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="few requests per load (a smoke run)")
+    ap.add_argument("--loads", default="0.3,0.6", help="offered loads, fractions of the slots")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "benchmarks")
+    args = ap.parse_args()
+    loads = [float(x) for x in args.loads.split(",")]
+    n = 12 if args.quick else 200
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt_dir = make_tiny_checkpoint("llama", 0, Path(tmp) / NAME)
+        srv = so.start_server(ckpt_dir, NAME)
+        try:
+            costs = calibration(srv)
+            print(f"costs: {json.dumps({k: round(v, 2) for k, v in costs.items()})}", flush=True)
+            runs = []
+            for i, rho in enumerate(loads):
+                runs.append(one_load(srv, costs, rho, n, seed=11 + i))
+                print(json.dumps(runs[-1]["metrics"]), flush=True)
+        finally:
+            srv.stop()
+    data = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
+            "costs": costs, "runs": runs}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serq_predict.json").write_text(json.dumps(data, indent=1) + "\n")
+    write_md(data, args.out / "serq_predict.md")
+    print(f"wrote {args.out / 'serq_predict.md'}")
+
+
+if __name__ == "__main__":
+    main()
