@@ -1,0 +1,174 @@
+(** * Checkpoint A, design: a checker that an op table is the canonical
+    graph transformed by instances of proved rules.
+
+    The program model: a straight-line op table over tensor ids ([N]).  An
+    activation environment maps ids to rows ([Rewrites.row]); weights live in
+    a separate environment of matrices (a vector weight is row 0 of its
+    matrix), the same for both tables.  Canonical instructions are plow's
+    ops ([IAdd], [INorm], [ILinear], [IGlu]); fused instructions are the
+    kernel forms of [Rewrites.v] for the rules the searched extraction uses
+    on a decoder ([IAddNorm] R1, [INormResidual] R12, [ILinearResidual] R10,
+    [INormLinear] R11, [ILinearGluI] R2+R3 with R13: the interleaved gate/up
+    linear with the glu in its epilogue, reading [interleave Wg Wu]).
+
+    The producer (the Python compiler) supplies the blocks: each is a rule,
+    the canonical instructions it covers, and the fused instruction.  The
+    checker [check_table] accepts when
+    - the canonical table is the concatenation of the blocks' canonical
+      instructions, and the fused table is the list of their fused ones;
+    - every block is an instance of its rule ([match_block]: the ops, the
+      operands and the side conditions: the intermediate is neither an
+      operand read after it is written nor an output id);
+    - no instruction reads an intermediate that an earlier block fused away
+      (dead after), and no program output is such an intermediate.
+    On failure it names the block (its index) and what is wrong.
+    [Rewritescheckproof.v] proves it sound: accepted tables compute the same
+    value at every program output, for every environment. *)
+From Coq Require Import NArith List Bool.
+From Plow Require Import Rewrites.
+Import ListNotations.
+Local Open Scope N_scope.
+
+Inductive rule_id : Type := RNone | R1 | R10 | R11 | R12 | R23.
+
+Inductive instr : Type :=
+| IAdd (d a b : N)
+| INorm (d x w n : N)
+| ILinear (d x W k : N)
+| IGlu (d g u : N)
+| IAddNorm (t d a b w n : N)
+| INormResidual (d r y w n : N)
+| ILinearResidual (d x W k r : N)
+| INormLinear (d x w n W k : N)
+| ILinearGluI (d x Wg Wu k : N).
+
+Definition instr_eqb (i j : instr) : bool :=
+  match i, j with
+  | IAdd d a b, IAdd d' a' b' => (d =? d') && (a =? a') && (b =? b')
+  | INorm d x w n, INorm d' x' w' n' => (d =? d') && (x =? x') && (w =? w') && (n =? n')
+  | ILinear d x W k, ILinear d' x' W' k' => (d =? d') && (x =? x') && (W =? W') && (k =? k')
+  | IGlu d g u, IGlu d' g' u' => (d =? d') && (g =? g') && (u =? u')
+  | IAddNorm t d a b w n, IAddNorm t' d' a' b' w' n' =>
+      (t =? t') && (d =? d') && (a =? a') && (b =? b') && (w =? w') && (n =? n')
+  | INormResidual d r y w n, INormResidual d' r' y' w' n' =>
+      (d =? d') && (r =? r') && (y =? y') && (w =? w') && (n =? n')
+  | ILinearResidual d x W k r, ILinearResidual d' x' W' k' r' =>
+      (d =? d') && (x =? x') && (W =? W') && (k =? k') && (r =? r')
+  | INormLinear d x w n W k, INormLinear d' x' w' n' W' k' =>
+      (d =? d') && (x =? x') && (w =? w') && (n =? n') && (W =? W') && (k =? k')
+  | ILinearGluI d x Wg Wu k, ILinearGluI d' x' Wg' Wu' k' =>
+      (d =? d') && (x =? x') && (Wg =? Wg') && (Wu =? Wu') && (k =? k')
+  | _, _ => false
+  end.
+
+Fixpoint list_eqb (l m : list instr) : bool :=
+  match l, m with
+  | [], [] => true
+  | i :: l', j :: m' => instr_eqb i j && list_eqb l' m'
+  | _, _ => false
+  end.
+
+(** Activation ids an instruction reads. *)
+Definition reads (i : instr) : list N :=
+  match i with
+  | IAdd _ a b => [a; b]
+  | INorm _ x _ _ => [x]
+  | ILinear _ x _ _ => [x]
+  | IGlu _ g u => [g; u]
+  | IAddNorm _ _ a b _ _ => [a; b]
+  | INormResidual _ r y _ _ => [r; y]
+  | ILinearResidual _ x _ _ r => [x; r]
+  | INormLinear _ x _ _ _ _ => [x]
+  | ILinearGluI _ x _ _ _ => [x]
+  end.
+
+Definition canonical (i : instr) : bool :=
+  match i with IAdd _ _ _ | INorm _ _ _ _ | ILinear _ _ _ _ | IGlu _ _ _ => true | _ => false end.
+
+Definition memb (x : N) (l : list N) : bool := existsb (N.eqb x) l.
+
+(** [match_block r cs f]: the block is an instance of rule [r]; returns the
+    intermediates the fusion removes (dead after), or [None]. *)
+Definition match_block (r : rule_id) (cs : list instr) (f : instr) : option (list N) :=
+  match r, cs with
+  | RNone, [c] => if canonical c && instr_eqb f c then Some [] else None
+  | R1, [IAdd t a b; INorm d t' w n] =>
+      if (t' =? t) && negb (d =? t) && instr_eqb f (IAddNorm t d a b w n) then Some []
+      else None
+  | R12, [INorm t y w n; IAdd d r t'] =>
+      if (t' =? t) && negb (r =? t) && negb (d =? t) && instr_eqb f (INormResidual d r y w n)
+      then Some [t] else None
+  | R10, [ILinear t x W k; IAdd d r t'] =>
+      if (t' =? t) && negb (r =? t) && negb (d =? t) && instr_eqb f (ILinearResidual d x W k r)
+      then Some [t] else None
+  | R11, [INorm t x w n; ILinear d t' W k] =>
+      if (t' =? t) && negb (d =? t) && instr_eqb f (INormLinear d x w n W k)
+      then Some [t] else None
+  | R23, [ILinear g x Wg k; ILinear u x' Wu k'; IGlu d g' u'] =>
+      if (x' =? x) && (k' =? k) && (g' =? g) && (u' =? u) && negb (g =? x) && negb (g =? u)
+         && negb (d =? g) && negb (d =? u) && instr_eqb f (ILinearGluI d x Wg Wu k)
+      then Some [g; u] else None
+  | _, _ => None
+  end.
+
+Record block := { b_rule : rule_id; b_canon : list instr; b_fused : instr }.
+
+(** A located verdict: [Ok], or the block index and the problem. *)
+Inductive verdict : Type := Ok | Reject (at_block : N) (problem : N).
+(* problem codes: 1 not an instance of its rule, 2 reads a fused-away
+   intermediate, 3 a program output is a fused-away intermediate,
+   4 the tables are not the blocks' concatenation *)
+
+Fixpoint check_blocks (bs : list block) (dead : list N) (idx : N) : verdict * list N :=
+  match bs with
+  | [] => (Ok, dead)
+  | b :: bs' =>
+      if existsb (fun x => memb x dead) (flat_map reads (b_canon b)) then (Reject idx 2, dead)
+      else match match_block (b_rule b) (b_canon b) (b_fused b) with
+           | None => (Reject idx 1, dead)
+           | Some inter => check_blocks bs' (inter ++ dead) (N.succ idx)
+           end
+  end.
+
+Definition check_table (canon fused : list instr) (bs : list block) (outputs : list N)
+    : verdict :=
+  if negb (list_eqb canon (flat_map b_canon bs) && list_eqb fused (map b_fused bs))
+  then Reject 0 4
+  else match check_blocks bs [] 0 with
+       | (Ok, dead) => if existsb (fun o => memb o dead) outputs then Reject 0 3 else Ok
+       | (v, _) => v
+       end.
+
+(** ** Semantics *)
+Section Exec.
+Variable R : csr.
+Variable rms : nat -> row R -> car R.
+Variable act : car R -> car R.
+Definition env := N -> row R.
+Definition wenv := N -> mat R.
+Definition vec (we : wenv) (w : N) : row R := fun i => we w O i.
+Definition upd (e : env) (d : N) (v : row R) : env := fun y => if y =? d then v else e y.
+
+Definition exec_instr (we : wenv) (e : env) (i : instr) : env :=
+  match i with
+  | IAdd d a b => upd e d (add R (e a) (e b))
+  | INorm d x w n => upd e d (rmsnorm R rms (N.to_nat n) (vec we w) (e x))
+  | ILinear d x W k => upd e d (linear R (N.to_nat k) (we W) (fun _ => zero R) (e x))
+  | IGlu d g u => upd e d (glu R act (e g) (e u))
+  | IAddNorm t d a b w n =>
+      let p := add_rmsnorm R rms (N.to_nat n) (vec we w) (e a) (e b) in
+      upd (upd e t (fst p)) d (snd p)
+  | INormResidual d r y w n =>
+      upd e d (rmsnorm_residual R rms (N.to_nat n) (vec we w) (e r) (e y))
+  | ILinearResidual d x W k r =>
+      upd e d (linear_residual R (N.to_nat k) (we W) (fun _ => zero R) (e x) (e r))
+  | INormLinear d x w n W k =>
+      upd e d (rmsnorm_linear R rms (N.to_nat n) (vec we w) (N.to_nat k) (we W)
+                 (fun _ => zero R) (e x))
+  | ILinearGluI d x Wg Wu k =>
+      upd e d (linear_glu R act (N.to_nat k) (interleave (we Wg) (we Wu)) (fun _ => zero R) (e x))
+  end.
+
+Definition exec (we : wenv) (e : env) (p : list instr) : env :=
+  fold_left (exec_instr we) p e.
+End Exec.

@@ -1,0 +1,321 @@
+(** * Checkpoint A's checker is sound (A1, for the rules it covers).
+
+    [check_table_sound]: when [check_table] accepts, the fused table and the
+    canonical table compute the same row at every program output, for every
+    activation and weight environment.  The one hypothesis on the scalar
+    parameters is that the inverse RMS of a row depends on its elements only
+    ([rms_ext]) — true of any function that reads the row — which lets the
+    proof work with pointwise equality and no functional extensionality.
+
+    Proof: an invariant over the blocks — the two environments agree
+    (pointwise) at every id except the intermediates fused away so far; a
+    block reads no such id (checked), so its canonical instructions see the
+    same inputs as its fused instruction, and the rule's lemma of
+    [Rewritesproof.v] gives the same outputs; ids the block does not write
+    keep their agreement. *)
+From Coq Require Import NArith List Bool Lia.
+From Plow Require Import Rewrites Rewritesproof Rewritescheck.
+Import ListNotations.
+
+Ltac split_eqb :=
+  repeat match goal with
+  | h : (_ && _)%bool = true |- _ => apply andb_true_iff in h; destruct h
+  | h : (_ =? _)%N = true |- _ => apply N.eqb_eq in h; subst
+  end.
+
+Lemma instr_eqb_true i j : instr_eqb i j = true -> i = j.
+Proof. destruct i, j; simpl; try discriminate; intros H; split_eqb; reflexivity. Qed.
+
+Lemma list_eqb_true l m : list_eqb l m = true -> l = m.
+Proof.
+  revert m; induction l as [|i l IH]; destruct m; simpl; try discriminate; [reflexivity|].
+  rewrite andb_true_iff. intros [H1 H2]. apply instr_eqb_true in H1. subst. f_equal. auto.
+Qed.
+
+Lemma memb_in x l : memb x l = true <-> In x l.
+Proof.
+  unfold memb. rewrite existsb_exists. split.
+  - intros [y [Hy E]]. apply N.eqb_eq in E. subst. exact Hy.
+  - intros H. exists x. split; [exact H | apply N.eqb_refl].
+Qed.
+
+Lemma existsb_false_in {A : Type} (f : A -> bool) l x :
+  existsb f l = false -> In x l -> f x = false.
+Proof.
+  intros H Hx. destruct (f x) eqn:E; [|reflexivity].
+  assert (existsb f l = true) by (apply existsb_exists; exists x; tauto). congruence.
+Qed.
+
+Section Sound.
+Variable R : csr.
+Variable rms : nat -> row R -> car R.
+Variable act : car R -> car R.
+Hypothesis rms_ext : forall n x y, (forall i, x i = y i) -> rms n x = rms n y.
+
+Definition agree (D : list N) (e1 e2 : env R) : Prop :=
+  forall y, ~ In y D -> forall i, e1 y i = e2 y i.
+
+Local Notation ex := (exec R rms act).
+Local Notation exi := (exec_instr R rms act).
+
+Lemma exec_cons we e i p : ex we e (i :: p) = ex we (exi we e i) p.
+Proof. reflexivity. Qed.
+
+Lemma exec_app we e p q : ex we e (p ++ q) = ex we (ex we e p) q.
+Proof. unfold exec. apply fold_left_app. Qed.
+
+Lemma upd_eq (e : env R) d v i : upd R e d v d i = v i.
+Proof. unfold upd. rewrite N.eqb_refl. reflexivity. Qed.
+
+Lemma upd_ne (e : env R) d v y i : y <> d -> upd R e d v y i = e y i.
+Proof. intros H. unfold upd. apply N.eqb_neq in H. rewrite H. reflexivity. Qed.
+
+Lemma upd_ne_row (e : env R) d v y : y <> d -> upd R e d v y = e y.
+Proof. intros H. unfold upd. apply N.eqb_neq in H. rewrite H. reflexivity. Qed.
+
+Lemma upd_eq_row (e : env R) d v : upd R e d v d = v.
+Proof. unfold upd. rewrite N.eqb_refl. reflexivity. Qed.
+
+Ltac upd_simpl :=
+  repeat match goal with
+  | H : ?y <> ?d |- context [upd _ ?e ?d ?v ?y] => rewrite (upd_ne_row e d v y H)
+  | |- context [upd _ ?e ?d ?v ?d] => rewrite (upd_eq_row e d v)
+  | H : ?y <> ?d |- context [upd _ ?e ?d ?v ?y ?j] => rewrite (upd_ne e d v y j H)
+  | |- context [upd _ ?e ?d ?v ?d ?j] => rewrite (upd_eq e d v j)
+  end.
+
+(** Values of the ops from pointwise-equal inputs are pointwise equal. *)
+Lemma rmsnorm_ext n w x1 x2 :
+  (forall i, x1 i = x2 i) -> forall i, rmsnorm R rms n w x1 i = rmsnorm R rms n w x2 i.
+Proof. intros H i. unfold rmsnorm. rewrite H, (rms_ext n x1 x2 H). reflexivity. Qed.
+
+Lemma dot_ext k w x1 x2 : (forall i, x1 i = x2 i) -> dot R k w x1 = dot R k w x2.
+Proof. intros H. unfold dot. apply sum_ext. intros i _. rewrite H. reflexivity. Qed.
+
+Lemma linear_ext k W b x1 x2 :
+  (forall i, x1 i = x2 i) -> forall j, linear R k W b x1 j = linear R k W b x2 j.
+Proof. intros H j. unfold linear. rewrite (dot_ext k (W j) x1 x2 H). reflexivity. Qed.
+
+Lemma agree_in D e1 e2 x : agree D e1 e2 -> ~ In x D -> forall j, e1 x j = e2 x j.
+Proof. intros H Hx j. exact (H x Hx j). Qed.
+
+Lemma add_ext (a1 a2 b1 b2 : row R) :
+  (forall j, a1 j = a2 j) -> (forall j, b1 j = b2 j) -> forall j, add R a1 b1 j = add R a2 b2 j.
+Proof. intros Ha Hb j. unfold add. rewrite Ha, Hb. reflexivity. Qed.
+
+(** ** Each rule's block, with the side conditions the checker tests *)
+Lemma none_sound we e1 e2 D c :
+  canonical c = true -> agree D e1 e2 -> (forall x, In x (reads c) -> ~ In x D) ->
+  agree D (ex we e1 [c]) (ex we e2 [c]).
+Proof.
+  intros Hc Ha Hr y Hy i. unfold exec. simpl.
+  destruct c; simpl in Hc, Hr |- *; try discriminate;
+    (destruct (N.eqb_spec y d) as [->|Hne];
+     [upd_simpl | upd_simpl; apply Ha; exact Hy]).
+  - apply add_ext; apply Ha, Hr; simpl; tauto.
+  - apply rmsnorm_ext. apply Ha, Hr. simpl. tauto.
+  - apply linear_ext. apply Ha, Hr. simpl. tauto.
+  - unfold glu. rewrite (Ha g), (Ha u); try reflexivity; apply Hr; simpl; tauto.
+Qed.
+
+Lemma r1_block_sound we e1 e2 D t a b d w n :
+  d <> t -> agree D e1 e2 -> ~ In a D -> ~ In b D ->
+  agree D (ex we e1 [IAdd t a b; INorm d t w n]) (ex we e2 [IAddNorm t d a b w n]).
+Proof.
+  intros Hdt Ha HaD HbD y Hy i. unfold exec. simpl.
+  assert (Hab : forall j, add R (e1 a) (e1 b) j = add R (e2 a) (e2 b) j)
+    by (apply add_ext; apply Ha; assumption).
+  destruct (N.eqb_spec y d) as [->|Hd].
+  - upd_simpl.
+    transitivity (rmsnorm R rms (N.to_nat n) (vec R we w) (add R (e2 a) (e2 b)) i).
+    + apply rmsnorm_ext. intros j. upd_simpl. apply Hab.
+    + reflexivity.
+  - upd_simpl.
+    destruct (N.eqb_spec y t) as [->|Ht].
+    + upd_simpl. apply Hab.
+    + upd_simpl. apply Ha. exact Hy.
+Qed.
+
+Lemma r12_block_sound we e1 e2 D t y0 w n d r :
+  r <> t -> d <> t -> agree D e1 e2 -> ~ In y0 D -> ~ In r D ->
+  agree (t :: D) (ex we e1 [INorm t y0 w n; IAdd d r t]) (ex we e2 [INormResidual d r y0 w n]).
+Proof.
+  intros Hrt Hdt Ha HyD HrD y Hy i. unfold exec. simpl.
+  assert (HD : ~ In y D) by (intros C; apply Hy; right; exact C).
+  assert (Hyt : y <> t) by (intros ->; apply Hy; left; reflexivity).
+  destruct (N.eqb_spec y d) as [->|Hd].
+  - upd_simpl. rewrite <- rmsnorm_residual_sound. unfold add.
+    upd_simpl.
+    rewrite (Ha r HrD). rewrite (rmsnorm_ext _ _ (e1 y0) (e2 y0) (Ha y0 HyD)). reflexivity.
+  - upd_simpl. apply Ha. exact HD.
+Qed.
+
+Lemma r10_block_sound we e1 e2 D t x W k d r :
+  r <> t -> d <> t -> agree D e1 e2 -> ~ In x D -> ~ In r D ->
+  agree (t :: D) (ex we e1 [ILinear t x W k; IAdd d r t])
+    (ex we e2 [ILinearResidual d x W k r]).
+Proof.
+  intros Hrt Hdt Ha HxD HrD y Hy i. unfold exec. simpl.
+  assert (HD : ~ In y D) by (intros C; apply Hy; right; exact C).
+  assert (Hyt : y <> t) by (intros ->; apply Hy; left; reflexivity).
+  destruct (N.eqb_spec y d) as [->|Hd].
+  - upd_simpl. rewrite <- linear_residual_sound. unfold add.
+    upd_simpl.
+    rewrite (Ha r HrD). rewrite (linear_ext _ _ _ (e1 x) (e2 x) (Ha x HxD)). reflexivity.
+  - upd_simpl. apply Ha. exact HD.
+Qed.
+
+Lemma r11_block_sound we e1 e2 D t x w n d W k :
+  d <> t -> agree D e1 e2 -> ~ In x D ->
+  agree (t :: D) (ex we e1 [INorm t x w n; ILinear d t W k])
+    (ex we e2 [INormLinear d x w n W k]).
+Proof.
+  intros Hdt Ha HxD y Hy i. unfold exec. simpl.
+  assert (HD : ~ In y D) by (intros C; apply Hy; right; exact C).
+  assert (Hyt : y <> t) by (intros ->; apply Hy; left; reflexivity).
+  destruct (N.eqb_spec y d) as [->|Hd].
+  - upd_simpl. rewrite <- rmsnorm_linear_sound.
+    apply linear_ext. intros j. upd_simpl. apply rmsnorm_ext. exact (Ha x HxD).
+  - upd_simpl. apply Ha. exact HD.
+Qed.
+
+Lemma r23_block_sound we e1 e2 D g x Wg k u Wu d :
+  g <> x -> g <> u -> d <> g -> d <> u -> agree D e1 e2 -> ~ In x D ->
+  agree (g :: u :: D) (ex we e1 [ILinear g x Wg k; ILinear u x Wu k; IGlu d g u])
+    (ex we e2 [ILinearGluI d x Wg Wu k]).
+Proof.
+  intros Hgx Hgu Hdg Hdu Ha HxD y Hy i. unfold exec. simpl.
+  assert (HD : ~ In y D) by (intros C; apply Hy; right; right; exact C).
+  assert (Hyg : y <> g) by (intros ->; apply Hy; left; reflexivity).
+  assert (Hyu : y <> u) by (intros ->; apply Hy; right; left; reflexivity).
+  destruct (N.eqb_spec y d) as [->|Hd].
+  - assert (Hxg : x <> g) by congruence.
+    unfold glu. upd_simpl.
+    rewrite (linear_ext _ _ _ (e1 x) (e2 x) (Ha x HxD)).
+    rewrite (linear_ext _ _ _ (e1 x) (e2 x) (Ha x HxD)).
+    change (glu R act (linear R (N.to_nat k) (we Wg) (fun _ => zero R) (e2 x))
+              (linear R (N.to_nat k) (we Wu) (fun _ => zero R) (e2 x)) i
+            = linear_glu R act (N.to_nat k) (interleave (we Wg) (we Wu)) (fun _ => zero R)
+                (e2 x) i).
+    rewrite gate_up_interleave_sound, linear_glu_sound.
+    unfold linear_glu. rewrite !interleave_even, !interleave_odd. reflexivity.
+  - upd_simpl. apply Ha. exact HD.
+Qed.
+
+(** ** A block that [match_block] accepts keeps the invariant. *)
+Lemma block_sound r cs f inter we e1 e2 D :
+  match_block r cs f = Some inter ->
+  agree D e1 e2 ->
+  (forall x, In x (flat_map reads cs) -> ~ In x D) ->
+  agree (inter ++ D) (ex we e1 cs) (ex we e2 [f]).
+Proof.
+  intros Hm Ha Hr.
+  destruct r; destruct cs as [|c1 [|c2 [|c3 [|c4 cs]]]]; simpl in Hm; try discriminate;
+    repeat match type of Hm with
+    | (if ?b then _ else _) = _ => destruct b eqn:?; [|discriminate]
+    | match ?c with _ => _ end = _ =>
+        lazymatch type of c with instr => destruct c; try discriminate end
+    end;
+    injection Hm as <-;
+    repeat match goal with
+    | h : (_ && _)%bool = true |- _ => apply andb_true_iff in h; destruct h
+    | h : negb _ = true |- _ => apply negb_true_iff in h
+    | h : (_ =? _)%N = true |- _ => apply N.eqb_eq in h; subst
+    | h : (_ =? _)%N = false |- _ => apply N.eqb_neq in h
+    | h : instr_eqb _ _ = true |- _ => apply instr_eqb_true in h; subst
+    end;
+    simpl in Hr |- *.
+  - apply none_sound; try assumption. intros x Hx. apply Hr. rewrite app_nil_r. exact Hx.
+  - apply r1_block_sound; try assumption; apply Hr; tauto.
+  - apply r10_block_sound; try assumption; apply Hr; tauto.
+  - apply r11_block_sound; try assumption; apply Hr; tauto.
+  - apply r12_block_sound; try assumption; apply Hr; tauto.
+  - apply r23_block_sound; try assumption; apply Hr; tauto.
+Qed.
+
+Lemma check_blocks_sound bs dead idx dead' we e1 e2 :
+  check_blocks bs dead idx = (Ok, dead') ->
+  agree dead e1 e2 ->
+  agree dead' (ex we e1 (flat_map b_canon bs)) (ex we e2 (map b_fused bs)).
+Proof.
+  revert dead idx e1 e2; induction bs as [|b bs IH]; intros dead idx e1 e2 Hc Ha; simpl in Hc.
+  - injection Hc as <-. exact Ha.
+  - destruct (existsb _ _) eqn:Er; [discriminate|].
+    destruct (match_block _ _ _) as [inter|] eqn:Em; [|discriminate].
+    change (flat_map b_canon (b :: bs)) with (b_canon b ++ flat_map b_canon bs).
+    change (map b_fused (b :: bs)) with (b_fused b :: map b_fused bs).
+    rewrite exec_app, exec_cons.
+    apply (IH _ _ _ _ Hc).
+    change (exi we e2 (b_fused b)) with (ex we e2 [b_fused b]).
+    apply (block_sound (b_rule b) _ _ _ _ _ _ _ Em Ha).
+    intros x Hx Hd. pose proof (existsb_false_in _ _ x Er Hx) as Ex.
+    rewrite <- memb_in in Hd. simpl in Ex. congruence.
+Qed.
+End Sound.
+
+(** A1 for the covered rules: an accepted op table computes, at every
+    program output, the row the canonical table computes. *)
+Theorem check_table_sound (R : csr) rms act canon fused bs outputs :
+  (forall n x y, (forall i, x i = y i) -> rms n x = rms n y) ->
+  check_table canon fused bs outputs = Ok ->
+  forall we e o, In o outputs ->
+  forall i, exec R rms act we e canon o i = exec R rms act we e fused o i.
+Proof.
+  intros Hrms Hc we e o Ho i. unfold check_table in Hc.
+  destruct (list_eqb canon _ && list_eqb fused _) eqn:El; simpl in Hc; [|discriminate].
+  apply andb_true_iff in El. destruct El as [E1 E2].
+  apply list_eqb_true in E1. apply list_eqb_true in E2. subst.
+  destruct (check_blocks bs [] 0) as [v dead] eqn:Eb. destruct v; [|discriminate].
+  destruct (existsb _ outputs) eqn:Eo; [discriminate|].
+  apply (check_blocks_sound R rms act Hrms bs [] 0 dead we e e Eb); [intros y _ j; reflexivity|].
+  intros Hd. pose proof (existsb_false_in _ _ o Eo Ho) as Ex.
+  rewrite <- memb_in in Hd. simpl in Ex. congruence.
+Qed.
+
+Local Open Scope N_scope.
+
+(** ** The checker's verdicts on small tables (ids: 0, 1 inputs; 10 a norm
+    weight; 20, 21 projection weights). *)
+Definition r1_block (f : instr) : block :=
+  {| b_rule := R1; b_canon := [IAdd 2 0 1; INorm 3 2 10 8]; b_fused := f |}.
+
+Example check_accepts_add_rmsnorm :
+  check_table [IAdd 2 0 1; INorm 3 2 10 8] [IAddNorm 2 3 0 1 10 8]
+    [r1_block (IAddNorm 2 3 0 1 10 8)] [2; 3] = Ok.
+Proof. reflexivity. Qed.
+
+Example check_rejects_swapped_operands :
+  check_table [IAdd 2 0 1; INorm 3 2 10 8] [IAddNorm 2 3 1 0 10 8]
+    [r1_block (IAddNorm 2 3 1 0 10 8)] [2; 3] = Reject 0 1.
+Proof. reflexivity. Qed.
+
+Example check_rejects_another_norm_weight :
+  check_table [IAdd 2 0 1; INorm 3 2 10 8] [IAddNorm 2 3 0 1 11 8]
+    [r1_block (IAddNorm 2 3 0 1 11 8)] [2; 3] = Reject 0 1.
+Proof. reflexivity. Qed.
+
+Definition r12_canon : list instr := [INorm 5 4 10 8; IAdd 6 0 5].
+Definition r12_block : block :=
+  {| b_rule := R12; b_canon := r12_canon; b_fused := INormResidual 6 0 4 10 8 |}.
+
+Example check_rejects_a_read_of_a_fused_away_value :
+  check_table (r12_canon ++ [IAdd 7 5 6]) [INormResidual 6 0 4 10 8; IAdd 7 5 6]
+    [r12_block; {| b_rule := RNone; b_canon := [IAdd 7 5 6]; b_fused := IAdd 7 5 6 |}]
+    [7] = Reject 1 2.
+Proof. reflexivity. Qed.
+
+Example check_rejects_a_fused_away_output :
+  check_table r12_canon [INormResidual 6 0 4 10 8] [r12_block] [5] = Reject 0 3.
+Proof. reflexivity. Qed.
+
+Example check_accepts_gate_up_glu :
+  check_table [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3] [ILinearGluI 4 0 20 21 8]
+    [{| b_rule := R23; b_canon := [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3];
+        b_fused := ILinearGluI 4 0 20 21 8 |}] [4] = Ok.
+Proof. reflexivity. Qed.
+
+Example check_rejects_swapped_gate_and_up :
+  check_table [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3] [ILinearGluI 4 0 21 20 8]
+    [{| b_rule := R23; b_canon := [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3];
+        b_fused := ILinearGluI 4 0 21 20 8 |}] [4] = Reject 0 1.
+Proof. reflexivity. Qed.
