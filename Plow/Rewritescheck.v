@@ -25,7 +25,7 @@
     [Rewritescheckproof.v] proves it sound: accepted tables compute the same
     value at every program output, for every environment. *)
 From Coq Require Import NArith List Bool.
-From Plow Require Import Rewrites.
+From Plow Require Import Loc Rewrites.
 Import ListNotations.
 Local Open Scope N_scope.
 
@@ -113,29 +113,30 @@ Definition match_block (r : rule_id) (cs : list instr) (f : instr) : option (lis
 
 Record block := { b_rule : rule_id; b_canon : list instr; b_fused : instr }.
 
-(** A located verdict: [Ok], or the block index and the problem. *)
-Inductive verdict : Type := Ok | Reject (at_block : N) (problem : N).
-(* problem codes: 1 not an instance of its rule, 2 reads a fused-away
-   intermediate, 3 a program output is a fused-away intermediate,
-   4 the tables are not the blocks' concatenation *)
+(** Verdicts are [Loc.verdict]: [Accept], or [Reject (block index, problem)]
+    with problem codes: 1 the block is not an instance of its rule, 2 it reads
+    a fused-away intermediate, 3 a program output is a fused-away
+    intermediate (block index 0), 4 the tables are not the blocks'
+    concatenation (block index 0). *)
+Definition rverdict := verdict (N * N).
 
-Fixpoint check_blocks (bs : list block) (dead : list N) (idx : N) : verdict * list N :=
+Fixpoint check_blocks (bs : list block) (dead : list N) (idx : N) : rverdict * list N :=
   match bs with
-  | [] => (Ok, dead)
+  | [] => (Accept, dead)
   | b :: bs' =>
-      if existsb (fun x => memb x dead) (flat_map reads (b_canon b)) then (Reject idx 2, dead)
+      if existsb (fun x => memb x dead) (flat_map reads (b_canon b)) then (Reject (idx, 2), dead)
       else match match_block (b_rule b) (b_canon b) (b_fused b) with
-           | None => (Reject idx 1, dead)
+           | None => (Reject (idx, 1), dead)
            | Some inter => check_blocks bs' (inter ++ dead) (N.succ idx)
            end
   end.
 
 Definition check_table (canon fused : list instr) (bs : list block) (outputs : list N)
-    : verdict :=
+    : rverdict :=
   if negb (list_eqb canon (flat_map b_canon bs) && list_eqb fused (map b_fused bs))
-  then Reject 0 4
+  then Reject (0, 4)
   else match check_blocks bs [] 0 with
-       | (Ok, dead) => if existsb (fun o => memb o dead) outputs then Reject 0 3 else Ok
+       | (Accept, dead) => if existsb (fun o => memb o dead) outputs then Reject (0, 3) else Accept
        | (v, _) => v
        end.
 
@@ -149,7 +150,7 @@ Definition wenv := N -> mat R.
 Definition vec (we : wenv) (w : N) : row R := fun i => we w O i.
 Definition upd (e : env) (d : N) (v : row R) : env := fun y => if y =? d then v else e y.
 
-Definition exec_instr (we : wenv) (e : env) (i : instr) : env :=
+Definition run_op (we : wenv) (e : env) (i : instr) : env :=
   match i with
   | IAdd d a b => upd e d (add R (e a) (e b))
   | INorm d x w n => upd e d (rmsnorm R rms (N.to_nat n) (vec we w) (e x))
@@ -169,6 +170,6 @@ Definition exec_instr (we : wenv) (e : env) (i : instr) : env :=
       upd e d (linear_glu R act (N.to_nat k) (interleave (we Wg) (we Wu)) (fun _ => zero R) (e x))
   end.
 
-Definition exec (we : wenv) (e : env) (p : list instr) : env :=
-  fold_left (exec_instr we) p e.
+Definition run_table (we : wenv) (e : env) (p : list instr) : env :=
+  fold_left (run_op we) p e.
 End Exec.

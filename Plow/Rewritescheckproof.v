@@ -14,7 +14,7 @@
     [Rewritesproof.v] gives the same outputs; ids the block does not write
     keep their agreement. *)
 From Coq Require Import NArith List Bool Lia.
-From Plow Require Import Rewrites Rewritesproof Rewritescheck.
+From Plow Require Import Loc Rewrites Rewritesproof Rewritescheck.
 Import ListNotations.
 
 Ltac split_eqb :=
@@ -55,14 +55,14 @@ Hypothesis rms_ext : forall n x y, (forall i, x i = y i) -> rms n x = rms n y.
 Definition agree (D : list N) (e1 e2 : env R) : Prop :=
   forall y, ~ In y D -> forall i, e1 y i = e2 y i.
 
-Local Notation ex := (exec R rms act).
-Local Notation exi := (exec_instr R rms act).
+Local Notation ex := (run_table R rms act).
+Local Notation exi := (run_op R rms act).
 
-Lemma exec_cons we e i p : ex we e (i :: p) = ex we (exi we e i) p.
+Lemma run_table_cons we e i p : ex we e (i :: p) = ex we (exi we e i) p.
 Proof. reflexivity. Qed.
 
-Lemma exec_app we e p q : ex we e (p ++ q) = ex we (ex we e p) q.
-Proof. unfold exec. apply fold_left_app. Qed.
+Lemma run_table_app we e p q : ex we e (p ++ q) = ex we (ex we e p) q.
+Proof. unfold run_table. apply fold_left_app. Qed.
 
 Lemma upd_eq (e : env R) d v i : upd R e d v d i = v i.
 Proof. unfold upd. rewrite N.eqb_refl. reflexivity. Qed.
@@ -108,7 +108,7 @@ Lemma none_sound we e1 e2 D c :
   canonical c = true -> agree D e1 e2 -> (forall x, In x (reads c) -> ~ In x D) ->
   agree D (ex we e1 [c]) (ex we e2 [c]).
 Proof.
-  intros Hc Ha Hr y Hy i. unfold exec. simpl.
+  intros Hc Ha Hr y Hy i. unfold run_table. simpl.
   destruct c; simpl in Hc, Hr |- *; try discriminate;
     (destruct (N.eqb_spec y d) as [->|Hne];
      [upd_simpl | upd_simpl; apply Ha; exact Hy]).
@@ -122,7 +122,7 @@ Lemma r1_block_sound we e1 e2 D t a b d w n :
   d <> t -> agree D e1 e2 -> ~ In a D -> ~ In b D ->
   agree D (ex we e1 [IAdd t a b; INorm d t w n]) (ex we e2 [IAddNorm t d a b w n]).
 Proof.
-  intros Hdt Ha HaD HbD y Hy i. unfold exec. simpl.
+  intros Hdt Ha HaD HbD y Hy i. unfold run_table. simpl.
   assert (Hab : forall j, add R (e1 a) (e1 b) j = add R (e2 a) (e2 b) j)
     by (apply add_ext; apply Ha; assumption).
   destruct (N.eqb_spec y d) as [->|Hd].
@@ -140,7 +140,7 @@ Lemma r12_block_sound we e1 e2 D t y0 w n d r :
   r <> t -> d <> t -> agree D e1 e2 -> ~ In y0 D -> ~ In r D ->
   agree (t :: D) (ex we e1 [INorm t y0 w n; IAdd d r t]) (ex we e2 [INormResidual d r y0 w n]).
 Proof.
-  intros Hrt Hdt Ha HyD HrD y Hy i. unfold exec. simpl.
+  intros Hrt Hdt Ha HyD HrD y Hy i. unfold run_table. simpl.
   assert (HD : ~ In y D) by (intros C; apply Hy; right; exact C).
   assert (Hyt : y <> t) by (intros ->; apply Hy; left; reflexivity).
   destruct (N.eqb_spec y d) as [->|Hd].
@@ -155,7 +155,7 @@ Lemma r10_block_sound we e1 e2 D t x W k d r :
   agree (t :: D) (ex we e1 [ILinear t x W k; IAdd d r t])
     (ex we e2 [ILinearResidual d x W k r]).
 Proof.
-  intros Hrt Hdt Ha HxD HrD y Hy i. unfold exec. simpl.
+  intros Hrt Hdt Ha HxD HrD y Hy i. unfold run_table. simpl.
   assert (HD : ~ In y D) by (intros C; apply Hy; right; exact C).
   assert (Hyt : y <> t) by (intros ->; apply Hy; left; reflexivity).
   destruct (N.eqb_spec y d) as [->|Hd].
@@ -170,7 +170,7 @@ Lemma r11_block_sound we e1 e2 D t x w n d W k :
   agree (t :: D) (ex we e1 [INorm t x w n; ILinear d t W k])
     (ex we e2 [INormLinear d x w n W k]).
 Proof.
-  intros Hdt Ha HxD y Hy i. unfold exec. simpl.
+  intros Hdt Ha HxD y Hy i. unfold run_table. simpl.
   assert (HD : ~ In y D) by (intros C; apply Hy; right; exact C).
   assert (Hyt : y <> t) by (intros ->; apply Hy; left; reflexivity).
   destruct (N.eqb_spec y d) as [->|Hd].
@@ -184,7 +184,7 @@ Lemma r23_block_sound we e1 e2 D g x Wg k u Wu d :
   agree (g :: u :: D) (ex we e1 [ILinear g x Wg k; ILinear u x Wu k; IGlu d g u])
     (ex we e2 [ILinearGluI d x Wg Wu k]).
 Proof.
-  intros Hgx Hgu Hdg Hdu Ha HxD y Hy i. unfold exec. simpl.
+  intros Hgx Hgu Hdg Hdu Ha HxD y Hy i. unfold run_table. simpl.
   assert (HD : ~ In y D) by (intros C; apply Hy; right; right; exact C).
   assert (Hyg : y <> g) by (intros ->; apply Hy; left; reflexivity).
   assert (Hyu : y <> u) by (intros ->; apply Hy; right; left; reflexivity).
@@ -234,7 +234,7 @@ Proof.
 Qed.
 
 Lemma check_blocks_sound bs dead idx dead' we e1 e2 :
-  check_blocks bs dead idx = (Ok, dead') ->
+  check_blocks bs dead idx = (Accept, dead') ->
   agree dead e1 e2 ->
   agree dead' (ex we e1 (flat_map b_canon bs)) (ex we e2 (map b_fused bs)).
 Proof.
@@ -244,7 +244,7 @@ Proof.
     destruct (match_block _ _ _) as [inter|] eqn:Em; [|discriminate].
     change (flat_map b_canon (b :: bs)) with (b_canon b ++ flat_map b_canon bs).
     change (map b_fused (b :: bs)) with (b_fused b :: map b_fused bs).
-    rewrite exec_app, exec_cons.
+    rewrite run_table_app, run_table_cons.
     apply (IH _ _ _ _ Hc).
     change (exi we e2 (b_fused b)) with (ex we e2 [b_fused b]).
     apply (block_sound (b_rule b) _ _ _ _ _ _ _ Em Ha).
@@ -257,9 +257,9 @@ End Sound.
     program output, the row the canonical table computes. *)
 Theorem check_table_sound (R : csr) rms act canon fused bs outputs :
   (forall n x y, (forall i, x i = y i) -> rms n x = rms n y) ->
-  check_table canon fused bs outputs = Ok ->
+  check_table canon fused bs outputs = Accept ->
   forall we e o, In o outputs ->
-  forall i, exec R rms act we e canon o i = exec R rms act we e fused o i.
+  forall i, run_table R rms act we e canon o i = run_table R rms act we e fused o i.
 Proof.
   intros Hrms Hc we e o Ho i. unfold check_table in Hc.
   destruct (list_eqb canon _ && list_eqb fused _) eqn:El; simpl in Hc; [|discriminate].
@@ -281,17 +281,17 @@ Definition r1_block (f : instr) : block :=
 
 Example check_accepts_add_rmsnorm :
   check_table [IAdd 2 0 1; INorm 3 2 10 8] [IAddNorm 2 3 0 1 10 8]
-    [r1_block (IAddNorm 2 3 0 1 10 8)] [2; 3] = Ok.
+    [r1_block (IAddNorm 2 3 0 1 10 8)] [2; 3] = Accept.
 Proof. reflexivity. Qed.
 
 Example check_rejects_swapped_operands :
   check_table [IAdd 2 0 1; INorm 3 2 10 8] [IAddNorm 2 3 1 0 10 8]
-    [r1_block (IAddNorm 2 3 1 0 10 8)] [2; 3] = Reject 0 1.
+    [r1_block (IAddNorm 2 3 1 0 10 8)] [2; 3] = Reject (0, 1).
 Proof. reflexivity. Qed.
 
 Example check_rejects_another_norm_weight :
   check_table [IAdd 2 0 1; INorm 3 2 10 8] [IAddNorm 2 3 0 1 11 8]
-    [r1_block (IAddNorm 2 3 0 1 11 8)] [2; 3] = Reject 0 1.
+    [r1_block (IAddNorm 2 3 0 1 11 8)] [2; 3] = Reject (0, 1).
 Proof. reflexivity. Qed.
 
 Definition r12_canon : list instr := [INorm 5 4 10 8; IAdd 6 0 5].
@@ -301,21 +301,21 @@ Definition r12_block : block :=
 Example check_rejects_a_read_of_a_fused_away_value :
   check_table (r12_canon ++ [IAdd 7 5 6]) [INormResidual 6 0 4 10 8; IAdd 7 5 6]
     [r12_block; {| b_rule := RNone; b_canon := [IAdd 7 5 6]; b_fused := IAdd 7 5 6 |}]
-    [7] = Reject 1 2.
+    [7] = Reject (1, 2).
 Proof. reflexivity. Qed.
 
 Example check_rejects_a_fused_away_output :
-  check_table r12_canon [INormResidual 6 0 4 10 8] [r12_block] [5] = Reject 0 3.
+  check_table r12_canon [INormResidual 6 0 4 10 8] [r12_block] [5] = Reject (0, 3).
 Proof. reflexivity. Qed.
 
 Example check_accepts_gate_up_glu :
   check_table [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3] [ILinearGluI 4 0 20 21 8]
     [{| b_rule := R23; b_canon := [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3];
-        b_fused := ILinearGluI 4 0 20 21 8 |}] [4] = Ok.
+        b_fused := ILinearGluI 4 0 20 21 8 |}] [4] = Accept.
 Proof. reflexivity. Qed.
 
 Example check_rejects_swapped_gate_and_up :
   check_table [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3] [ILinearGluI 4 0 21 20 8]
     [{| b_rule := R23; b_canon := [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3];
-        b_fused := ILinearGluI 4 0 21 20 8 |}] [4] = Reject 0 1.
+        b_fused := ILinearGluI 4 0 21 20 8 |}] [4] = Reject (0, 1).
 Proof. reflexivity. Qed.
