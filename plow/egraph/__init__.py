@@ -95,6 +95,8 @@ def rewrite(graph: OpGraph, target: Target, limits: Limits | None = None) -> Rew
     dtype = _weight_dtype(graph)
     ext_s = extract(view, info, roots, target, dtype)
     ext_e = extract(view, info, roots, target, dtype, EMITTER)
+    if ext_e.cost_ns < ext_s.cost_ns:  # the heuristic lost to a choice it could have made
+        ext_s = ext_e
     fs, fe = build_fused(view, ext_s, canonical), build_fused(view, ext_e, canonical)
     extract_s = time.perf_counter() - t1
     inst_s, inst_e = _instances(view, ext_s), _instances(view, ext_e)
