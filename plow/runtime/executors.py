@@ -1,7 +1,7 @@
 """The one registry of executors: `reference`, `cpu`, `native`, `cuda` behind one interface.
 
-`plow serve`, the harness and (through `open_engine`) anything else that needs "the engine of
-executor X for this model" look executors up here; nothing else keeps a list of them.
+`plow serve`, the harness and `plow generate` (`ExecutorKind.generate`: one request through a
+bundle) look executors up here; nothing else should keep a list of them.
 
 An `ExecutorKind` says what it runs and how it is opened:
 
@@ -23,7 +23,7 @@ not (no native library built, no GPU); `get_executor` turns that into `ExecutorU
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -33,8 +33,10 @@ from plow.errors import PlowError
 if TYPE_CHECKING:
     from plow.checkpoint import Checkpoint
     from plow.runtime.cpu.bundle import Bundle
+    from plow.runtime.cpu.generate import GenerationStats
     from plow.runtime.cpu.model import CpuModel
     from plow.runtime.engine import Engine
+    from plow.runtime.sampler import SamplingParams
 
 
 class ExecutorUnavailable(PlowError):
@@ -104,6 +106,7 @@ class ExecutorKind:
     plans_in_memory: bool
     _reason: Callable[[], str | None]
     _open: Callable[..., CpuModel] | None = None
+    multi_step: int = 1  # decode steps per host round trip in `generate`
 
     def unavailable_reason(self) -> str | None:
         return self._reason()
@@ -120,15 +123,41 @@ class ExecutorKind:
         max_batch: int | None = None,
         max_context: int | None = None,
         verify: bool = True,
+        **machine: Any,
     ) -> CpuModel:
-        """The bundle's model on this executor's machine (a bundle executor only)."""
+        """The bundle's model on this executor's machine (a bundle executor only); `machine`:
+        the machine's own options (`threads=` for native)."""
         from plow.runtime.cpu.bundle import Bundle
 
         if self._open is None:
             raise PlowError(f"executor {self.name}", "runs checkpoints, not bundles")
         self.check()
         b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=verify)
-        return self._open(b, max_batch=max_batch, max_context=max_context, verify=verify)
+        return self._open(
+            b, max_batch=max_batch, max_context=max_context, verify=verify, **machine
+        )
+
+    def generate(
+        self,
+        bundle: Bundle | Path | str,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        params: SamplingParams | None = None,
+        stop_ids: tuple[int, ...] = (),
+        multi_step: int | None = None,
+        verify: bool = True,
+        **machine: Any,
+    ) -> tuple[list[int], GenerationStats]:
+        """One request through a bundle on this executor (what `plow generate` runs):
+        `multi_step` decode steps per host round trip (default: the executor's)."""
+        from plow.runtime.cpu.engine import generate_request
+
+        if not prompt_ids:
+            raise PlowError("prompt", "empty prompt")
+        model = self.open_model(bundle, max_batch=1, verify=verify, **machine)
+        steps = self.multi_step if multi_step is None else multi_step
+        return generate_request(model, prompt_ids, max_new_tokens, params, stop_ids, steps)
 
     def engine_of(self, model: CpuModel, *, prefix_cache: bool = True) -> Engine:
         """The slot-table engine over a bundle executor's model."""
@@ -185,6 +214,7 @@ EXECUTORS: dict[str, ExecutorKind] = {
             False,
             _native_reason,
             _open_native,
+            4,
         ),
         ExecutorKind(
             "cpu",
@@ -203,6 +233,7 @@ EXECUTORS: dict[str, ExecutorKind] = {
             False,
             _cuda_reason,
             _open_cuda,
+            4,
         ),
     )
 }

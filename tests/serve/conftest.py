@@ -26,6 +26,22 @@ def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_bundle_dir(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_ckpt` compiled for the cpu target: decode rungs 1, 2, 4, 8, a 16-row prefill
+    rung, context 64 (verified)."""
+    from plow.emit.bundle import compile_bundle
+    from plow.profile import CompileProfile
+    from plow.target import load_target
+
+    out = tmp_path_factory.mktemp("serve-bundle") / "tiny-llama-bundle"
+    profile = CompileProfile(
+        name="serve-tests", decode_batches=(1, 2, 4, 8), prefill_seqs=(16,), context=64
+    )
+    compile_bundle(tiny_ckpt, out, load_target("cpu"), profile, verify=True)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_ckpt_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_checkpoint("qwen3", 1, tmp_path_factory.mktemp("serve") / "tiny-qwen")
 

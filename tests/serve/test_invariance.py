@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plow.emit.bundle import compile_bundle
-from plow.profile import CompileProfile
 from plow.runtime.cpu.bundle import Bundle
 from plow.runtime.executors import EXECUTORS
 from plow.runtime.sampler import SamplingParams
@@ -24,13 +22,8 @@ Outcome = tuple[list[int], list[tuple[float, tuple[tuple[int, float], ...]]]]
 
 
 @pytest.fixture(scope="module")
-def bundle(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Bundle:
-    from plow.target import load_target
-
-    out = tmp_path_factory.mktemp("invariance") / "bundle"
-    profile = CompileProfile(name="t", decode_batches=(1, 2, 8), prefill_seqs=(16,), context=64)
-    compile_bundle(tiny_ckpt, out, load_target("cpu"), profile, verify=True)
-    return Bundle.open(out)
+def bundle(tiny_bundle_dir: Path) -> Bundle:
+    return Bundle.open(tiny_bundle_dir)
 
 
 def serve(

@@ -1,6 +1,9 @@
 """Soak (slow tier): 256 concurrent streams with random disconnects, then a 1,000-request
 burst, against a tiny bundle on the native executor behind the real HTTP server. Bounded in
-time; ends with zero leaked slots, key-value pages or per-request state."""
+time; ends with zero leaked slots, key-value pages or per-request state. The queue-wait bound
+is set out of the way (3,600 s): the client's coroutines share the server's GIL here, so served
+ticks are slow and admission would rightly refuse part of the load; what this soaks is
+clean-up, and admission has its own tests (`test_admission.py`)."""
 
 from __future__ import annotations
 
@@ -14,8 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plow.emit.bundle import compile_bundle
-from plow.profile import CompileProfile
 from plow.runtime.executors import EXECUTORS
 from plow.serve.http import Server, load_served_model
 from tests.serve.conftest import API_KEY, LiveServer, start_server, stop_server
@@ -28,19 +29,13 @@ LENGTH = 'vllm:request_success_total{finished_reason="length"}'
 
 
 @pytest.fixture(scope="module")
-def soak(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    from plow.target import load_target
-
+def soak(tiny_bundle_dir: Path) -> Iterator[LiveServer]:
     reason = EXECUTORS["native"].unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    out = tmp_path_factory.mktemp("soak") / "bundle"
-    profile = CompileProfile(
-        name="soak", decode_batches=(1, 2, 4, 8), prefill_seqs=(16,), context=64
-    )
-    compile_bundle(tiny_ckpt, out, load_target("cpu"), profile, verify=True)
+    out = tiny_bundle_dir
     m = load_served_model(out, name="tiny", max_num_seqs=8, max_num_batched_tokens=64,
-                          max_queue_wait_s=120.0, executor="native")  # fmt: skip
+                          max_queue_wait_s=3600.0, executor="native")  # fmt: skip
     live = start_server(Server([m], api_key=API_KEY, seed=0))
     yield live
     stop_server(live)
