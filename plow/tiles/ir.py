@@ -101,6 +101,10 @@ class TiledOp:
     tiles: tuple[Tile, ...]
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    # Routed experts: the expected share of the op's tiles that do work (a tile is busy when
+    # some row of it chose its expert) and the op's expected time; 1.0 / `time_ns` otherwise.
+    expected_busy: float = 1.0
+    expected_ns: float | None = None
 
     @property
     def choice(self) -> Candidate:

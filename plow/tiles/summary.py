@@ -49,6 +49,9 @@ class OpSummary(BaseModel):
     time_ns: float
     chosen: int  # index into candidates
     candidates: list[CandidateSummary]
+    # routed experts: expected share of busy tiles and expected time (time_ns: worst case)
+    expected_busy: float = 1.0
+    expected_ns: float | None = None
 
 
 class BoundsSummary(BaseModel):
@@ -129,6 +132,8 @@ def op_summary(o: TiledOp) -> OpSummary:
         time_ns=round(o.time_ns, 3),
         chosen=o.chosen,
         candidates=[_cand(c) for c in o.candidates],
+        expected_busy=round(o.expected_busy, 6),
+        expected_ns=None if o.expected_ns is None else round(o.expected_ns, 3),
     )
 
 

@@ -481,6 +481,9 @@ class _Tiler:
             Axis(ax.name, ax.extent, t, s)
             for ax, t, s in zip(sp.axes, choice.tile, choice.steps, strict=True)
         )
+        busy, expected = 1.0, None
+        if op.kind is OpKind.expert_linear:
+            busy, expected = self.expected_load(op, axes, choice)
         return TiledOp(
             name=op.name,
             kind=op.kind.value,
@@ -496,7 +499,29 @@ class _Tiler:
             tiles=enumerate_tiles(op.name, axes),
             inputs=op.inputs,
             outputs=op.outputs,
+            expected_busy=busy,
+            expected_ns=expected,
         )
+
+    def expected_load(
+        self, op: Op, axes: tuple[Axis, ...], choice: Candidate
+    ) -> tuple[float, float]:
+        """(expected share of busy tiles, expected time in ns) of an `expert_linear` op when
+        each row picks `top_k` of the `E` experts uniformly at random: a tile of `r` rows is
+        busy with probability `1 - (1 - k/E)^r`; an idle tile costs its overhead only. The
+        worst case (every tile busy) is what the tiling is charged and must fit."""
+        route = self.shape(op.inputs[1])
+        n_exp = route[-1]
+        k = 0
+        for other in self.graph.ops:
+            if other.outputs and other.outputs[0] == op.inputs[1]:
+                k = int(other.attrs.get("top_k", n_exp))
+        p = min(1.0, k / max(1, n_exp))
+        m = axes[0]
+        rows = [b - a for a, b in m.ranges()]
+        busy = sum(1.0 - (1.0 - p) ** r for r in rows) / max(1, len(rows))
+        over = float(self.target.tile_overhead_ns)
+        return busy, choice.waves * (busy * choice.tile_ns + (1.0 - busy) * over)
 
 
 def enumerate_tiles(op: str, axes: tuple[Axis, ...]) -> tuple[Tile, ...]:

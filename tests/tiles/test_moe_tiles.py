@@ -93,3 +93,16 @@ def test_the_graph_routes_moe_layers_and_keeps_dense_ones_dense() -> None:
         assert {OpKind.router, OpKind.expert_linear} <= kinds[n]
         assert OpKind.gated_mlp not in kinds[n]
     assert OpKind.gated_mlp in kinds[1] and OpKind.router not in kinds[1]
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_expected_load_is_the_chance_a_tiles_rows_chose_its_expert(batch: int) -> None:
+    spec = spec_from_config(_config(layers=1), "c")
+    tg = tile_graph(build_graph(spec, Bucket.decode(batch, 4096)), load_target("h200"))
+    experts = [o for o in tg.ops if o.kind == "expert_linear"]
+    assert len(experts) == 2
+    for o in experts:
+        assert o.axes[0].steps == 1  # every row of the bucket in each tile's row range
+        want = 1 - (1 - 8 / 128) ** batch  # top-8 of 128 experts, `batch` rows per tile
+        assert abs(o.expected_busy - want) < 1e-12
+        assert o.expected_ns is not None and o.expected_ns < o.time_ns
