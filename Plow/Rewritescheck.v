@@ -33,29 +33,30 @@ Inductive rule_id : Type := RNone | R1 | R10 | R11 | R12 | R23.
 
 Inductive instr : Type :=
 | IAdd (d a b : N)
-| INorm (d x w n : N)
+| INorm (d x w n q : N)
 | ILinear (d x W k : N)
 | IGlu (d g u : N)
-| IAddNorm (t d a b w n : N)
-| INormResidual (d r y w n : N)
+| IAddNorm (t d a b w n q : N)
+| INormResidual (d r y w n q : N)
 | ILinearResidual (d x W k r : N)
-| INormLinear (d x w n W k : N)
+| INormLinear (d x w n q W k : N)
 | ILinearGluI (d x Wg Wu k : N).
 
 Definition instr_eqb (i j : instr) : bool :=
   match i, j with
   | IAdd d a b, IAdd d' a' b' => (d =? d') && (a =? a') && (b =? b')
-  | INorm d x w n, INorm d' x' w' n' => (d =? d') && (x =? x') && (w =? w') && (n =? n')
+  | INorm d x w n q, INorm d' x' w' n' q' =>
+      (d =? d') && (x =? x') && (w =? w') && (n =? n') && (q =? q')
   | ILinear d x W k, ILinear d' x' W' k' => (d =? d') && (x =? x') && (W =? W') && (k =? k')
   | IGlu d g u, IGlu d' g' u' => (d =? d') && (g =? g') && (u =? u')
-  | IAddNorm t d a b w n, IAddNorm t' d' a' b' w' n' =>
-      (t =? t') && (d =? d') && (a =? a') && (b =? b') && (w =? w') && (n =? n')
-  | INormResidual d r y w n, INormResidual d' r' y' w' n' =>
-      (d =? d') && (r =? r') && (y =? y') && (w =? w') && (n =? n')
+  | IAddNorm t d a b w n q, IAddNorm t' d' a' b' w' n' q' =>
+      (t =? t') && (d =? d') && (a =? a') && (b =? b') && (w =? w') && (n =? n') && (q =? q')
+  | INormResidual d r y w n q, INormResidual d' r' y' w' n' q' =>
+      (d =? d') && (r =? r') && (y =? y') && (w =? w') && (n =? n') && (q =? q')
   | ILinearResidual d x W k r, ILinearResidual d' x' W' k' r' =>
       (d =? d') && (x =? x') && (W =? W') && (k =? k') && (r =? r')
-  | INormLinear d x w n W k, INormLinear d' x' w' n' W' k' =>
-      (d =? d') && (x =? x') && (w =? w') && (n =? n') && (W =? W') && (k =? k')
+  | INormLinear d x w n q W k, INormLinear d' x' w' n' q' W' k' =>
+      (d =? d') && (x =? x') && (w =? w') && (n =? n') && (q =? q') && (W =? W') && (k =? k')
   | ILinearGluI d x Wg Wu k, ILinearGluI d' x' Wg' Wu' k' =>
       (d =? d') && (x =? x') && (Wg =? Wg') && (Wu =? Wu') && (k =? k')
   | _, _ => false
@@ -72,18 +73,18 @@ Fixpoint list_eqb (l m : list instr) : bool :=
 Definition reads (i : instr) : list N :=
   match i with
   | IAdd _ a b => [a; b]
-  | INorm _ x _ _ => [x]
+  | INorm _ x _ _ _ => [x]
   | ILinear _ x _ _ => [x]
   | IGlu _ g u => [g; u]
-  | IAddNorm _ _ a b _ _ => [a; b]
-  | INormResidual _ r y _ _ => [r; y]
+  | IAddNorm _ _ a b _ _ _ => [a; b]
+  | INormResidual _ r y _ _ _ => [r; y]
   | ILinearResidual _ x _ _ r => [x; r]
-  | INormLinear _ x _ _ _ _ => [x]
+  | INormLinear _ x _ _ _ _ _ => [x]
   | ILinearGluI _ x _ _ _ => [x]
   end.
 
 Definition canonical (i : instr) : bool :=
-  match i with IAdd _ _ _ | INorm _ _ _ _ | ILinear _ _ _ _ | IGlu _ _ _ => true | _ => false end.
+  match i with IAdd _ _ _ | INorm _ _ _ _ _ | ILinear _ _ _ _ | IGlu _ _ _ => true | _ => false end.
 
 Definition memb (x : N) (l : list N) : bool := existsb (N.eqb x) l.
 
@@ -92,17 +93,17 @@ Definition memb (x : N) (l : list N) : bool := existsb (N.eqb x) l.
 Definition match_block (r : rule_id) (cs : list instr) (f : instr) : option (list N) :=
   match r, cs with
   | RNone, [c] => if canonical c && instr_eqb f c then Some [] else None
-  | R1, [IAdd t a b; INorm d t' w n] =>
-      if (t' =? t) && negb (d =? t) && instr_eqb f (IAddNorm t d a b w n) then Some []
+  | R1, [IAdd t a b; INorm d t' w n q] =>
+      if (t' =? t) && negb (d =? t) && instr_eqb f (IAddNorm t d a b w n q) then Some []
       else None
-  | R12, [INorm t y w n; IAdd d r t'] =>
-      if (t' =? t) && negb (r =? t) && negb (d =? t) && instr_eqb f (INormResidual d r y w n)
+  | R12, [INorm t y w n q; IAdd d r t'] =>
+      if (t' =? t) && negb (r =? t) && negb (d =? t) && instr_eqb f (INormResidual d r y w n q)
       then Some [t] else None
   | R10, [ILinear t x W k; IAdd d r t'] =>
       if (t' =? t) && negb (r =? t) && negb (d =? t) && instr_eqb f (ILinearResidual d x W k r)
       then Some [t] else None
-  | R11, [INorm t x w n; ILinear d t' W k] =>
-      if (t' =? t) && negb (d =? t) && instr_eqb f (INormLinear d x w n W k)
+  | R11, [INorm t x w n q; ILinear d t' W k] =>
+      if (t' =? t) && negb (d =? t) && instr_eqb f (INormLinear d x w n q W k)
       then Some [t] else None
   | R23, [ILinear g x Wg k; ILinear u x' Wu k'; IGlu d g' u'] =>
       if (x' =? x) && (k' =? k) && (g' =? g) && (u' =? u) && negb (g =? x) && negb (g =? u)
@@ -143,7 +144,7 @@ Definition check_table (canon fused : list instr) (bs : list block) (outputs : l
 (** ** Semantics *)
 Section Exec.
 Variable R : csr.
-Variable rms : nat -> row R -> car R.
+Variable rms : N -> nat -> row R -> car R.  (* attributes (eps, offset) -> inverse RMS *)
 Variable act : car R -> car R.
 Definition env := N -> row R.
 Definition wenv := N -> mat R.
@@ -153,18 +154,18 @@ Definition upd (e : env) (d : N) (v : row R) : env := fun y => if y =? d then v 
 Definition run_op (we : wenv) (e : env) (i : instr) : env :=
   match i with
   | IAdd d a b => upd e d (add R (e a) (e b))
-  | INorm d x w n => upd e d (rmsnorm R rms (N.to_nat n) (vec we w) (e x))
+  | INorm d x w n q => upd e d (rmsnorm R (rms q) (N.to_nat n) (vec we w) (e x))
   | ILinear d x W k => upd e d (linear R (N.to_nat k) (we W) (fun _ => zero R) (e x))
   | IGlu d g u => upd e d (glu R act (e g) (e u))
-  | IAddNorm t d a b w n =>
-      let p := add_rmsnorm R rms (N.to_nat n) (vec we w) (e a) (e b) in
+  | IAddNorm t d a b w n q =>
+      let p := add_rmsnorm R (rms q) (N.to_nat n) (vec we w) (e a) (e b) in
       upd (upd e t (fst p)) d (snd p)
-  | INormResidual d r y w n =>
-      upd e d (rmsnorm_residual R rms (N.to_nat n) (vec we w) (e r) (e y))
+  | INormResidual d r y w n q =>
+      upd e d (rmsnorm_residual R (rms q) (N.to_nat n) (vec we w) (e r) (e y))
   | ILinearResidual d x W k r =>
       upd e d (linear_residual R (N.to_nat k) (we W) (fun _ => zero R) (e x) (e r))
-  | INormLinear d x w n W k =>
-      upd e d (rmsnorm_linear R rms (N.to_nat n) (vec we w) (N.to_nat k) (we W)
+  | INormLinear d x w n q W k =>
+      upd e d (rmsnorm_linear R (rms q) (N.to_nat n) (vec we w) (N.to_nat k) (we W)
                  (fun _ => zero R) (e x))
   | ILinearGluI d x Wg Wu k =>
       upd e d (linear_glu R act (N.to_nat k) (interleave (we Wg) (we Wu)) (fun _ => zero R) (e x))

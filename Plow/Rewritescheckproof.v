@@ -48,9 +48,9 @@ Qed.
 
 Section Sound.
 Variable R : csr.
-Variable rms : nat -> row R -> car R.
+Variable rms : N -> nat -> row R -> car R.
 Variable act : car R -> car R.
-Hypothesis rms_ext : forall n x y, (forall i, x i = y i) -> rms n x = rms n y.
+Hypothesis rms_ext : forall q n x y, (forall i, x i = y i) -> rms q n x = rms q n y.
 
 Definition agree (D : list N) (e1 e2 : env R) : Prop :=
   forall y, ~ In y D -> forall i, e1 y i = e2 y i.
@@ -85,9 +85,9 @@ Ltac upd_simpl :=
   end.
 
 (** Values of the ops from pointwise-equal inputs are pointwise equal. *)
-Lemma rmsnorm_ext n w x1 x2 :
-  (forall i, x1 i = x2 i) -> forall i, rmsnorm R rms n w x1 i = rmsnorm R rms n w x2 i.
-Proof. intros H i. unfold rmsnorm. rewrite H, (rms_ext n x1 x2 H). reflexivity. Qed.
+Lemma rmsnorm_ext q n w x1 x2 :
+  (forall i, x1 i = x2 i) -> forall i, rmsnorm R (rms q) n w x1 i = rmsnorm R (rms q) n w x2 i.
+Proof. intros H i. unfold rmsnorm. rewrite H, (rms_ext q n x1 x2 H). reflexivity. Qed.
 
 Lemma dot_ext k w x1 x2 : (forall i, x1 i = x2 i) -> dot R k w x1 = dot R k w x2.
 Proof. intros H. unfold dot. apply sum_ext. intros i _. rewrite H. reflexivity. Qed.
@@ -118,16 +118,16 @@ Proof.
   - unfold glu. rewrite (Ha g), (Ha u); try reflexivity; apply Hr; simpl; tauto.
 Qed.
 
-Lemma r1_block_sound we e1 e2 D t a b d w n :
+Lemma r1_block_sound we e1 e2 D t a b d w n q :
   d <> t -> agree D e1 e2 -> ~ In a D -> ~ In b D ->
-  agree D (ex we e1 [IAdd t a b; INorm d t w n]) (ex we e2 [IAddNorm t d a b w n]).
+  agree D (ex we e1 [IAdd t a b; INorm d t w n q]) (ex we e2 [IAddNorm t d a b w n q]).
 Proof.
   intros Hdt Ha HaD HbD y Hy i. unfold run_table. simpl.
   assert (Hab : forall j, add R (e1 a) (e1 b) j = add R (e2 a) (e2 b) j)
     by (apply add_ext; apply Ha; assumption).
   destruct (N.eqb_spec y d) as [->|Hd].
   - upd_simpl.
-    transitivity (rmsnorm R rms (N.to_nat n) (vec R we w) (add R (e2 a) (e2 b)) i).
+    transitivity (rmsnorm R (rms q) (N.to_nat n) (vec R we w) (add R (e2 a) (e2 b)) i).
     + apply rmsnorm_ext. intros j. upd_simpl. apply Hab.
     + reflexivity.
   - upd_simpl.
@@ -136,9 +136,10 @@ Proof.
     + upd_simpl. apply Ha. exact Hy.
 Qed.
 
-Lemma r12_block_sound we e1 e2 D t y0 w n d r :
+Lemma r12_block_sound we e1 e2 D t y0 w n q d r :
   r <> t -> d <> t -> agree D e1 e2 -> ~ In y0 D -> ~ In r D ->
-  agree (t :: D) (ex we e1 [INorm t y0 w n; IAdd d r t]) (ex we e2 [INormResidual d r y0 w n]).
+  agree (t :: D) (ex we e1 [INorm t y0 w n q; IAdd d r t])
+    (ex we e2 [INormResidual d r y0 w n q]).
 Proof.
   intros Hrt Hdt Ha HyD HrD y Hy i. unfold run_table. simpl.
   assert (HD : ~ In y D) by (intros C; apply Hy; right; exact C).
@@ -146,7 +147,7 @@ Proof.
   destruct (N.eqb_spec y d) as [->|Hd].
   - upd_simpl. rewrite <- rmsnorm_residual_sound. unfold add.
     upd_simpl.
-    rewrite (Ha r HrD). rewrite (rmsnorm_ext _ _ (e1 y0) (e2 y0) (Ha y0 HyD)). reflexivity.
+    rewrite (Ha r HrD). rewrite (rmsnorm_ext _ _ _ (e1 y0) (e2 y0) (Ha y0 HyD)). reflexivity.
   - upd_simpl. apply Ha. exact HD.
 Qed.
 
@@ -165,10 +166,10 @@ Proof.
   - upd_simpl. apply Ha. exact HD.
 Qed.
 
-Lemma r11_block_sound we e1 e2 D t x w n d W k :
+Lemma r11_block_sound we e1 e2 D t x w n q d W k :
   d <> t -> agree D e1 e2 -> ~ In x D ->
-  agree (t :: D) (ex we e1 [INorm t x w n; ILinear d t W k])
-    (ex we e2 [INormLinear d x w n W k]).
+  agree (t :: D) (ex we e1 [INorm t x w n q; ILinear d t W k])
+    (ex we e2 [INormLinear d x w n q W k]).
 Proof.
   intros Hdt Ha HxD y Hy i. unfold run_table. simpl.
   assert (HD : ~ In y D) by (intros C; apply Hy; right; exact C).
@@ -256,7 +257,7 @@ End Sound.
 (** A1 for the covered rules: an accepted op table computes, at every
     program output, the row the canonical table computes. *)
 Theorem check_table_sound (R : csr) rms act canon fused bs outputs :
-  (forall n x y, (forall i, x i = y i) -> rms n x = rms n y) ->
+  (forall q n x y, (forall i, x i = y i) -> rms q n x = rms q n y) ->
   check_table canon fused bs outputs = Accept ->
   forall we e o, In o outputs ->
   forall i, run_table R rms act we e canon o i = run_table R rms act we e fused o i.
@@ -275,37 +276,48 @@ Qed.
 Local Open Scope N_scope.
 
 (** ** The checker's verdicts on small tables (ids: 0, 1 inputs; 10 a norm
-    weight; 20, 21 projection weights). *)
+    weight; 30, 31 norm attributes; 20, 21 projection weights). *)
 Definition r1_block (f : instr) : block :=
-  {| b_rule := R1; b_canon := [IAdd 2 0 1; INorm 3 2 10 8]; b_fused := f |}.
+  {| b_rule := R1; b_canon := [IAdd 2 0 1; INorm 3 2 10 8 30]; b_fused := f |}.
+
+Definition r12_canon : list instr := [INorm 5 4 10 8 30; IAdd 6 0 5].
+Definition r12_block : block :=
+  {| b_rule := R12; b_canon := r12_canon; b_fused := INormResidual 6 0 4 10 8 30 |}.
 
 Example check_accepts_add_rmsnorm :
-  check_table [IAdd 2 0 1; INorm 3 2 10 8] [IAddNorm 2 3 0 1 10 8]
-    [r1_block (IAddNorm 2 3 0 1 10 8)] [2; 3] = Accept.
+  check_table [IAdd 2 0 1; INorm 3 2 10 8 30] [IAddNorm 2 3 0 1 10 8 30]
+    [r1_block (IAddNorm 2 3 0 1 10 8 30)] [2; 3] = Accept.
 Proof. reflexivity. Qed.
 
 Example check_rejects_swapped_operands :
-  check_table [IAdd 2 0 1; INorm 3 2 10 8] [IAddNorm 2 3 1 0 10 8]
-    [r1_block (IAddNorm 2 3 1 0 10 8)] [2; 3] = Reject (0, 1).
+  check_table [IAdd 2 0 1; INorm 3 2 10 8 30] [IAddNorm 2 3 1 0 10 8 30]
+    [r1_block (IAddNorm 2 3 1 0 10 8 30)] [2; 3] = Reject (0, 1).
+Proof. reflexivity. Qed.
+
+Example check_rejects_an_edited_epsilon :
+  check_table [IAdd 2 0 1; INorm 3 2 10 8 30] [IAddNorm 2 3 0 1 10 8 31]
+    [r1_block (IAddNorm 2 3 0 1 10 8 31)] [2; 3] = Reject (0, 1).
+Proof. reflexivity. Qed.
+
+Example check_rejects_a_residual_fused_into_the_wrong_norm :
+  check_table r12_canon [INormResidual 6 0 9 10 8 30]
+    [{| b_rule := R12; b_canon := r12_canon; b_fused := INormResidual 6 0 9 10 8 30 |}]
+    [6] = Reject (0, 1).
 Proof. reflexivity. Qed.
 
 Example check_rejects_another_norm_weight :
-  check_table [IAdd 2 0 1; INorm 3 2 10 8] [IAddNorm 2 3 0 1 11 8]
-    [r1_block (IAddNorm 2 3 0 1 11 8)] [2; 3] = Reject (0, 1).
+  check_table [IAdd 2 0 1; INorm 3 2 10 8 30] [IAddNorm 2 3 0 1 11 8 30]
+    [r1_block (IAddNorm 2 3 0 1 11 8 30)] [2; 3] = Reject (0, 1).
 Proof. reflexivity. Qed.
 
-Definition r12_canon : list instr := [INorm 5 4 10 8; IAdd 6 0 5].
-Definition r12_block : block :=
-  {| b_rule := R12; b_canon := r12_canon; b_fused := INormResidual 6 0 4 10 8 |}.
-
 Example check_rejects_a_read_of_a_fused_away_value :
-  check_table (r12_canon ++ [IAdd 7 5 6]) [INormResidual 6 0 4 10 8; IAdd 7 5 6]
+  check_table (r12_canon ++ [IAdd 7 5 6]) [INormResidual 6 0 4 10 8 30; IAdd 7 5 6]
     [r12_block; {| b_rule := RNone; b_canon := [IAdd 7 5 6]; b_fused := IAdd 7 5 6 |}]
     [7] = Reject (1, 2).
 Proof. reflexivity. Qed.
 
 Example check_rejects_a_fused_away_output :
-  check_table r12_canon [INormResidual 6 0 4 10 8] [r12_block] [5] = Reject (0, 3).
+  check_table r12_canon [INormResidual 6 0 4 10 8 30] [r12_block] [5] = Reject (0, 3).
 Proof. reflexivity. Qed.
 
 Example check_accepts_gate_up_glu :
