@@ -188,7 +188,7 @@ def _calibrate_prefill_cmd(fail: Fail) -> Callable[..., None]:
         from rich.table import Table
 
         from plow.checkpoint import load_checkpoint
-        from plow.serve.engine import ReferenceEngine
+        from plow.runtime.executors import EXECUTORS
         from plow.serve.prefill_cost import fit_path, fit_prefill, sweep_prefill
 
         console = Console(stderr=True)
@@ -200,7 +200,7 @@ def _calibrate_prefill_cmd(fail: Fail) -> Callable[..., None]:
             if len(sweep) < 2 or sweep[0] < 1:
                 raise PlowError("--lengths", "need at least two distinct lengths >= 1")
             ckpt = load_checkpoint(_model_dir(model))
-            engine = ReferenceEngine.from_checkpoint(ckpt, max_batch=1)
+            engine = EXECUTORS["reference"].open_engine(ckpt, max_batch=1)
             sweep = [n for n in sweep if n <= engine.max_context]
             if len(sweep) < 2:
                 raise PlowError(
