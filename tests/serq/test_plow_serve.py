@@ -33,3 +33,32 @@ def test_plow_serve_outside_the_proved_fragment() -> None:
     (budget, slots) = prove_file(PROGRAM)
     assert not budget.proved and "subtraction" in budget.detail
     assert not slots.proved
+
+
+def test_prove_cli_json_and_exit_status() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from serq.cli import app
+
+    res = CliRunner().invoke(app, ["prove", str(PROGRAM), "--json"])
+    assert res.exit_code == 1  # a claim is not proved
+    out = json.loads(res.stdout)
+    assert [(c["claim"], c["proved"]) for c in out["claims"]] == [
+        ("token_budget", False),
+        ("slot_table", False),
+    ]
+    assert out["claims"][0]["detail"].startswith("the engine is not exported to Rocq at ")
+
+
+def test_prove_cli_without_the_library(rad_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from serq.cli import app
+
+    res = CliRunner().invoke(app, ["prove", str(rad_path)], env={"SERQ_ROCQ_LIB": "/nonexistent"})
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines() == [
+        f"{rad_path}: the Rocq library is not built at /nonexistent (run make proofs)"
+    ]
