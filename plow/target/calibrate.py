@@ -131,3 +131,43 @@ def calibrate_cpu(
             ),
         }
     )
+
+
+def _machine_fingerprint() -> str:
+    """What a calibration is valid for: the CPU model, the usable cores, the memory size."""
+    import hashlib
+    import platform
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+    key = f"{model}|{_workers()}|{mem >> 30}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def cached_cpu_target(cache: Path, on_note: Callable[[str], None] | None = None) -> Target:
+    """This machine's calibrated `cpu` target: measured once (a few seconds), then read from
+    `cache/targets/cpu-<machine>.json`. A damaged cache file is measured again (it is ours)."""
+    path = cache / "targets" / f"cpu-{_machine_fingerprint()}.json"
+    if path.is_file():
+        try:
+            return Target.model_validate_json(path.read_text())
+        except ValueError:
+            pass
+    tgt = calibrate_cpu(repeats=3, copy_bytes=128 * 1024 * 1024, gemm_n=768)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(tgt.model_dump_json(indent=2) + "\n")
+    tmp.replace(path)  # atomic: concurrent first uses agree on one file
+    if on_note:
+        on_note(
+            f"calibrated the cpu target once ({tgt.workers} workers, "
+            f"{tgt.bandwidth_bytes_per_s / 1e9:.1f} GB/s): {path}"
+        )
+    return tgt

@@ -135,6 +135,7 @@ def test_the_default_models_gguf_imports_with_its_blocks_and_runs(tmp_path: Path
     bundle runs on the native executor with the fp32 bundle's greedy tokens."""
     from plow.checkpoint.gguf import import_gguf
     from plow.default_model import ensure_default_model, gguf_path
+    from plow.runtime.cpu.bundle import NO_BUDGET_NS
 
     ref_dir = ensure_default_model()
     q = import_gguf(gguf_path(), tmp_path / "smollm2-q4_1")
@@ -145,7 +146,10 @@ def test_the_default_models_gguf_imports_with_its_blocks_and_runs(tmp_path: Path
     assert {t.format for n in have if isinstance(t := have[n], QuantTensor)} == {"q4_1", "q8_0"}
     for n in ref:
         assert np.array_equal(np.asarray(have[n], dtype=np.float32), np.asarray(ref[n])), n
-    prof = CompileProfile(name="test", decode_batches=(1,), prefill_seqs=(16,), context=64)
+    prof = CompileProfile(
+        name="test", decode_batches=(1,), prefill_seqs=(16,), context=64,
+        decode_budget_ns=NO_BUDGET_NS, prefill_budget_ns_per_token=NO_BUDGET_NS,
+    )  # fmt: skip
     compile_bundle(q, tmp_path / "bq", load_target("cpu"), prof, verify=True)
     mq = open_native(tmp_path / "bq")
     assert mq.weight_bytes < 110e6  # the blocks, not 540 MB of fp32

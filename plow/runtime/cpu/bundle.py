@@ -52,6 +52,7 @@ import hashlib
 import itertools
 import json
 import mmap
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -692,6 +693,10 @@ def _verifier_fingerprint() -> bytes:
     return h.digest()
 
 
+def _note(msg: str) -> None:
+    print(f"plow: {msg}", file=sys.stderr)
+
+
 def compile_cached(
     source: Path | str,
     *,
@@ -700,15 +705,18 @@ def compile_cached(
     max_batch: int = 8,
 ) -> Path:
     """The bundle of checkpoint `source` in the cache, compiled (verified, atomically) on
-    first use; later calls with the same config, weights index, target and profile reuse it."""
+    first use; later calls with the same config, weights index, target and profile reuse it.
+    Target "cpu" is this machine's calibration (measured on first use, cached per machine)."""
     from plow.checkpoint.loader import load_spec
     from plow.default_model import cache_dir
     from plow.emit.bundle import compile_bundle
     from plow.target import load_target
+    from plow.target.calibrate import cached_cpu_target
 
     src = Path(source)
     spec = load_spec(src)
-    tgt = load_target(target)
+    # "cpu" is this machine: calibrated on first use, then cached (its workers = usable cores)
+    tgt = cached_cpu_target(cache_dir(), _note) if target == "cpu" else load_target(target)
     prof = profile or cache_profile(spec.max_position, max_batch)
     out = cache_dir() / "bundles" / cache_key(src, tgt, prof)
     if is_bundle(out) and (out / "certificates" / "F.json").is_file():
