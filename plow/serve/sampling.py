@@ -67,12 +67,18 @@ class Penalties:
 
 
 def apply_penalties(
-    row: np.ndarray, prompt: Sequence[int], generated: Counter[int], p: Penalties
+    row: np.ndarray,
+    prompt: Sequence[int] | np.ndarray,
+    generated: Counter[int],
+    p: Penalties,
 ) -> np.ndarray:
-    """The penalised copy of `row` (float64), module docstring step 3."""
+    """The penalised copy of `row` (float64), module docstring step 3. `prompt`: the prompt's
+    token ids (repeats allowed; a caller may pass them already unique)."""
     out = np.asarray(row, dtype=np.float64).copy()
     if p.repetition != 1.0:
-        seen = np.fromiter({*prompt, *generated}, dtype=np.int64)
+        seen = np.union1d(
+            np.asarray(prompt, dtype=np.int64), np.fromiter(generated, dtype=np.int64)
+        )
         if seen.size:
             v = out[seen]
             out[seen] = np.where(v > 0, v / p.repetition, v * p.repetition)
@@ -99,10 +105,18 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
 
 
 def top_logprobs(lp: np.ndarray, k: int) -> tuple[tuple[int, float], ...]:
-    """The `k` largest entries of `lp`, descending, ties by lower id first."""
+    """The `k` largest entries of `lp`, descending, ties by lower id first. Linear in the
+    vocabulary: the k-th largest value found by partition, then only the entries at least as
+    large (all of a tie at the boundary) are sorted."""
     if k <= 0:
         return ()
-    order = np.lexsort((np.arange(lp.shape[0]), -lp))[:k]
+    n = lp.shape[0]
+    if k < n:
+        kth = np.partition(lp, n - k)[n - k]
+        cand = np.flatnonzero(lp >= kth)
+    else:
+        cand = np.arange(n)
+    order = cand[np.lexsort((cand, -lp[cand]))][:k]
     return tuple((int(i), float(lp[i])) for i in order)
 
 
@@ -122,6 +136,7 @@ class RequestSampler:
     def __post_init__(self) -> None:
         if self.rng is None and not self.params.is_greedy:
             self.rng = make_generator(self.params)
+        self._prompt_set = np.unique(np.asarray(self.prompt, dtype=np.int64))
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
 
@@ -137,7 +152,7 @@ class RequestSampler:
         if self.grammar is not None:
             x = self.grammar.mask(x)
         lp = log_softmax(x) if self.logprobs is not None else None
-        z = apply_penalties(x, self.prompt, self.counts, self.penalties) if (
+        z = apply_penalties(x, self._prompt_set, self.counts, self.penalties) if (
             self.penalties.active
         ) else x
         tok = sample_row(z, self.params, self.rng)

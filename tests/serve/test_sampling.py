@@ -281,3 +281,14 @@ def test_token_bytes_rebuild_multibyte_characters(
     assert all(b is not None for b in raw)
     assert b"".join(b for b in raw if b is not None) == text.encode()
     assert grammars.token_bytes(ckpt.spec.eos_token_ids[0]) is None  # special: no bytes
+
+
+def test_top_logprobs_is_the_sorted_prefix_with_ties_by_lower_id() -> None:
+    from plow.serve.sampling import top_logprobs
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):  # few distinct values: many ties, also at the k-th boundary
+        n, k = int(rng.integers(1, 40)), int(rng.integers(0, 45))
+        lp = rng.integers(-5, 1, size=n).astype(np.float64)
+        ranked = sorted(range(n), key=lambda i: (-lp[i], i))[:k]
+        assert top_logprobs(lp, k) == tuple((i, float(lp[i])) for i in ranked)
