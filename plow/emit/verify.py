@@ -645,6 +645,7 @@ class Expected:
     budget_pages: int
     page_bytes: int
     align: int
+    weight_dtype: str = "float32"
 
 
 MATMUL_KINDS = ("linear", "lm_head", "expert_linear")
@@ -685,6 +686,7 @@ def expected_numbers(
         budget_pages=target.onchip_bytes_per_worker // target.page_bytes,
         page_bytes=target.page_bytes,
         align=ALIGN,
+        weight_dtype=wdt,
     )
 
 
@@ -1018,15 +1020,31 @@ def tile_payload_dict(
 
 
 def page_payload_from_file(
-    sf: ScheduleFile, chunk: int = 64, budget_pages: int | None = None
+    sf: ScheduleFile,
+    chunk: int = 64,
+    budget_pages: int | None = None,
+    counts: list[tuple[int, int]] | None = None,
 ) -> dict[str, object]:
-    """C's payload; `budget_pages`: the target's (`expected_numbers`), default the file's."""
+    """C's payload; `budget_pages`: the target's (`expected_numbers`), default the file's;
+    `counts`: per task (weight pages, activation pages) derived from the op table
+    (`task_page_counts`): each task holds at least those (the file's columns when larger).
+    The windows are the file's."""
     p = sf.pages
     n = len(sf.tasks.name)
+    if counts is not None and len(counts) != n:
+        raise MalformedBundle(f"schedule {sf.bucket}", "page counts do not match the task list")
     cols = (p.start, p.finish, p.load, p.weight_pages, p.act_pages)
     if any(len(c) != n for c in cols):
         raise MalformedBundle(
             f"schedule {sf.bucket}", "page columns do not have one entry per task"
+        )
+    if counts is not None:  # at least what each tile needs (the file may reserve more)
+        cols = (
+            p.start,
+            p.finish,
+            p.load,
+            [max(a, c[0]) for a, c in zip(p.weight_pages, counts, strict=True)],
+            [max(a, c[1]) for a, c in zip(p.act_pages, counts, strict=True)],
         )
     tasks = [TaskPages(*row) for row in zip(*cols, strict=True)]
     return split_timeline(
@@ -1034,6 +1052,79 @@ def page_payload_from_file(
         page_windows(sf.tasks.worker, sf.tasks.name, tasks),
         chunk,
     )
+
+
+def tile_onchip_bytes(o: OpEntry, ot: OpTable, ex: Expected) -> tuple[int, int]:
+    """(weight bytes, activation bytes) one tile of op `o` holds on chip, from the op table's
+    tile shape and operand shapes and the plan's dtypes (`expected_numbers`): the tiler's
+    on-chip model (`plow.memory.onchip.onchip_footprint`, written again from the bundle; a test
+    keeps the two equal). A matmul holds its fp32 accumulator and double-buffered 64-deep
+    chunks of the input and the weight; attention its query block, a score block and
+    double-buffered key/value chunks; element-wise ops one staging page."""
+    a = dtype_bytes(ex.activation_dtype)
+    w = dtype_bytes(ex.weight_dtype)
+    c = dtype_bytes(ex.cache_dtype)
+    t = [x.tile for x in o.axes]
+    if o.kind in ("linear", "lm_head", "expert_linear") and len(t) == 3:
+        mt, nt, kt = t
+        kc = min(kt, 64)
+        return 2 * nt * kc * max(a, w), mt * nt * 4 + 2 * mt * kc * max(a, w)
+    if o.kind == "attention" and len(t) == 3:
+        rt, st, dt = t
+        q = ot.tensors[o.inputs[0]].shape
+        heads, kvh = int(o.attrs["heads"]), int(o.attrs["kv_heads"])
+        block = q[1] * (heads // kvh)
+        kvt = min(-(-rt // block), q[0] * kvh)
+        return 0, rt * dt * a + rt * min(st, 256) * 4 + 2 * min(st, 64) * dt * c * kvt
+    return 0, 1
+
+
+def task_page_counts(
+    decoded: PacketArray, grouped: Grouped, ot: OpTable, ex: Expected
+) -> list[tuple[int, int]] | str:
+    """Per task (weight pages, activation pages), from its task packet's op and opcode/flags
+    and `tile_onchip_bytes` in the target's pages (plow.memory.onchip.plan_pages: a load holds
+    the weight slab, a merge one page, a compute task its slab and at least one page)."""
+    opi = decoded["op_index"].tolist()
+    code = decoded["opcode"].tolist()
+    fl = decoded["flags"].tolist()
+    page = max(1, ex.page_bytes)
+    foot: dict[int, tuple[int, int]] = {}
+    out: list[tuple[int, int]] = []
+    for k, m in enumerate(grouped.main):
+        if not 0 <= opi[m] < len(ot.ops):
+            return f"task {k} (packet {m}): op index {opi[m]} outside the op table"
+        if fl[m] & Flag.ACCUMULATE and code[m] != Opcode.LOAD:
+            out.append((0, 1))
+            continue
+        if opi[m] not in foot:
+            try:
+                foot[opi[m]] = tile_onchip_bytes(ot.ops[opi[m]], ot, ex)
+            except (KeyError, IndexError, ValueError, ZeroDivisionError) as e:
+                return f"op {ot.ops[opi[m]].name!r}: cannot size its tile on chip ({e!r})"
+        wb, ab = foot[opi[m]]
+        wp = -(-max(0, wb) // page)
+        if code[m] == Opcode.LOAD:
+            out.append((wp, 0))
+        else:
+            out.append((wp, max(1, -(-max(0, ab) // page))))
+    return out
+
+
+def page_count_problems(sf: ScheduleFile, counts: list[tuple[int, int]]) -> list[str]:
+    """The schedule file's page columns against the counts derived from the op table: a
+    column below its tile's need is named (one above it only reserves more)."""
+    p = sf.pages
+    for i, (wp, ap) in enumerate(counts):
+        if i >= len(p.weight_pages) or i >= len(p.act_pages):
+            return [f"{sf.bucket}: page columns shorter than the task list"]
+        if p.weight_pages[i] < wp or p.act_pages[i] < ap:
+            return [
+                f"schedule {sf.bucket}: task {i} ({sf.tasks.name[i]}) declares "
+                f"{p.weight_pages[i]} weight / {p.act_pages[i]} activation pages, its tile "
+                f"needs {wp} / {ap}"
+            ]
+    return []
 
 
 def tensor_bytes(shape: list[int], dtype: str) -> int:
@@ -1198,6 +1289,12 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
         )
         problems += declared_number_problems(rung, ot, sf, ex, target)
         grouped: Grouped | str = decoded if isinstance(decoded, str) else group_tasks(decoded)
+        counts: list[tuple[int, int]] | str | None = None
+        readable = not isinstance(decoded, str) and not isinstance(grouped, str)
+        if readable and len(grouped.tasks) == len(sf.tasks.name):  # type: ignore[union-attr]
+            counts = task_page_counts(decoded, grouped, ot, ex)  # type: ignore[arg-type]
+            if not isinstance(counts, str):
+                problems += page_count_problems(sf, counts)
         name = rung.name
         # D's instance, shared by D and F (computed by whichever asks first)
         graph = _Once(partial(_counter_graph, decoded, sf, grouped))
@@ -1220,8 +1317,15 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             row = _row("B", name, run_checkpoint("B", payload, timeout_s=600))
             return replace(row, payload=payload)
 
-        def job_c(sf: ScheduleFile = sf, ex: Expected = ex, name: str = name) -> Row:
-            payload = page_payload_from_file(sf, budget_pages=ex.budget_pages)
+        def job_c(
+            sf: ScheduleFile = sf,
+            ex: Expected = ex,
+            name: str = name,
+            counts: list[tuple[int, int]] | str | None = counts,
+        ) -> Row:
+            if isinstance(counts, str):
+                return Row("C", name, "reject", (), f"cannot size the tasks' pages: {counts}")
+            payload = page_payload_from_file(sf, budget_pages=ex.budget_pages, counts=counts)
             return _row("C", name, run_checkpoint("C", payload))
 
         def job_d(

@@ -245,6 +245,30 @@ def test_shrunk_task_range_rejected(h200_bundle: Path, tmp_path: Path) -> None:
     assert "op " in bad[0].reason
 
 
+def test_page_counts_come_from_the_op_table(h200_bundle: Path, tmp_path: Path) -> None:
+    """C sizes each task's pages from its op's tile (never the schedule file's columns); a
+    file that understates them is named in the bundle row."""
+    b = copy_bundle(h200_bundle, tmp_path / "m")
+    rung = rungs(b)[0]
+    sched = json.loads((b / rung["schedule"]).read_text())
+    k = next(i for i, w in enumerate(sched["pages"]["weight_pages"]) if w > 0)
+    want = (sched["pages"]["weight_pages"][k], sched["pages"]["act_pages"][k])
+
+    def understate(s: dict[str, Any]) -> None:
+        s["pages"]["weight_pages"][k] = 0
+        s["pages"]["act_pages"][k] = 0
+
+    edit_rung(b, rung, schedule=understate)
+    rep = verify_bundle(b)
+    bundle_row = next(r for r in rep.rows if r.checkpoint == "bundle")
+    assert bundle_row.rejected
+    name = sched["tasks"]["name"][k]
+    assert f"task {k} ({name}) declares 0 weight / 0 activation pages" in bundle_row.reason
+    assert f"its tile needs {want[0]} / {want[1]}" in bundle_row.reason
+    c_rows = [r for r in rep.rows if r.checkpoint == "C"]
+    assert c_rows and not any(r.rejected for r in c_rows)
+
+
 # -- reproducible certificates ------------------------------------------------------------
 
 _COMPILE = (
