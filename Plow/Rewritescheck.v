@@ -7,7 +7,8 @@
     matrix), the same for both tables.  Canonical instructions are plow's
     ops ([IAdd], [INorm], [ILinear], [IGlu]); fused instructions are the
     kernel forms of [Rewrites.v] for the rules the searched extraction uses
-    on a decoder ([IAddNorm] R1, [INormResidual] R12, [ILinearResidual] R10,
+    on a decoder ([IAddNorm] R1, [ILinearQKV] R4: the concatenated q/k/v
+    projection, reading [cat3 Wq Wk Wv], [INormResidual] R12, [ILinearResidual] R10,
     [INormLinear] R11, [ILinearGluI] R2+R3 with R13: the interleaved gate/up
     linear with the glu in its epilogue, reading [interleave Wg Wu]).
 
@@ -29,36 +30,42 @@ From Plow Require Import Loc Rewrites.
 Import ListNotations.
 Local Open Scope N_scope.
 
-Inductive rule_id : Type := RNone | R1 | R10 | R11 | R12 | R23.
+Inductive rule_id : Type := RNone | R1 | R4 | R10 | R11 | R12 | R23.
 
 Inductive instr : Type :=
 | IAdd (d a b : N)
 | INorm (d x w n q : N)
-| ILinear (d x W k : N)
+| ILinear (d x W k m : N)
 | IGlu (d g u : N)
 | IAddNorm (t d a b w n q : N)
 | INormResidual (d r y w n q : N)
-| ILinearResidual (d x W k r : N)
-| INormLinear (d x w n q W k : N)
-| ILinearGluI (d x Wg Wu k : N).
+| ILinearResidual (d x W k m r : N)
+| INormLinear (d x w n q W k m : N)
+| ILinearGluI (d x Wg Wu k m : N)
+| ILinearQKV (dq dk dv x Wq Wk Wv k nq nk nv : N).
 
 Definition instr_eqb (i j : instr) : bool :=
   match i, j with
   | IAdd d a b, IAdd d' a' b' => (d =? d') && (a =? a') && (b =? b')
   | INorm d x w n q, INorm d' x' w' n' q' =>
       (d =? d') && (x =? x') && (w =? w') && (n =? n') && (q =? q')
-  | ILinear d x W k, ILinear d' x' W' k' => (d =? d') && (x =? x') && (W =? W') && (k =? k')
+  | ILinear d x W k m, ILinear d' x' W' k' m' =>
+      (d =? d') && (x =? x') && (W =? W') && (k =? k') && (m =? m')
   | IGlu d g u, IGlu d' g' u' => (d =? d') && (g =? g') && (u =? u')
   | IAddNorm t d a b w n q, IAddNorm t' d' a' b' w' n' q' =>
       (t =? t') && (d =? d') && (a =? a') && (b =? b') && (w =? w') && (n =? n') && (q =? q')
   | INormResidual d r y w n q, INormResidual d' r' y' w' n' q' =>
       (d =? d') && (r =? r') && (y =? y') && (w =? w') && (n =? n') && (q =? q')
-  | ILinearResidual d x W k r, ILinearResidual d' x' W' k' r' =>
-      (d =? d') && (x =? x') && (W =? W') && (k =? k') && (r =? r')
-  | INormLinear d x w n q W k, INormLinear d' x' w' n' q' W' k' =>
+  | ILinearResidual d x W k m r, ILinearResidual d' x' W' k' m' r' =>
+      (d =? d') && (x =? x') && (W =? W') && (k =? k') && (m =? m') && (r =? r')
+  | INormLinear d x w n q W k m, INormLinear d' x' w' n' q' W' k' m' =>
       (d =? d') && (x =? x') && (w =? w') && (n =? n') && (q =? q') && (W =? W') && (k =? k')
-  | ILinearGluI d x Wg Wu k, ILinearGluI d' x' Wg' Wu' k' =>
-      (d =? d') && (x =? x') && (Wg =? Wg') && (Wu =? Wu') && (k =? k')
+      && (m =? m')
+  | ILinearGluI d x Wg Wu k m, ILinearGluI d' x' Wg' Wu' k' m' =>
+      (d =? d') && (x =? x') && (Wg =? Wg') && (Wu =? Wu') && (k =? k') && (m =? m')
+  | ILinearQKV dq dk dv x Wq Wk Wv k nq nk nv, ILinearQKV dq' dk' dv' x' Wq' Wk' Wv' k' nq' nk' nv' =>
+      (dq =? dq') && (dk =? dk') && (dv =? dv') && (x =? x') && (Wq =? Wq') && (Wk =? Wk')
+      && (Wv =? Wv') && (k =? k') && (nq =? nq') && (nk =? nk') && (nv =? nv')
   | _, _ => false
   end.
 
@@ -74,17 +81,18 @@ Definition reads (i : instr) : list N :=
   match i with
   | IAdd _ a b => [a; b]
   | INorm _ x _ _ _ => [x]
-  | ILinear _ x _ _ => [x]
+  | ILinear _ x _ _ _ => [x]
   | IGlu _ g u => [g; u]
   | IAddNorm _ _ a b _ _ _ => [a; b]
   | INormResidual _ r y _ _ _ => [r; y]
-  | ILinearResidual _ x _ _ r => [x; r]
-  | INormLinear _ x _ _ _ _ _ => [x]
-  | ILinearGluI _ x _ _ _ => [x]
+  | ILinearResidual _ x _ _ _ r => [x; r]
+  | INormLinear _ x _ _ _ _ _ _ => [x]
+  | ILinearGluI _ x _ _ _ _ => [x]
+  | ILinearQKV _ _ _ x _ _ _ _ _ _ _ => [x]
   end.
 
 Definition canonical (i : instr) : bool :=
-  match i with IAdd _ _ _ | INorm _ _ _ _ _ | ILinear _ _ _ _ | IGlu _ _ _ => true | _ => false end.
+  match i with IAdd _ _ _ | INorm _ _ _ _ _ | ILinear _ _ _ _ _ | IGlu _ _ _ => true | _ => false end.
 
 Definition memb (x : N) (l : list N) : bool := existsb (N.eqb x) l.
 
@@ -99,15 +107,21 @@ Definition match_block (r : rule_id) (cs : list instr) (f : instr) : option (lis
   | R12, [INorm t y w n q; IAdd d r t'] =>
       if (t' =? t) && negb (r =? t) && negb (d =? t) && instr_eqb f (INormResidual d r y w n q)
       then Some [t] else None
-  | R10, [ILinear t x W k; IAdd d r t'] =>
-      if (t' =? t) && negb (r =? t) && negb (d =? t) && instr_eqb f (ILinearResidual d x W k r)
+  | R4, [ILinear dq x Wq k nq; ILinear dk x' Wk k' nk; ILinear dv x'' Wv k'' nv] =>
+      if (x' =? x) && (x'' =? x) && (k' =? k) && (k'' =? k) && negb (dq =? x) && negb (dk =? x)
+         && negb (dq =? dk) && negb (dq =? dv) && negb (dk =? dv)
+         && instr_eqb f (ILinearQKV dq dk dv x Wq Wk Wv k nq nk nv)
+      then Some [] else None
+  | R10, [ILinear t x W k m; IAdd d r t'] =>
+      if (t' =? t) && negb (r =? t) && negb (d =? t) && instr_eqb f (ILinearResidual d x W k m r)
       then Some [t] else None
-  | R11, [INorm t x w n q; ILinear d t' W k] =>
-      if (t' =? t) && negb (d =? t) && instr_eqb f (INormLinear d x w n q W k)
+  | R11, [INorm t x w n q; ILinear d t' W k m] =>
+      if (t' =? t) && negb (d =? t) && instr_eqb f (INormLinear d x w n q W k m)
       then Some [t] else None
-  | R23, [ILinear g x Wg k; ILinear u x' Wu k'; IGlu d g' u'] =>
-      if (x' =? x) && (k' =? k) && (g' =? g) && (u' =? u) && negb (g =? x) && negb (g =? u)
-         && negb (d =? g) && negb (d =? u) && instr_eqb f (ILinearGluI d x Wg Wu k)
+  | R23, [ILinear g x Wg k m; ILinear u x' Wu k' m'; IGlu d g' u'] =>
+      if (x' =? x) && (k' =? k) && (m' =? m) && (g' =? g) && (u' =? u) && negb (g =? x)
+         && negb (g =? u) && negb (d =? g) && negb (d =? u)
+         && instr_eqb f (ILinearGluI d x Wg Wu k m)
       then Some [g; u] else None
   | _, _ => None
   end.
@@ -150,25 +164,40 @@ Definition env := N -> row R.
 Definition wenv := N -> mat R.
 Definition vec (we : wenv) (w : N) : row R := fun i => we w O i.
 Definition upd (e : env) (d : N) (v : row R) : env := fun y => if y =? d then v else e y.
+(** A linear's output is [m] wide: zero beyond (so the parts of a
+    concatenated projection equal the separate projections everywhere). *)
+Definition mask (m : N) (v : row R) : row R :=
+  fun j => if Nat.ltb j (N.to_nat m) then v j else zero R.
+Definition nob : row R := fun _ => zero R.
 
 Definition run_op (we : wenv) (e : env) (i : instr) : env :=
   match i with
   | IAdd d a b => upd e d (add R (e a) (e b))
   | INorm d x w n q => upd e d (rmsnorm R (rms q) (N.to_nat n) (vec we w) (e x))
-  | ILinear d x W k => upd e d (linear R (N.to_nat k) (we W) (fun _ => zero R) (e x))
+  | ILinear d x W k m => upd e d (mask m (linear R (N.to_nat k) (we W) nob (e x)))
   | IGlu d g u => upd e d (glu R act (e g) (e u))
   | IAddNorm t d a b w n q =>
       let p := add_rmsnorm R (rms q) (N.to_nat n) (vec we w) (e a) (e b) in
       upd (upd e t (fst p)) d (snd p)
   | INormResidual d r y w n q =>
       upd e d (rmsnorm_residual R (rms q) (N.to_nat n) (vec we w) (e r) (e y))
-  | ILinearResidual d x W k r =>
-      upd e d (linear_residual R (N.to_nat k) (we W) (fun _ => zero R) (e x) (e r))
-  | INormLinear d x w n q W k =>
-      upd e d (rmsnorm_linear R (rms q) (N.to_nat n) (vec we w) (N.to_nat k) (we W)
-                 (fun _ => zero R) (e x))
-  | ILinearGluI d x Wg Wu k =>
-      upd e d (linear_glu R act (N.to_nat k) (interleave (we Wg) (we Wu)) (fun _ => zero R) (e x))
+  | ILinearResidual d x W k m r =>
+      upd e d (fun j => if Nat.ltb j (N.to_nat m)
+                        then linear_residual R (N.to_nat k) (we W) nob (e x) (e r) j
+                        else plus R (e r j) (zero R))
+  | INormLinear d x w n q W k m =>
+      upd e d (mask m (rmsnorm_linear R (rms q) (N.to_nat n) (vec we w) (N.to_nat k) (we W)
+                 nob (e x)))
+  | ILinearGluI d x Wg Wu k m =>
+      upd e d (fun j => if Nat.ltb j (N.to_nat m)
+                        then linear_glu R act (N.to_nat k) (interleave (we Wg) (we Wu)) nob (e x) j
+                        else times R (act (zero R)) (zero R))
+  | ILinearQKV dq dk dv x Wq Wk Wv k nq nk nv =>
+      let q := N.to_nat nq in
+      let y := linear R (N.to_nat k) (cat3 q (N.to_nat nk) (we Wq) (we Wk) (we Wv))
+                 (cat3 q (N.to_nat nk) nob nob nob) (e x) in
+      upd (upd (upd e dq (mask nq y)) dk (mask nk (part1 q y)))
+        dv (mask nv (part2 q (N.to_nat nk) y))
   end.
 
 Definition run_table (we : wenv) (e : env) (p : list instr) : env :=

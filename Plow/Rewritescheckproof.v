@@ -13,7 +13,7 @@
     same inputs as its fused instruction, and the rule's lemma of
     [Rewritesproof.v] gives the same outputs; ids the block does not write
     keep their agreement. *)
-From Coq Require Import NArith List Bool Lia.
+From Coq Require Import Arith NArith List Bool Lia.
 From Plow Require Import Loc Rewrites Rewritesproof Rewritescheck.
 Import ListNotations.
 
@@ -96,6 +96,10 @@ Lemma linear_ext k W b x1 x2 :
   (forall i, x1 i = x2 i) -> forall j, linear R k W b x1 j = linear R k W b x2 j.
 Proof. intros H j. unfold linear. rewrite (dot_ext k (W j) x1 x2 H). reflexivity. Qed.
 
+Lemma mask_ext m (v1 v2 : row R) :
+  (forall j, v1 j = v2 j) -> forall j, mask R m v1 j = mask R m v2 j.
+Proof. intros H j. unfold mask. destruct (Nat.ltb j (N.to_nat m)); [apply H | reflexivity]. Qed.
+
 Lemma agree_in D e1 e2 x : agree D e1 e2 -> ~ In x D -> forall j, e1 x j = e2 x j.
 Proof. intros H Hx j. exact (H x Hx j). Qed.
 
@@ -114,7 +118,7 @@ Proof.
      [upd_simpl | upd_simpl; apply Ha; exact Hy]).
   - apply add_ext; apply Ha, Hr; simpl; tauto.
   - apply rmsnorm_ext. apply Ha, Hr. simpl. tauto.
-  - apply linear_ext. apply Ha, Hr. simpl. tauto.
+  - apply mask_ext, linear_ext. apply Ha, Hr. simpl. tauto.
   - unfold glu. rewrite (Ha g), (Ha u); try reflexivity; apply Hr; simpl; tauto.
 Qed.
 
@@ -151,39 +155,40 @@ Proof.
   - upd_simpl. apply Ha. exact HD.
 Qed.
 
-Lemma r10_block_sound we e1 e2 D t x W k d r :
+Lemma r10_block_sound we e1 e2 D t x W k m d r :
   r <> t -> d <> t -> agree D e1 e2 -> ~ In x D -> ~ In r D ->
-  agree (t :: D) (ex we e1 [ILinear t x W k; IAdd d r t])
-    (ex we e2 [ILinearResidual d x W k r]).
+  agree (t :: D) (ex we e1 [ILinear t x W k m; IAdd d r t])
+    (ex we e2 [ILinearResidual d x W k m r]).
 Proof.
   intros Hrt Hdt Ha HxD HrD y Hy i. unfold run_table. simpl.
   assert (HD : ~ In y D) by (intros C; apply Hy; right; exact C).
   assert (Hyt : y <> t) by (intros ->; apply Hy; left; reflexivity).
   destruct (N.eqb_spec y d) as [->|Hd].
-  - upd_simpl. rewrite <- linear_residual_sound. unfold add.
-    upd_simpl.
-    rewrite (Ha r HrD). rewrite (linear_ext _ _ _ (e1 x) (e2 x) (Ha x HxD)). reflexivity.
+  - upd_simpl. unfold add, mask. rewrite (Ha r HrD).
+    destruct (Nat.ltb i (N.to_nat m)); [|reflexivity].
+    rewrite <- linear_residual_sound. unfold add.
+    rewrite (linear_ext _ _ _ (e1 x) (e2 x) (Ha x HxD)). reflexivity.
   - upd_simpl. apply Ha. exact HD.
 Qed.
 
-Lemma r11_block_sound we e1 e2 D t x w n q d W k :
+Lemma r11_block_sound we e1 e2 D t x w n q d W k m :
   d <> t -> agree D e1 e2 -> ~ In x D ->
-  agree (t :: D) (ex we e1 [INorm t x w n q; ILinear d t W k])
-    (ex we e2 [INormLinear d x w n q W k]).
+  agree (t :: D) (ex we e1 [INorm t x w n q; ILinear d t W k m])
+    (ex we e2 [INormLinear d x w n q W k m]).
 Proof.
   intros Hdt Ha HxD y Hy i. unfold run_table. simpl.
   assert (HD : ~ In y D) by (intros C; apply Hy; right; exact C).
   assert (Hyt : y <> t) by (intros ->; apply Hy; left; reflexivity).
   destruct (N.eqb_spec y d) as [->|Hd].
-  - upd_simpl. rewrite <- rmsnorm_linear_sound.
-    apply linear_ext. intros j. upd_simpl. apply rmsnorm_ext. exact (Ha x HxD).
+  - upd_simpl. apply mask_ext. intros j. rewrite <- rmsnorm_linear_sound.
+    apply linear_ext. intros l. upd_simpl. apply rmsnorm_ext. exact (Ha x HxD).
   - upd_simpl. apply Ha. exact HD.
 Qed.
 
-Lemma r23_block_sound we e1 e2 D g x Wg k u Wu d :
+Lemma r23_block_sound we e1 e2 D g x Wg k m u Wu d :
   g <> x -> g <> u -> d <> g -> d <> u -> agree D e1 e2 -> ~ In x D ->
-  agree (g :: u :: D) (ex we e1 [ILinear g x Wg k; ILinear u x Wu k; IGlu d g u])
-    (ex we e2 [ILinearGluI d x Wg Wu k]).
+  agree (g :: u :: D) (ex we e1 [ILinear g x Wg k m; ILinear u x Wu k m; IGlu d g u])
+    (ex we e2 [ILinearGluI d x Wg Wu k m]).
 Proof.
   intros Hgx Hgu Hdg Hdu Ha HxD y Hy i. unfold run_table. simpl.
   assert (HD : ~ In y D) by (intros C; apply Hy; right; right; exact C).
@@ -191,16 +196,41 @@ Proof.
   assert (Hyu : y <> u) by (intros ->; apply Hy; right; left; reflexivity).
   destruct (N.eqb_spec y d) as [->|Hd].
   - assert (Hxg : x <> g) by congruence.
-    unfold glu. upd_simpl.
+    unfold glu. upd_simpl. unfold mask.
+    destruct (Nat.ltb i (N.to_nat m)); [|reflexivity].
     rewrite (linear_ext _ _ _ (e1 x) (e2 x) (Ha x HxD)).
     rewrite (linear_ext _ _ _ (e1 x) (e2 x) (Ha x HxD)).
-    change (glu R act (linear R (N.to_nat k) (we Wg) (fun _ => zero R) (e2 x))
-              (linear R (N.to_nat k) (we Wu) (fun _ => zero R) (e2 x)) i
-            = linear_glu R act (N.to_nat k) (interleave (we Wg) (we Wu)) (fun _ => zero R)
-                (e2 x) i).
+    change (glu R act (linear R (N.to_nat k) (we Wg) (nob R) (e2 x))
+              (linear R (N.to_nat k) (we Wu) (nob R) (e2 x)) i
+            = linear_glu R act (N.to_nat k) (interleave (we Wg) (we Wu)) (nob R) (e2 x) i).
     rewrite gate_up_interleave_sound, linear_glu_sound.
     unfold linear_glu. rewrite !interleave_even, !interleave_odd. reflexivity.
   - upd_simpl. apply Ha. exact HD.
+Qed.
+
+(** R4: the three masked projections are the masked parts of the
+    concatenated one. *)
+Lemma r4_block_sound we e1 e2 D dq dk dv x Wq Wk Wv k nq nk nv :
+  dq <> x -> dk <> x -> dq <> dk -> dq <> dv -> dk <> dv -> agree D e1 e2 -> ~ In x D ->
+  agree D (ex we e1 [ILinear dq x Wq k nq; ILinear dk x Wk k nk; ILinear dv x Wv k nv])
+    (ex we e2 [ILinearQKV dq dk dv x Wq Wk Wv k nq nk nv]).
+Proof.
+  intros Hqx Hkx Hqk Hqv Hkv Ha HxD y Hy i. unfold run_table. simpl.
+  assert (Hxq : x <> dq) by congruence. assert (Hxk : x <> dk) by congruence.
+  assert (Hkq : dk <> dq) by congruence. assert (Hvq : dv <> dq) by congruence.
+  assert (Hvk : dv <> dk) by congruence.
+  pose proof (qkv_concat_sound R (N.to_nat nq) (N.to_nat nk) (N.to_nat k) (we Wq) (we Wk)
+    (we Wv) (nob R) (nob R) (nob R) (e2 x)) as [Q [Kp V]].
+  assert (Hx : forall j, e1 x j = e2 x j) by exact (Ha x HxD).
+  destruct (N.eqb_spec y dv) as [->|Hdv]; [|destruct (N.eqb_spec y dk) as [->|Hdk];
+    [|destruct (N.eqb_spec y dq) as [->|Hdq]]]; upd_simpl; unfold mask.
+  - destruct (Nat.ltb i (N.to_nat nv)); [|reflexivity].
+    rewrite (linear_ext _ _ _ (e1 x) (e2 x) Hx). symmetry. apply V.
+  - destruct (Nat.ltb i (N.to_nat nk)) eqn:E; [apply Nat.ltb_lt in E|reflexivity].
+    rewrite (linear_ext _ _ _ (e1 x) (e2 x) Hx). symmetry. apply Kp. assumption.
+  - destruct (Nat.ltb i (N.to_nat nq)) eqn:E; [apply Nat.ltb_lt in E|reflexivity].
+    rewrite (linear_ext _ _ _ (e1 x) (e2 x) Hx). symmetry. apply Q. assumption.
+  - apply Ha. exact Hy.
 Qed.
 
 (** ** A block that [match_block] accepts keeps the invariant. *)
@@ -228,6 +258,7 @@ Proof.
     simpl in Hr |- *.
   - apply none_sound; try assumption. intros x Hx. apply Hr. rewrite app_nil_r. exact Hx.
   - apply r1_block_sound; try assumption; apply Hr; tauto.
+  - apply r4_block_sound; try assumption; apply Hr; tauto.
   - apply r10_block_sound; try assumption; apply Hr; tauto.
   - apply r11_block_sound; try assumption; apply Hr; tauto.
   - apply r12_block_sound; try assumption; apply Hr; tauto.
@@ -321,13 +352,28 @@ Example check_rejects_a_fused_away_output :
 Proof. reflexivity. Qed.
 
 Example check_accepts_gate_up_glu :
-  check_table [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3] [ILinearGluI 4 0 20 21 8]
-    [{| b_rule := R23; b_canon := [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3];
-        b_fused := ILinearGluI 4 0 20 21 8 |}] [4] = Accept.
+  check_table [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3] [ILinearGluI 4 0 20 21 8 16]
+    [{| b_rule := R23; b_canon := [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3];
+        b_fused := ILinearGluI 4 0 20 21 8 16 |}] [4] = Accept.
 Proof. reflexivity. Qed.
 
 Example check_rejects_swapped_gate_and_up :
-  check_table [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3] [ILinearGluI 4 0 21 20 8]
-    [{| b_rule := R23; b_canon := [ILinear 2 0 20 8; ILinear 3 0 21 8; IGlu 4 2 3];
-        b_fused := ILinearGluI 4 0 21 20 8 |}] [4] = Reject (0, 1).
+  check_table [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3] [ILinearGluI 4 0 21 20 8 16]
+    [{| b_rule := R23; b_canon := [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3];
+        b_fused := ILinearGluI 4 0 21 20 8 16 |}] [4] = Reject (0, 1).
+Proof. reflexivity. Qed.
+
+Definition qkv_canon : list instr :=
+  [ILinear 2 0 20 8 16; ILinear 3 0 21 8 4; ILinear 4 0 22 8 4].
+
+Example check_accepts_qkv_concat :
+  check_table qkv_canon [ILinearQKV 2 3 4 0 20 21 22 8 16 4 4]
+    [{| b_rule := R4; b_canon := qkv_canon; b_fused := ILinearQKV 2 3 4 0 20 21 22 8 16 4 4 |}]
+    [2; 3; 4] = Accept.
+Proof. reflexivity. Qed.
+
+Example check_rejects_a_wrong_concatenation_order :
+  check_table qkv_canon [ILinearQKV 2 3 4 0 21 20 22 8 16 4 4]
+    [{| b_rule := R4; b_canon := qkv_canon; b_fused := ILinearQKV 2 3 4 0 21 20 22 8 16 4 4 |}]
+    [2; 3; 4] = Reject (0, 1).
 Proof. reflexivity. Qed.
