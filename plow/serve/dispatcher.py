@@ -387,10 +387,20 @@ class Dispatcher:
             )
             for slot, r in self._active.items()
         )  # fmt: skip
-        waiting = tuple(
-            Waiting(r.id, r.record.arrival_t if r.record else now, len(r.prompt_ids), r.cancelled)
-            for r in self._waiting
-        )
+        # only the part of the queue that can change the plan: every cancelled request, the
+        # prefix that waited past the bound, and as many more as there may be free slots (the
+        # queue is in arrival order), so a long queue costs attribute reads, not snapshots
+        slots = len(self._free) + sum(1 for r in self._active.values() if r.finished or r.cancelled)
+        bound = self.admission.max_wait_s if self.admission is not None else None
+        picked: list[Waiting] = []
+        taken = 0
+        for r in self._waiting:
+            arrival = r.record.arrival_t if r.record is not None else now
+            late = bound is not None and now - arrival > bound
+            if r.cancelled or late or taken < slots:
+                picked.append(Waiting(r.id, arrival, len(r.prompt_ids), r.cancelled))
+                taken += not (r.cancelled or late)
+        waiting = tuple(picked)
         return SchedulerState(
             self.tick, now, running, waiting, tuple(self._free), self.max_num_batched_tokens,
             self.fit.launch_rows,

@@ -62,7 +62,9 @@ class Running:
 @dataclass(frozen=True, slots=True)
 class SchedulerState:
     """Everything `schedule` reads: the slot table (`running`, in admission order), the queue
-    (`waiting`, in arrival order), the free slots, the clock and the budgets."""
+    (`waiting`, in arrival order; a caller may leave out requests that cannot change the plan:
+    past the late prefix and the first as many as there can be free slots, all but the
+    cancelled ones), the free slots, the clock and the budgets."""
 
     tick: int
     now: float

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -128,6 +129,41 @@ def test_the_split_tick_serves_like_the_reference(ckpt: Checkpoint) -> None:
             seq.append(int(np.argmax(forward_logits(ckpt, seq)[-1])))
         assert tokens(ev) == seq[len(p):]
     assert d.engine.kv_usage().pages_used == 0 and not d._active
+
+
+def test_the_dispatchers_trimmed_queue_snapshot_gives_the_full_queues_plan(
+    ckpt: Checkpoint,
+) -> None:
+    """The dispatcher snapshots only the head of a long queue (plus cancelled requests); the
+    plan is the one the whole queue gives."""
+    from plow.serve.admission import AdmissionController, QueueModel, StepTimes
+
+    fit = PrefillFit(launch_s=0.0, per_row_s=1e-5)
+    step = StepTimes(d0_s=1e-3, d1_s=1e-4, max_batch=4)
+    adm = AdmissionController(QueueModel(step, fit, 4), max_wait_s=0.5)
+    d = dispatcher(ckpt)
+    d.admission = adm
+    sink: list[GenerationEvent] = []
+    for i in range(40):
+        d.submit(request(f"q{i}", [5, 6, 7 + i], 4, sink), check=False)
+    d._tick()  # four admitted
+    for i in (3, 17, 33):  # one running, two waiting far back in the queue
+        d.abort(f"q{i}")
+    for i, r in enumerate(d._waiting):  # the oldest six waited past the bound
+        if i < 6:
+            assert r.record is not None
+            r.record.arrival_t -= 10.0
+    now = time.monotonic()
+    trimmed = d._snapshot(now)
+    full = dataclasses.replace(trimmed, waiting=tuple(
+        Waiting(r.id, r.record.arrival_t if r.record else now, len(r.prompt_ids), r.cancelled)
+        for r in d._waiting
+    ))  # fmt: skip
+    assert len(trimmed.waiting) < len(full.waiting)
+    plan = schedule(full)
+    assert schedule(trimmed) == plan
+    assert plan.refuse == tuple(f"q{i}" for i in range(4, 10)) and plan.drop == ("q17", "q33")
+    assert [a.request_id for a in plan.admit] == ["q10"]  # into q3's released slot
 
 
 # ----------------------------------------------------------------------------- logprobs
