@@ -180,6 +180,9 @@ inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 #endif
+// one query row per attention thread (the CTA splits a tile's rows over its threads; the
+// loader sizes each thread's scratch for one row: plow/runtime/cuda/image.py)
+#define PLOW_ATTN_ROWS 1
 #include "interp.h"
 #if defined(__clang__) || defined(PLOW_EMULATE)
 #pragma GCC diagnostic pop
@@ -520,7 +523,8 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
   if (rec.flags & PLOW_FLAG_ACCUMULATE) {
     for (uint32_t k = 0; k < rec.rows; ++k) {
       const int64_t* u = op.merge + 8 * (rec.row_start + k);
-      if (op.kind == PLOW_LINEAR || op.kind == PLOW_LM_HEAD)
+      if (op.kind == PLOW_LINEAR || op.kind == PLOW_LM_HEAD ||
+          op.kind == plow::PLOW_EXPERT_LINEAR)  // expert_linear: the sum over experts
         merge_linear_cta(c, op, u);
       else if (threadIdx.x == 0)
         plow::run_merge(c, op, u, scratch);
@@ -544,6 +548,13 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
         break;
       case PLOW_SAMPLE:
         if (threadIdx.x == 0) plow::tile_sample(c, op, r, step);
+        break;
+      // routed experts (kernels/moe.h): one thread per CTA for now (correct, not fast)
+      case plow::PLOW_ROUTER:
+        if (threadIdx.x == 0) plow::tile_router(c, op, r);
+        break;
+      case plow::PLOW_EXPERT_LINEAR:
+        if (threadIdx.x == 0) work += plow::tile_expert(c, op, r, step);
         break;
       default: break;  // the loader refuses other kinds
     }
