@@ -159,9 +159,9 @@ def test_loads_lie_within_the_tiles() -> None:
 
 
 def test_unknown_kind_is_rejected() -> None:
-    o = linear([task(0, 0, 4)]).model_copy(update={"kind": "router"})
+    o = linear([task(0, 0, 4)]).model_copy(update={"kind": "ssm_scan"})  # router has one now
     ok, why = check(o)
-    assert not ok and why == 'op "L0.q_proj" (router): no shape rule for this kind'
+    assert not ok and why == 'op "L0.q_proj" (ssm_scan): no shape rule for this kind'
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

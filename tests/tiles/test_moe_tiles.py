@@ -106,3 +106,53 @@ def test_expected_load_is_the_chance_a_tiles_rows_chose_its_expert(batch: int) -
         want = 1 - (1 - 8 / 128) ** batch  # top-8 of 128 experts, `batch` rows per tile
         assert abs(o.expected_busy - want) < 1e-12
         assert o.expected_ns is not None and o.expected_ns < o.time_ns
+
+
+def _expert_op(mode: str, extents: list[int], shapes: tuple[list, list]) -> Any:
+    from plow.oracle.payloads.tiles import (
+        TileAxis,
+        TileOp,
+        TileOpPlan,
+        TileTask,
+        arithmetic,
+        padded_work,
+    )
+
+    axes = [
+        TileAxis(name=n, extent=e, tile=e, steps=1) for n, e in zip("mnk", extents, strict=True)
+    ]
+    o = TileOp(
+        name=f"L0.experts_{mode}", kind="expert_linear", axes=axes, flops_per_point=2,
+        flops=arithmetic(2, extents), charged_cost=0, bytes=0,
+        plan=TileOpPlan(
+            opcode=14, inputs=shapes[0], outputs=shapes[1], merge_units=0,
+            tasks=[TileTask(task=0, name="t#0", start=0, count=1, opcode=14, flags=0)],
+        ),
+    )  # fmt: skip
+    return o.model_copy(update={"charged_cost": padded_work(o)})
+
+
+def test_checkpoint_b_holds_expert_linear_extents_to_its_shape_rule() -> None:
+    from plow.oracle import run_checkpoint
+    from plow.oracle.payloads.tiles import TilePayload, TileTarget
+
+    cpu = TileTarget(
+        name="cpu", bandwidth_bytes_per_s=10**10, peak_flops_per_s=5 * 10**10, min_tile=1
+    )
+
+    def check(op: Any) -> tuple[bool, str]:
+        cert = run_checkpoint(
+            "B", TilePayload(ops=[op], target=cpu, budget_ns=10**9, weight_bytes=0)
+        )
+        return cert.verdict == "accept", cert.reason or ""
+
+    # x [2, 1, 16], router [2, 1, 4], experts [4, 2*6, 16] -> [2, 1, 24]: axes [2, 24, 16]
+    up = ([[2, 1, 16], [2, 1, 4], [4, 12, 16]], [[2, 1, 24]])
+    assert check(_expert_op("gate_up", [2, 24, 16], up)) == (True, "")
+    ok, why = check(_expert_op("gate_up", [2, 12, 16], up))  # one expert's width only
+    assert not ok and "extent 12 but the tensors' shapes give 24" in why
+    # x [2, 1, 24] (4 experts x 6), experts [4, 16, 6] -> [2, 1, 16]: axes [2, 16, 24]
+    down = ([[2, 1, 24], [2, 1, 4], [4, 16, 6]], [[2, 1, 16]])
+    assert check(_expert_op("down", [2, 16, 24], down)) == (True, "")
+    ok, why = check(_expert_op("down", [2, 16, 6], down))  # the reduction over one expert
+    assert not ok and "extent 6 but the tensors' shapes give 24" in why
