@@ -296,7 +296,7 @@ void* plow_plan_new(const PlowPlan* plan, char* err, int64_t errlen) {
   for (const auto& op : hp->ops) {
     if (op.kind == PLOW_ATTENTION) {
       const int64_t keys = op.tile[1] > 0 ? op.tile[1] : op.ext[1];
-      hp->scratch_floats = std::max(hp->scratch_floats, keys + op.d[4]);
+      hp->scratch_floats = std::max(hp->scratch_floats, plow::attention_scratch_floats(keys, op.d[4]));
     }
   }
   char buf[256];

@@ -335,6 +335,14 @@ PLOW_HD static void merge_linear(const Ctx& c, const PlowOp& op, const int64_t* 
 // -- attention over the paged head-major pool ---------------------------------------------------
 // d0 B, d1 T, d2 heads, d3 kv_heads, d4 head_dim, d5 layer, d6 window (0: none), d7 key steps;
 // f0 scale, f1 softcap (0: none)
+// Query rows an attention tile scores together (scratch: attention_scratch_floats per thread).
+#ifndef PLOW_ATTN_ROWS
+#define PLOW_ATTN_ROWS 4
+#endif
+PLOW_HD static inline int64_t attention_scratch_floats(int64_t keys, int64_t head_dim) {
+  return PLOW_ATTN_ROWS * (keys + head_dim);
+}
+
 struct AttnGeom {
   int64_t B, T, H, KVH, D, grp, block, rows;
   PLOW_HD explicit AttnGeom(const PlowOp& op)
@@ -465,8 +473,8 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
   float* o_part = step >= 0 ? c.A + op.t[5] + step * g.rows * D : nullptr;
   float* ml_part = step >= 0 ? c.A + op.t[6] + step * g.rows * 2 : nullptr;
   float* out = c.A + op.t[4];
-  float* sc = scratch;  // scores of one row: at most s1 - s0 keys
-  float* acc = scratch + (s1 - s0);
+  float* sc = scratch;  // scores of up to PLOW_ATTN_ROWS rows: at most s1 - s0 keys each
+  float* acc = scratch + PLOW_ATTN_ROWS * (s1 - s0);  // their outputs, head_dim each
   const int64_t first = ra / g.block, last = (rb - 1) / g.block;
   const int64_t fresh_ld = g.KVH * D;  // one token's stride in the step's key/value input
   for (int64_t blk = first; blk <= last; ++blk) {
@@ -499,21 +507,33 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
     }
     const float* kfresh = live ? kin + ((bi * g.T) * g.KVH + kv) * D : nullptr;
     const float* vfresh = live ? vin + ((bi * g.T) * g.KVH + kv) * D : nullptr;
-    for (int64_t rr = lo_r; rr < hi_r; ++rr) {
-      const int64_t row = blk * g.block + rr;
-      const int64_t t = rr / g.grp, head = kv * g.grp + rr % g.grp;
-      float m = -INFINITY, l = 0.0f;
-      for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
+    // Rows of one token (its query heads sharing this kv head) see the same keys: they go in
+    // groups of up to PLOW_ATTN_ROWS, each key and value read once for the group (from
+    // memory at long contexts, where a head's keys outgrow the cache). Every row still does
+    // exactly its own arithmetic in key order, so the grouping changes no bit.
+    for (int64_t r0 = lo_r; r0 < hi_r;) {
+      const int64_t t = r0 / g.grp;
+      int64_t r1 = (t + 1) * g.grp < hi_r ? (t + 1) * g.grp : hi_r;
+      if (r1 - r0 > PLOW_ATTN_ROWS) r1 = r0 + PLOW_ATTN_ROWS;
+      const int64_t R = r1 - r0;
       const int64_t qpos = prow[t];
+      float m[PLOW_ATTN_ROWS], l[PLOW_ATTN_ROWS];
+      for (int64_t i = 0; i < R; ++i) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+      }
+      for (int64_t d = 0; d < R * D; ++d) acc[d] = 0.0f;
       if (live && j1 > s0 && qpos >= 0) {
-        scored += j1 - s0;
+        scored += R * (j1 - s0);
         // the visible run: key positions in [lo, hi] (causal and windowed), inside the tile
         int64_t lo = key_lo + s0, hi = key_lo + j1 - 1;
         if (window > 0 && qpos - window + 1 > lo) lo = qpos - window + 1;
         if (qpos < hi) hi = qpos;
         const int64_t n = hi - lo + 1;
         if (n > 0) {
-          const float* qv = q + ((bi * g.T + t) * g.H + head) * D;
+          const float* qv[PLOW_ATTN_ROWS];
+          for (int64_t i = 0; i < R; ++i)
+            qv[i] = q + ((bi * g.T + t) * g.H + kv * g.grp + (r0 + i) % g.grp) * D;
           KvWalk kw(c, trow, layer, 0, kv, p_min, kfresh, fresh_ld, lo);
           int64_t j = 0;
           for (; j + 4 <= n; j += 4) {
@@ -525,31 +545,40 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
             kw.next();
             const float* k3 = kw.ptr;
             kw.next();
-            qk_dot4(qv, k0, k1, k2, k3, D, sc + j);
+            for (int64_t i = 0; i < R; ++i) qk_dot4(qv[i], k0, k1, k2, k3, D, sc + i * n + j);
           }
-          for (; j < n; ++j, kw.next()) sc[j] = qk_dot(qv, kw.ptr, D);
-          for (j = 0; j < n; ++j) {
-            float s = sc[j] * scale;
-            if (softcap != 0.0f) s = tanhf(s / softcap) * softcap;
-            sc[j] = s;
-            if (s > m) m = s;
-          }
+          for (; j < n; ++j, kw.next())
+            for (int64_t i = 0; i < R; ++i) sc[i * n + j] = qk_dot(qv[i], kw.ptr, D);
+          for (int64_t i = 0; i < R; ++i)
+            for (j = 0; j < n; ++j) {
+              float sv = sc[i * n + j] * scale;
+              if (softcap != 0.0f) sv = tanhf(sv / softcap) * softcap;
+              sc[i * n + j] = sv;
+              if (sv > m[i]) m[i] = sv;
+            }
           KvWalk vw(c, trow, layer, 1, kv, p_min, vfresh, fresh_ld, lo);
-          for (j = 0; j < n && m != -INFINITY; ++j, vw.next()) {
-            const float pe = expf(sc[j] - m);
-            l += pe;
-            axpy_row(acc, pe, vw.ptr, D);
-          }
+          for (j = 0; j < n; ++j, vw.next())
+            for (int64_t i = 0; i < R; ++i) {
+              if (m[i] == -INFINITY) continue;
+              const float pe = expf(sc[i * n + j] - m[i]);
+              l[i] += pe;
+              axpy_row(acc + i * D, pe, vw.ptr, D);
+            }
         }
       }
-      if (step >= 0) {
-        memcpy(o_part + row * D, acc, D * 4);
-        ml_part[row * 2] = m;
-        ml_part[row * 2 + 1] = l;
-      } else {
-        float* o = out + ((bi * g.T + t) * g.H + head) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = l > 0.0f ? acc[d] / l : 0.0f;
+      for (int64_t i = 0; i < R; ++i) {
+        const int64_t row = blk * g.block + r0 + i;
+        const int64_t head = kv * g.grp + (r0 + i) % g.grp;
+        if (step >= 0) {
+          memcpy(o_part + row * D, acc + i * D, D * 4);
+          ml_part[row * 2] = m[i];
+          ml_part[row * 2 + 1] = l[i];
+        } else {
+          float* o = out + ((bi * g.T + t) * g.H + head) * D;
+          for (int64_t d = 0; d < D; ++d) o[d] = l[i] > 0.0f ? acc[i * D + d] / l[i] : 0.0f;
+        }
       }
+      r0 = r1;
     }
   }
   return scored;

@@ -73,8 +73,8 @@ def counter_tables(records: np.ndarray, n_counters: int) -> tuple[np.ndarray, np
 
 
 def scratch_floats(ops: Any, n_ops: int) -> int:
-    """Floats of scratch one attention thread needs (host.cpp's rule: keys of a tile + head
-    dim), with the host build's slack."""
+    """Floats of scratch one attention thread needs (tiles.h's attention_scratch_floats with
+    the device build's PLOW_ATTN_ROWS = 1: keys of a tile + head dim), with the host's slack."""
     need = 0
     for i in range(n_ops):
         o = ops[i]
