@@ -7,3 +7,4 @@ From Plow Require Export Wire Wireproof.
 From Plow Require Export Counters Countersproof.
 From Plow Require Export Collapse.
 From Plow Require Export Passes Passesproof.
+From Plow Require Export Rewrites Rewritesproof Rewritescheck Rewritescheckproof.
