@@ -15,6 +15,8 @@ three parts as vLLM v1's `EngineCore.step`:
 3. **update** (here): each logits row becomes a token through the request's
    `plow.serve.sampling.RequestSampler` (grammar mask, logprobs, penalties, then the
    sampler), and the token becomes a detokenised, stop-checked event for the request's sink.
+   The prefill launch's update runs between the two launches (`execute`'s `on_prefill`), so a
+   request whose prompt completes gets its first token before the others' decode launch.
 
 When no request is decoding (the engine is idle) admission may wait for the batch-formation
 window chosen by the M/D/1 model (`admission.py`), so that several prompts share one prefill
@@ -435,9 +437,7 @@ class Dispatcher:
             for rid in plan.drop:
                 self._finish(left[rid], "abort", "", tick)
             if plan.refuse:
-                self._refuse(
-                    [left[rid] for rid in plan.refuse], tick
-                )
+                self._refuse([left[rid] for rid in plan.refuse], tick)
         prompts: dict[str, list[int]] = {}
         for a in plan.admit:
             r = self._waiting.popleft()
@@ -467,27 +467,33 @@ class Dispatcher:
         device = None
         if self.device_sampling and all(x is not None and x.plain for x in rows):
             device = [(x.params, x.rng) for x in rows if x is not None]
-        result = execute(self.engine, plan, prompts, device)
+        result = execute(self.engine, plan, prompts, device,
+                         on_prefill=lambda logits: self._prefilled(plan, logits, owners))
         self._update(plan, result, owners, t_start)
 
-    def _update(
-        self, plan: TickPlan, result: TickResult, owners: dict[str, Request], t_start: float
-    ) -> None:
+    def _prefilled(self, plan: TickPlan, logits: np.ndarray, owners: dict[str, Request]) -> None:
+        """Update for the prefill launch, run before the decode launch: a request whose prompt
+        completed gets its first token without waiting for the others' decode."""
         tick = plan.tick
-        now = t_start + result.prefill_s
-        prefill_rows = 0
         if plan.prefill:
             self.metrics.prefill_launches.inc()
-        for ch, row in zip(plan.prefill, result.prefill_logits, strict=True):
+        now = time.monotonic()
+        for ch, row in zip(plan.prefill, logits, strict=True):
             r = owners[ch.request_id]
             r.prefilled += ch.length
-            prefill_rows += ch.length
             assert r.record is not None
             r.record.prefill_ticks.append(tick)
             r.record.prefill_chunks.append(ch.length)
             self.metrics.prompt_tokens.inc(ch.length)
             if ch.completes:
-                self._sample(r, row, tick, time.monotonic())
+                self._sample(r, row, tick, now)
+
+    def _update(
+        self, plan: TickPlan, result: TickResult, owners: dict[str, Request], t_start: float
+    ) -> None:
+        """Update for the decode launch, and the tick's measurements."""
+        tick = plan.tick
+        prefill_rows = sum(ch.length for ch in plan.prefill)
         now = time.monotonic()
         if result.decode_tokens is not None:  # sampled on the device (plain requests)
             for st, tok in zip(plan.decode, result.decode_tokens, strict=True):

@@ -15,7 +15,7 @@ penalties or a grammar) and the engine can sample on the device
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,9 +42,11 @@ def execute(
     plan: TickPlan,
     prompts: Mapping[str, Sequence[int]],
     device_sampling: Sequence[tuple[SamplingParams, np.random.Generator | None]] | None = None,
+    on_prefill: Callable[[np.ndarray], None] | None = None,
 ) -> TickResult:
     """Run `plan` (`prompts`: the admitted requests' prompt ids, by request id;
-    `device_sampling`: see the module docstring)."""
+    `device_sampling`: see the module docstring). `on_prefill(logits)` runs between the two
+    launches, so the caller can emit first tokens before the decode launch."""
     for r in plan.release:
         engine.free(r.slot)
     for a in plan.admit:
@@ -56,6 +58,8 @@ def execute(
         t0 = time.monotonic()
         prefill = engine.prefill([PrefillChunk(c.slot, c.length) for c in plan.prefill])
         prefill_s = time.monotonic() - t0
+        if on_prefill is not None:
+            on_prefill(prefill)
     sampled = None
     if plan.decode:
         slots, toks = [s.slot for s in plan.decode], [s.token for s in plan.decode]
