@@ -419,7 +419,9 @@ LIMITS = [
     "One machine, 2 shared cores; the load average at start and end is printed above. Rounds "
     "alternate the engines, so slow drifts hit all of them; one round is one sample per point.",
     "llama.cpp is measured at batch 1 only (llama-cpp-python's high-level `eval` runs one "
-    "sequence); plow has no 4-bit block weights yet, so the Q4_1 row has no plow counterpart.",
+    "sequence). Q4_1: plow and llama.cpp read the same blocks, but llama.cpp quantizes the "
+    "activations to 8 bits and dots in integers, plow de-quantizes each weight exactly and dots "
+    "in fp32 (its logits are the fp32 ones of the de-quantized weights), which costs arithmetic.",
     "vLLM's per-token time is (t(1 + n tokens) - t(1 token)) / n over whole `generate` calls: it "
     "includes its scheduler and detokenizer per step, and with one repeat it can be noisy "
     "(a negative value means the two generations' prefill times differed by more than n steps).",
