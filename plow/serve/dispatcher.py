@@ -461,7 +461,9 @@ class Dispatcher:
         with self._cv:
             self.tick += 1
             plan = schedule(self._snapshot(t_start))
-            prompts = self._apply(plan, time.monotonic())
+            # admitted at the instant the plan was made for (its lateness test used it), so no
+            # admitted request's recorded wait exceeds the bound
+            prompts = self._apply(plan, t_start)
             owners = {r.id: r for r in self._active.values()}
         rows = [owners[st.request_id].sampler for st in plan.decode]
         device = None
