@@ -95,7 +95,7 @@ def test_the_real_30b_a3b_config_counts_its_published_sizes() -> None:
         ({"mlp_only_layers": [7]}, "mlp_only_layers"),
         ({"num_local_experts": 16}, "num_local_experts"),
         ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "field 'rope_scaling'"),
         ({"num_experts": 2000}, "num_experts"),
         (
             {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},

@@ -128,8 +128,11 @@ def spec_fields(cfg: DecoderConfig) -> dict[str, Any]:
     )
 
 
-def rope_from_dict(params: dict[str, Any] | None, theta: float) -> RopeSpec:
-    """A `RopeSpec` from either layout's dict (`rope_type` or the older `type` key)."""
+def rope_from_dict(
+    params: dict[str, Any] | None, theta: float, field: str = "rope_parameters"
+) -> RopeSpec:
+    """A `RopeSpec` from either layout's dict (`rope_type` or the older `type` key); `field`
+    names the config field it came from in a refusal."""
     if not params:
         return RopeSpec(theta=theta)
     kind = str(params.get("rope_type", params.get("type", "default")))
@@ -147,7 +150,9 @@ def rope_from_dict(params: dict[str, Any] | None, theta: float) -> RopeSpec:
             high_freq_factor=float(params["high_freq_factor"]),
             original_max_position=int(params["original_max_position_embeddings"]),
         )
-    raise ValueError(f"rope type {kind!r} is not supported (default, linear, llama3)")
+    raise ValueError(
+        f"field {field!r}: rope type {kind!r} is not supported (default, linear, llama3)"
+    )
 
 
 def global_rope(cfg: DecoderConfig, default_theta: float) -> RopeSpec:
@@ -157,5 +162,5 @@ def global_rope(cfg: DecoderConfig, default_theta: float) -> RopeSpec:
         params = cfg.rope_parameters
         if "full_attention" in params:  # per-layer-type layout (Gemma 3 in transformers >= 5)
             params = params["full_attention"]
-        return rope_from_dict(params, theta)
-    return rope_from_dict(cfg.rope_scaling, theta)
+        return rope_from_dict(params, theta, "rope_parameters")
+    return rope_from_dict(cfg.rope_scaling, theta, "rope_scaling")
