@@ -1,6 +1,6 @@
-"""Structured output: `response_format` (JSON object, JSON schema) and regular expressions as
-token masks from llguidance, a maintained grammar library (DESIGN.md section 7: grammar masks
-are not written by hand here).
+"""Structured output: `response_format` (JSON object, JSON schema), regular expressions and
+vLLM's `structured_outputs` as token masks from llguidance, a maintained grammar library
+(DESIGN.md section 7: grammar masks are not written by hand here).
 
 `GrammarCompiler` is built once per served model from its `tokenizer.json` (llguidance reads
 the same Hugging Face tokenizer, with the model's vocabulary width and end-of-sequence ids);
@@ -37,6 +37,32 @@ class Constraint:
     kind: str
     schema: dict[str, Any] | None = None
     pattern: str | None = None
+
+
+def structured_constraint(spec: dict[str, Any] | None) -> Constraint | None:
+    """vLLM's `structured_outputs` field: `{"json": schema}` or `{"regex": pattern}` (one of
+    them), or `GrammarError`."""
+    if not spec:
+        return None
+    keys = sorted(k for k in ("json", "regex") if spec.get(k) is not None)
+    others = sorted(k for k in spec if k not in ("json", "regex") and spec[k] is not None)
+    if others:
+        raise GrammarError(f"unsupported key {others[0]!r} (have json, regex)")
+    if len(keys) != 1:
+        raise GrammarError("give exactly one of json and regex")
+    if keys == ["regex"]:
+        if not isinstance(spec["regex"], str):
+            raise GrammarError("regex must be a string")
+        return Constraint("regex", pattern=spec["regex"])
+    schema = spec["json"]
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise GrammarError(f"json is not a JSON schema: {e}") from None
+    if not isinstance(schema, dict):
+        raise GrammarError("json must be a JSON schema object")
+    return Constraint("json", schema)
 
 
 def constraint_of(response_format: dict[str, Any] | None) -> Constraint | None:

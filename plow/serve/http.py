@@ -59,7 +59,13 @@ from plow.serve.client import EngineClient
 from plow.serve.dispatcher import Dispatcher, GenerationEvent
 from plow.serve.dispatcher import Request as GenRequest
 from plow.serve.engine import Engine
-from plow.serve.grammar import Grammar, GrammarCompiler, GrammarError, constraint_of
+from plow.serve.grammar import (
+    Grammar,
+    GrammarCompiler,
+    GrammarError,
+    constraint_of,
+    structured_constraint,
+)
 from plow.serve.metrics import CONTENT_TYPE_LATEST, ModelMetrics, render_all
 from plow.serve.prefill_cost import PrefillFit, fit_prefill, load_fit, sweep_prefill
 from plow.serve.protocol import (
@@ -714,6 +720,14 @@ class Server:
             c = constraint_of(body.response_format)
         except GrammarError as e:
             raise ApiError(400, f"response_format: {e}", param="response_format") from e
+        try:
+            c2 = structured_constraint(body.structured_outputs)
+        except GrammarError as e:
+            raise ApiError(400, f"structured_outputs: {e}", param="structured_outputs") from e
+        if c is not None and c2 is not None:
+            raise ApiError(400, "give response_format or structured_outputs, not both",
+                           param="structured_outputs")  # fmt: skip
+        c = c or c2
         if c is None:
             return [None] * body.n
 

@@ -80,6 +80,7 @@ class SamplingFields(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: {"json": schema} | {"regex": s}
     user: Text | None = None
 
 

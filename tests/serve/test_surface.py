@@ -183,6 +183,21 @@ def test_response_format_json_schema_through_the_client(client: openai.OpenAI) -
         for c in ch.choices:
             parts[c.index] += c.delta.content or ""
     assert parts == [c.message.content for c in full.choices]
+    # vLLM's structured_outputs: a regex on completions, a schema as a JSON string
+    import re
+
+    rx = client.completions.create(model="tiny", prompt="code:", max_tokens=20, temperature=1.0,
+                                   seed=2, extra_body={"structured_outputs": {
+                                       "regex": "[A-Z]{2}[0-9]{3}"}})  # fmt: skip
+    assert re.fullmatch("[A-Z]{2}[0-9]{3}", rx.choices[0].text)
+    js = client.completions.create(model="tiny", prompt="p", max_tokens=48, extra_body={
+        "structured_outputs": {"json": json.dumps(SCHEMA)}})  # fmt: skip
+    jsonschema.validate(json.loads(js.choices[0].text), SCHEMA)
+    for bad in ({"regex": "a", "json": {}}, {"grammar": "x"}, {"json": "{"}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="tiny", prompt="p", max_tokens=2,
+                                      extra_body={"structured_outputs": bad})  # fmt: skip
+        assert e.value.body["param"] == "structured_outputs"  # type: ignore[index]
     obj = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=64,  # type: ignore[arg-type]
                                          response_format={"type": "json_object"})  # fmt: skip
     if obj.choices[0].finish_reason == "stop":  # an untrained model may run out of tokens
