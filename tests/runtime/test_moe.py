@@ -10,6 +10,8 @@ computes nothing and still signals (every task of the step ran).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -169,3 +171,29 @@ def test_idle_expert_tiles_compute_nothing_and_still_signal(moe: dict) -> None:
     idle = sum(tiles.values()) - sum(busy_per_op.values())
     assert m.machine.counts["experts.idle_tiles"] == idle
     assert m.machine.counts["experts.rows"] == sum(busy_per_op.values())
+
+
+@pytest.mark.slow
+def test_without_renormalisation_and_with_a_sparse_step_the_reference_matches(
+    tmp_path: Path,
+) -> None:
+    """norm_topk_prob false (the top-k softmax weights as they are) and decoder_sparse_step 2
+    (layers 1 and 3 routed): plow's reference forward against transformers."""
+    from plow.runtime.reference import forward_logits
+
+    path = make_tiny_checkpoint(
+        "qwen3_moe", 1, tmp_path / "ckpt", num_hidden_layers=4, norm_topk_prob=False,
+        decoder_sparse_step=2, mlp_only_layers=[],
+    )  # fmt: skip
+    ckpt = load_checkpoint(path)
+    assert [lay.moe for lay in ckpt.spec.layers] == [False, True, False, True]
+    assert ckpt.spec.moe is not None and not ckpt.spec.moe.norm_topk_prob
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    ids = ckpt.tokenizer.encode(PROMPTS[3])
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0].numpy()
+    got = forward_logits(ckpt, ids)
+    tol = 1e-4 * max(1.0, float(np.abs(want).max()))
+    assert float(np.abs(got - want).max()) <= tol
