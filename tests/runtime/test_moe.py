@@ -147,6 +147,13 @@ def test_a_row_in_a_batch_of_eight_gives_its_tokens_alone(moe: dict) -> None:
     for i in (5,):
         solo = CpuModel.from_bundle(moe["bundle"], max_batch=8)
         assert generate(solo, [Request(tuple(prompts[i]), 8)])[0] == together[i]
+    # the native executor: every row of the batch of 8 gives its tokens alone
+    nat = generate(open_native(moe["bundle"], max_batch=8), [Request(tuple(p), 8) for p in prompts])
+    assert nat == together
+    for i, p in enumerate(prompts):
+        assert (
+            generate(open_native(moe["bundle"], max_batch=8), [Request(tuple(p), 8)])[0] == nat[i]
+        )
 
 
 def test_idle_expert_tiles_compute_nothing_and_still_signal(moe: dict) -> None:
