@@ -22,6 +22,7 @@ from plow.emit.verify import (
     VOLATILE,
     bundle_digest,
     counter_graph_from_packets,
+    dataflow_from_packets,
     group_tasks,
     verify_bundle,
 )
@@ -211,6 +212,32 @@ def test_dropped_wait_and_edge_rejected_before_anything_runs(
     g = counter_graph_from_packets(arr, sf, group_tasks(arr))
     assert not isinstance(g, str)
     assert run_checkpoint("D", g.payload_dict()).accepted
+
+
+def test_schedule_edges_play_no_part(h200_bundle: Path, tmp_path: Path) -> None:
+    """The dependencies are derived: a schedule file with no edges at all is certified the
+    same way, with the same data-flow payload."""
+
+    def flow(bundle: Path) -> dict[str, Any]:
+        rung = rungs(bundle)[0]
+        ot = OpTable.model_validate_json((bundle / rung["ops"]).read_bytes())
+        sf = ScheduleFile.model_validate_json((bundle / rung["schedule"]).read_bytes())
+        _, arr = decode_plan((bundle / rung["plan"]).read_bytes())
+        grouped = group_tasks(arr)
+        assert not isinstance(grouped, str)
+        g = counter_graph_from_packets(arr, sf, grouped)
+        assert not isinstance(g, str)
+        out = dataflow_from_packets(arr, grouped, ot, sf, g)
+        assert not isinstance(out, str)
+        return out
+
+    b = copy_bundle(h200_bundle, tmp_path / "m")
+    for rung in rungs(b):
+        edit_rung(b, rung, schedule=lambda s: s.update(edges=[]))
+    rep = verify_bundle(b)
+    assert rep.accepted, [(r.checkpoint, r.reason) for r in rep.rows if r.rejected]
+    assert flow(b) == flow(h200_bundle)
+    assert flow(b)["chains"]  # write-after-read pairs of arena reuse, ordered through chains
 
 
 def test_swapped_wait_thresholds_rejected(h200_bundle: Path, tmp_path: Path) -> None:
