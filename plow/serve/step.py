@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -64,8 +65,11 @@ def execute(
     if plan.decode:
         slots, toks = [s.slot for s in plan.decode], [s.token for s in plan.decode]
         t0 = time.monotonic()
-        if device_sampling is not None and isinstance(engine, SamplingEngine):
-            sampled = engine.decode_sampled(
+        # `SamplingEngine` by its method (an isinstance check of the protocol reads every
+        # member, on every tick)
+        sample_on_device = getattr(engine, "decode_sampled", None)
+        if device_sampling is not None and sample_on_device is not None:
+            sampled = cast(SamplingEngine, engine).decode_sampled(
                 slots, toks, [p for p, _ in device_sampling], [g for _, g in device_sampling]
             )
         else:
