@@ -329,6 +329,10 @@ __device__ inline float warp_tree(float acc) {
 
 __device__ inline float wload(const void* w, int32_t dt, int64_t i) {
   if (dt == PLOW_BF16) return plow::bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  // GGML blocks: lane l of an aligned warp pass decodes element l of one block (blocks.h's
+  // float operations, so the device's quantized dots are its fp32 dots of the de-quantized
+  // weights, as on the host)
+  if (plow::is_blocked(dt)) return plow::block_weight(static_cast<const uint8_t*>(w), dt, i);
   return static_cast<const float*>(w)[i];
 }
 
@@ -497,6 +501,28 @@ __device__ void tile_elements_cta(const Ctx& c, const PlowOp& op, const Range* r
   }
 }
 
+// -- routed experts: moe.h's tiles on one-element (expert_linear) or one-row (router) sub-ranges,
+// strided over the CTA's threads; each value is moe.h's arithmetic, so the host build's bits.
+// Returns this thread's share of the rows computed (counted at each row's first column).
+__device__ int64_t tile_moe_cta(const Ctx& c, const PlowOp& op, const Range* r, int64_t step) {
+  if (op.kind == plow::PLOW_ROUTER) {
+    for (int64_t i = r[0].a + threadIdx.x; i < r[0].b; i += blockDim.x) {
+      const Range s[3] = {{i, i + 1}, r[1], r[2]};
+      plow::tile_router(c, op, s);
+    }
+    return 0;
+  }
+  int64_t work = 0;
+  const int64_t cols = r[1].b - r[1].a, count = (r[0].b - r[0].a) * cols;
+  for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+    const int64_t i = r[0].a + e / cols, j = r[1].a + e % cols;
+    const Range s[3] = {{i, i + 1}, {j, j + 1}, r[2]};
+    const int64_t rows = plow::tile_expert(c, op, s, step);
+    if (j == r[1].a) work += rows;
+  }
+  return work;
+}
+
 // -- attention: the tile's rows split over PLOW_ATTN_THREADS threads, each with its scratch --
 // Rows are independent (each writes its own output or partial); the key / value cache write of
 // a token happens in the call whose rows hold the token's first query head, so exactly once.
@@ -549,13 +575,9 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       case PLOW_SAMPLE:
         if (threadIdx.x == 0) plow::tile_sample(c, op, r, step);
         break;
-      // routed experts (kernels/moe.h): one thread per CTA for now (correct, not fast)
+      // routed experts (kernels/moe.h), the tile's elements spread over the CTA
       case plow::PLOW_ROUTER:
-        if (threadIdx.x == 0) plow::tile_router(c, op, r);
-        break;
-      case plow::PLOW_EXPERT_LINEAR:
-        if (threadIdx.x == 0) work += plow::tile_expert(c, op, r, step);
-        break;
+      case plow::PLOW_EXPERT_LINEAR: work += tile_moe_cta(c, op, r, step); break;
       default: break;  // the loader refuses other kinds
     }
   }

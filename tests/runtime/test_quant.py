@@ -171,3 +171,41 @@ def test_import_refuses_a_non_empty_destination_and_a_missing_file(tmp_path: Pat
     with pytest.raises(CheckpointError, match="exists and is not empty"):
         import_gguf(f, tmp_path / "out")
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+def test_the_device_image_uploads_the_blocks_as_they_are(
+    quantized: dict[str, Path], tmp_path: Path
+) -> None:
+    """The CUDA loader moves a quantized weight's raw blocks (the device decodes them with the
+    same blocks.h), not a widened copy."""
+    import ctypes
+
+    from plow.runtime.cuda.image import build_image
+    from plow.runtime.native import NativeModel
+    from plow.runtime.native.library import PlowOp
+    from plow.runtime.native.lower import lower
+    from tests.runtime.test_cuda import Recorder
+
+    compile_bundle(quantized["q"], tmp_path / "h200", load_target("h200"), PROFILE, verify=True)
+    m = NativeModel.from_bundle(tmp_path / "h200", max_batch=1)
+    plan = m.plan(m.decode_bucket(1))
+    bundle = m.bundle
+    assert bundle is not None
+    low = lower(plan, m.arena, m.weights, Path(plan.source), bundle.rung(plan.bucket))
+    rec = Recorder()
+    img = build_image(low, rec)
+    host_ops = (PlowOp * low.plan.n_ops).from_address(low.plan.ops)
+    src = WeightStore.open([quantized["q"] / "model.safetensors"])
+    seen = set()
+    for i, op in enumerate(plan.ops):
+        if op.kind not in ("linear", "lm_head", "embedding"):
+            continue
+        t = src[op.inputs[1]]
+        if not isinstance(t, QuantTensor):
+            continue
+        assert host_ops[i].w0_dtype == FORMATS[t.format].code
+        blob = rec.blobs[img.ops_host[i].w0]
+        assert blob == np.asarray(t.blocks).tobytes()
+        assert ctypes.string_at(host_ops[i].w0, len(blob)) == blob
+        seen.add(t.format)
+    assert seen == set(FORMATS)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from plow.checkpoint.quant import QuantTensor
 from plow.errors import PlowError
 from plow.runtime.cuda.abi import NO_COUNTER
 from plow.runtime.native.library import KINDS, PlowOp, PlowPlan
@@ -89,6 +90,8 @@ def build_image(low: Lowered, upload: Upload) -> DeviceImage:
     `cache`: the array may be shared with other plans — weights — and uploaded once)."""
     by_address: dict[int, np.ndarray] = {}
     for obj in low.keep:
+        if isinstance(obj, QuantTensor):  # GGML blocks: the kernel points at the raw bytes
+            obj = obj.blocks
         if isinstance(obj, np.ndarray) and obj.nbytes:
             by_address.setdefault(int(obj.ctypes.data), obj)
     moved: dict[int, int] = {}

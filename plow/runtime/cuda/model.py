@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from plow.checkpoint.quant import QuantTensor
 from plow.errors import PlowError
 from plow.runtime.cpu.bundle import Bundle
 from plow.runtime.cpu.engine import generate_request
@@ -409,7 +410,9 @@ class CudaModel(CpuModel):
 
     def _weight(self, name: str) -> None:
         if name not in self.weights:
-            self.weights[name] = stored(np.asarray(self._raw[name]))
+            raw: object = self._raw[name]  # GGML blocks stay blocks (uploaded as bytes)
+            w = stored(raw if isinstance(raw, QuantTensor) else np.asarray(raw))
+            self.weights[name] = w  # type: ignore[assignment]
 
     def logits(self, plan: Plan) -> np.ndarray:
         self.cuda.fetch(plan, "lm_head")
