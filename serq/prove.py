@@ -41,6 +41,11 @@ from serq.parser import parse_file
 #: Where the compiled proof library is, unless SERQ_ROCQ_LIB says otherwise.
 DEFAULT_LIB = Path(__file__).resolve().parents[1] / "_build" / "default" / "Plow"
 COQC_TIMEOUT_S = 600
+#: The largest number the export writes. Step.v counts in unary naturals (nat); Rocq writes
+#: a literal above 5,000 as ``Nat.of_num_uint`` of its digits, and the tactics then build it in
+#: unary: with a 100,000 µs constant the RAD claims took 50 s, with 4,000,000,000 more than
+#: 5 minutes; up to 5,000 they take a second or two.
+MAX_NAT = 5_000
 HEADER = (
     "From Coq Require Import List Bool Arith Lia.\n"
     "From Plow Require Import Serq.Step Serq.Stepproof Serq.Rad Serq.Radproof Serq.Tactics."
@@ -115,6 +120,7 @@ class _Export:
             n = _natural(e.value)
             if n is None:
                 raise NotExported(f"the literal {e.value!r} is not a natural number", e.loc)
+            _small(n, f"the literal {n}", e.loc)
             return str(n), "nat"
         if isinstance(e, A.Name):
             return self.name(e, ctx, env)
@@ -159,6 +165,7 @@ class _Export:
             k = _natural(v)
             if k is None:
                 raise NotExported(f"the constant '{n}' is {v!r}, not a natural number", e.loc)
+            _small(k, f"the constant '{n}' ({k})", e.loc)
             self.used[n] = k
             return _ident(n), "nat"
         if ctx == "given":
@@ -215,6 +222,12 @@ class _Export:
             raise NotExported(f"'{e.func}(...)'", e.loc)
         bound = {p: self.tr(a, ctx, env) for p, a in zip(d.params, e.args, strict=True)}
         return self.tr(d.body, ctx, {**env, **bound})
+
+
+def _small(n: int, what: str, loc: Loc | None) -> None:
+    """Rocq's naturals are unary: a proof step that computes with a large one never ends."""
+    if n > MAX_NAT:
+        raise NotExported(f"{what} is above {MAX_NAT:,}, the largest number exported", loc)
 
 
 def _natural(v: Value) -> int | None:
@@ -368,7 +381,8 @@ def library() -> Path:
     return lib
 
 
-def coqc(text: str, lib: Path, name: str = "SerqExport") -> tuple[int, str]:
+def coqc(text: str, lib: Path, name: str = "SerqExport") -> tuple[int, str, str]:
+    """Check ``text`` as a file of its own; the exit status, what it printed, its errors."""
     exe = shutil.which("coqc")
     if exe is None:
         raise SerqError("coqc is not on PATH (serq prove needs Rocq/Coq 8.16)")
@@ -382,7 +396,7 @@ def coqc(text: str, lib: Path, name: str = "SerqExport") -> tuple[int, str]:
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             raise SerqError(f"coqc ran more than {COQC_TIMEOUT_S} s") from None
-    return r.returncode, r.stdout + r.stderr
+    return r.returncode, r.stdout, r.stderr
 
 
 _WORDS = [("v_tokens v", "tokens"), ("v_decoding v", "decoders"), ("v_count v", "residents"),
@@ -444,9 +458,9 @@ def prove_spec(spec: Spec, source: str, keep: Path | None = None) -> list[ClaimP
     proved: set[int] = set()
     if todo:
         lib = library()
-        rc, out = coqc(attempt_file(ex), lib)
+        rc, out, err = coqc(attempt_file(ex), lib)
         if rc != 0:
-            raise SerqError("coqc rejected the exported program: " + _first_error(out))
+            raise SerqError("coqc rejected the exported program: " + _first_error(out + err))
         blocks = re.split(r"@@serq (proved|open) (\d+)\n", out)
         for k in range(1, len(blocks) - 2, 3):
             status, i, rest = blocks[k], int(blocks[k + 1]), blocks[k + 2]
@@ -459,9 +473,9 @@ def prove_spec(spec: Spec, source: str, keep: Path | None = None) -> list[ClaimP
     if keep is not None:
         keep.write_text(final, encoding="utf-8")
     if proved:
-        rc, out = coqc(final, library())
+        rc, out, err = coqc(final, library())
         if rc != 0:
-            raise SerqError("coqc rejected the proofs it had found: " + _first_error(out))
+            raise SerqError("coqc rejected the proofs it had found: " + _first_error(out + err))
         closed = out.count("Closed under the global context")
         if closed != len(proved):
             raise SerqError("a proved claim depends on an axiom:\n" + out.strip())

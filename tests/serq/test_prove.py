@@ -136,3 +136,12 @@ def test_engine_outside_the_fragment(rad_text: str) -> None:
     ex = export(_spec(rad_text.replace("let tnl = 5;", "let tnl = 5.5;")), "rad")
     assert ex.reason is not None and "the constant 'tnl' is 5.5" in ex.reason
     assert all(c.statement is None for c in ex.claims)
+
+
+def test_large_constants_are_not_exported(rad_text: str) -> None:
+    """Rocq's naturals are unary: a 4,000,000,000 µs tile made coqc run for minutes."""
+    ex = export(_spec(rad_text.replace("let tlin = 4000;", "let tlin = 4000000000;")), "rad")
+    assert ex.reason is not None
+    assert "the constant 'tlin' (4000000000) is above 5,000, the largest number exported" in (
+        ex.reason
+    )

@@ -144,8 +144,8 @@ def rocq_traces(cases: list[tuple[interp.Spec, list[list[tuple[int, int, int]]]]
         parts.append(f"Definition all := [{'; '.join(f't{j}' for j in range(len(traces)))}].")
         parts.append(f"End P{i}.")
         parts.append(f"Eval vm_compute in P{i}.all.")  # one evaluation per program
-    rc, out = coqc("\n".join(parts) + "\n", library(), "SerqStepTrace")
-    assert rc == 0, out[-3000:]
+    rc, out, err = coqc("\n".join(parts) + "\n", library(), "SerqStepTrace")
+    assert rc == 0, (out + err)[-3000:]
     results = []
     for m in re.finditer(r"=\s*(\[.*?\])\s*:\s*list", out, re.S):
         text = " ".join(m.group(1).split()).replace(";", ",").replace("%N", "")
