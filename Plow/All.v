@@ -8,3 +8,4 @@ From Plow Require Export Counters Countersproof.
 From Plow Require Export Collapse.
 From Plow Require Export Passes Passesproof.
 From Plow Require Export Rewrites Rewritesproof Rewritescheck Rewritescheckproof.
+From Plow Require Export Serq.Step Serq.Stepproof Serq.Rad Serq.Radproof Serq.Theorem2.

@@ -204,6 +204,9 @@ def generate(
                 raise
             spec, tok = bundle.spec, bundle.tokenizer
         else:
+            from plow.checkpoint.gguf import gguf_checkpoint
+
+            model = gguf_checkpoint(model)  # a .gguf file: imported once, blocks kept
             ckpt = load_checkpoint(model)
             spec, tok = ckpt.spec, ckpt.tokenizer
             if executor in BUNDLE_EXECUTORS:

@@ -160,3 +160,25 @@ def _write_safetensors(
         f.write(raw)
         for *_, arr in tensors:
             f.write(arr.tobytes())
+
+
+def gguf_checkpoint(path: Path, cache: Path | None = None) -> Path:
+    """`path` itself, or — for a `.gguf` file — its imported checkpoint directory in the plow
+    cache (imported once; keyed by the file's name, size and modification time)."""
+    import hashlib
+
+    if path.suffix.lower() != ".gguf" or not path.is_file():
+        return path
+    if cache is None:
+        from plow.default_model import cache_dir
+
+        cache = cache_dir()
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    dest = cache / "gguf" / f"{path.stem}-{key[:16]}"
+    if (dest / "model.safetensors").is_file():
+        return dest
+    import sys
+
+    print(f"plow: importing {path.name} with its blocks kept (once): {dest}", file=sys.stderr)
+    return import_gguf(path, dest)

@@ -304,17 +304,18 @@ def load_served_model(
     cached, verified bundle first; `plow serve`'s default), `cpu` (the same bundles on the
     numpy emulator), `cuda` (on an NVIDIA GPU), `reference` (a checkpoint's per-op forward).
     None: `cpu` for a bundle, `reference` for a checkpoint."""
+    from plow.checkpoint.gguf import gguf_checkpoint
     from plow.runtime.cpu.bundle import Bundle, compile_cached
     from plow.runtime.executors import EXECUTORS, get_executor
 
-    directory = Path(path)
+    directory = gguf_checkpoint(Path(path))  # a .gguf file: imported once, blocks kept
     is_bundle = (directory / "manifest.json").is_file()
     if executor is None:
         executor = "cpu" if is_bundle else "reference"
     if executor not in EXECUTORS:
         raise PlowError("--executor", f"must be one of {', '.join(EXECUTORS)}, not {executor!r}")
     kind = get_executor(executor)  # an executor this machine cannot run: one line, exit 2
-    served = name or directory.name
+    served = name or (Path(path).stem if Path(path).suffix.lower() == ".gguf" else directory.name)
     if max_num_seqs < 1:
         raise PlowError("--max-num-seqs", "must be at least 1")
     if max_num_batched_tokens < max_num_seqs:

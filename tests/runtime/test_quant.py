@@ -133,12 +133,13 @@ def test_the_default_models_gguf_imports_with_its_blocks_and_runs(tmp_path: Path
     """Every tensor of the imported Q4_1 file equals transformers' own de-quantization of the
     same file (the embedded default model, converted by transformers), and the quantized
     bundle runs on the native executor with the fp32 bundle's greedy tokens."""
-    from plow.checkpoint.gguf import import_gguf
+    from plow.checkpoint.gguf import gguf_checkpoint
     from plow.default_model import ensure_default_model, gguf_path
     from plow.runtime.cpu.bundle import NO_BUDGET_NS
 
     ref_dir = ensure_default_model()
-    q = import_gguf(gguf_path(), tmp_path / "smollm2-q4_1")
+    q = gguf_checkpoint(gguf_path(), tmp_path)  # what plow generate / serve do with a .gguf
+    assert q.parent == tmp_path / "gguf" and gguf_checkpoint(gguf_path(), tmp_path) == q
     have = WeightStore.open([q / "model.safetensors"])
     ref = WeightStore.open(sorted(ref_dir.glob("*.safetensors")))
     kinds = {type(have[n]).__name__ for n in have}
