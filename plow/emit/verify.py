@@ -98,7 +98,7 @@ CHECKPOINTS = ("B", "C", "D", "E", "F")
 # D derives its dependencies from data flow up to this many tasks (the Python derivation of
 # the accesses and witness chains is not yet fast enough for the 12B plans); above it D
 # certifies the schedule file's edges and the row says so.
-DATAFLOW_MAX_TASKS = 20_000
+DATAFLOW_MAX_TASKS = 2_000
 SCOPE_NAMES = ("cta", "device", "system")  # wire scope codes 0, 1, 2
 
 
