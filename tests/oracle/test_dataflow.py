@@ -240,6 +240,18 @@ def test_schedule_edges_play_no_part(h200_bundle: Path, tmp_path: Path) -> None:
     assert flow(b)["chains"]  # write-after-read pairs of arena reuse, ordered through chains
 
 
+def test_above_the_limit_the_row_says_edges_were_certified(
+    h200_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import plow.emit.verify as verify
+
+    monkeypatch.setattr(verify, "DATAFLOW_MAX_TASKS", 0)
+    d = [r for r in verify_bundle(h200_bundle).rows if r.checkpoint == "D"]
+    assert d and all(r.verdict == "accept" for r in d)
+    assert all("data flow not derived above 0 tasks" in r.reason for r in d)
+    assert not any("Plow.Dataflowproof.checkpoint_d_flow_sound" in r.theorems for r in d)
+
+
 def test_swapped_wait_thresholds_rejected(h200_bundle: Path, tmp_path: Path) -> None:
     b = copy_bundle(h200_bundle, tmp_path / "m")
     rung = rungs(b)[0]
