@@ -109,6 +109,28 @@ def weight_files(directory: Path) -> list[Path]:
     return found
 
 
+def check_fp8_blocks(weights: WeightStore, spec: ModelSpec, path: Path) -> None:
+    """Every fp8 weight's scales tile it in the config's `weight_block_size` (when it has one
+    and the scales say: a dimension with more than one block)."""
+    if spec.weight_block is None:
+        return
+    for name in spec.weight_shapes():
+        if weights.fp8_scale(name) is None:
+            continue
+        t = weights[name]
+        have = getattr(t, "block", None)
+        scale = getattr(t, "scale", None)
+        if have is None or scale is None:
+            continue
+        for ax in (0, 1):
+            if scale.shape[ax] > 1 and have[ax] != spec.weight_block[ax]:
+                raise CheckpointError(
+                    path,
+                    f"tensor {name!r}: fp8 scales of shape {list(scale.shape)} give blocks "
+                    f"{list(have)}, config.json's weight_block_size is {list(spec.weight_block)}",
+                )
+
+
 def check_tokenizer(tokenizer: Tokenizer, spec: ModelSpec, path: Path) -> None:
     """The tokenizer fits the model: it has tokens, and every id it can produce is a row of
     the embedding (models often pad `vocab_size` past the tokenizer's, never the reverse)."""
@@ -130,6 +152,7 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
     spec = load_spec(directory)
     weights = WeightStore.open(weight_files(directory), where=directory)
     weights.check_shapes(spec.weight_shapes())
+    check_fp8_blocks(weights, spec, directory)
     tokenizer = Tokenizer.load(directory)
     check_tokenizer(tokenizer, spec, directory / "tokenizer.json")
     gen_path = directory / "generation_config.json"

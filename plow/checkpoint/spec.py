@@ -84,6 +84,8 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "float32"
     moe: MoeSpec | None = None
+    # fp8 checkpoints: the block of the weights' scales (plow.checkpoint.fp8); None otherwise
+    weight_block: tuple[int, int] | None = None
 
     @property
     def q_size(self) -> int:

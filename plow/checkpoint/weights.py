@@ -18,6 +18,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from plow.checkpoint.fp8 import FP8, SCALE_SUFFIXES, Fp8Tensor
 from plow.checkpoint.quant import QuantTensor
 from plow.checkpoint.quant import check_shape as check_quant_shape
 from plow.checkpoint.quant import read_metadata as read_quant_metadata
@@ -221,7 +222,21 @@ class WeightStore(Mapping[str, np.ndarray]):
         mm = np.memmap(e.file, dtype=e.dtype, mode="r", offset=e.offset, shape=e.shape)
         if e.quant is not None:  # blocks kept as blocks; np.asarray de-quantizes exactly
             return QuantTensor(e.quant[0], e.quant[1], mm)  # type: ignore[return-value]
+        scale = self.fp8_scale(name)
+        if scale is not None:  # fp8 with its scales; np.asarray de-quantizes (plow.checkpoint.fp8)
+            return Fp8Tensor(mm, self[scale], f"{e.file}: tensor {name!r}")  # type: ignore[return-value]
         return mm
+
+    def fp8_scale(self, name: str) -> str | None:
+        """The scale tensor of an fp8 weight `name` (`<name>_scale_inv` or `<name>_scale`),
+        None when `name` is not an fp8 weight with scales."""
+        e = self._entries.get(name)
+        if e is None or e.dtype != FP8 or len(e.shape) != 2:
+            return None
+        for suffix in SCALE_SUFFIXES:
+            if name + suffix in self._entries:
+                return name + suffix
+        return None
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

@@ -197,6 +197,9 @@ def copy_weights(source: Path, names: list[str], dest: Path) -> WeightsInfo:
     from plow.checkpoint.weights import WeightStore
 
     store = WeightStore.open(weight_files(source), where=source)
+    # fp8 weights travel with their scale tensors (plow.checkpoint.fp8)
+    scales = [sc for n in names if (sc := store.fp8_scale(n)) is not None and sc not in names]
+    names = [*names, *scales]
     header: dict[str, Any] = {"__metadata__": {"format": "pt", "writer": "plow"}}
     pos = 0
     entries = []

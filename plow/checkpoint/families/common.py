@@ -77,6 +77,38 @@ class DecoderConfig(BaseModel):
     rope_theta: float | None = None
     rope_scaling: dict[str, Any] | None = None
     rope_parameters: dict[str, Any] | None = None
+    # fp8 checkpoints (plow.checkpoint.fp8): {"quant_method": "fp8", "fmt": "e4m3",
+    # "weight_block_size": [bn, bk], ...}; any other method is refused naming the field
+    quantization_config: dict[str, Any] | None = None
+
+    def weight_block(self) -> tuple[int, int] | None:
+        """The fp8 block `[bn, bk]` of `quantization_config` (None: not quantized, or
+        per-channel scales); `ValueError` naming the field for what plow cannot read."""
+        q = self.quantization_config
+        if not q:
+            return None
+        method = q.get("quant_method")
+        if method != "fp8":
+            raise ValueError(
+                f"field 'quantization_config': quant_method {method!r} is not supported (fp8)"
+            )
+        if q.get("fmt", "e4m3") != "e4m3":
+            raise ValueError(
+                f"field 'quantization_config': fp8 format {q.get('fmt')!r} is not supported (e4m3)"
+            )
+        block = q.get("weight_block_size")
+        if block is None:
+            return None
+        if (
+            not isinstance(block, list)
+            or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+        ):
+            raise ValueError(
+                f"field 'quantization_config': weight_block_size {block!r} is not two positive "
+                "integers"
+            )
+        return (block[0], block[1])
 
     def kv_heads(self) -> int:
         kv = self.num_key_value_heads or self.num_attention_heads
@@ -125,6 +157,7 @@ def spec_fields(cfg: DecoderConfig) -> dict[str, Any]:
         bos_token_id=cfg.bos_token_id,
         eos_token_ids=cfg.eos_ids(),
         dtype=cfg.dtype_name(),
+        weight_block=cfg.weight_block(),
     )
 
 
