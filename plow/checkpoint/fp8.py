@@ -40,20 +40,22 @@ class Fp8Tensor:
     __slots__ = ("values", "scale", "block")
 
     def __init__(self, values: np.ndarray, scale: np.ndarray, where: str) -> None:
-        n, k = values.shape
+        # [.., N, K] (stacked experts: leading dims), scales [.., sN, sK] or per channel
+        *lead, n, k = values.shape
         s = np.asarray(scale, dtype=np.float32)
-        if s.ndim == 1 or (s.ndim == 2 and s.shape[1] == 1 and k > 1 and s.shape[0] == n):
-            s = s.reshape(n, 1)
+        if s.shape == (*lead, n) or s.shape == (*lead, n, 1):
+            s = s.reshape(*lead, n, 1)
             block = (1, k)
-        elif s.ndim == 2:
-            block = (block_of(n, s.shape[0]), block_of(k, s.shape[1]))
+        elif s.ndim == values.ndim and tuple(s.shape[:-2]) == tuple(lead):
+            block = (block_of(n, s.shape[-2]), block_of(k, s.shape[-1]))
         else:
             raise CheckpointError(
-                where, f"fp8 scale of shape {list(s.shape)} for weight [{n}, {k}]"
+                where, f"fp8 scale of shape {list(s.shape)} for weight {list(values.shape)}"
             )
-        if -(-n // block[0]) != s.shape[0] or -(-k // block[1]) != s.shape[1]:
+        if -(-n // block[0]) != s.shape[-2] or -(-k // block[1]) != s.shape[-1]:
             raise CheckpointError(
-                where, f"fp8 scale of shape {list(s.shape)} does not tile weight [{n}, {k}]"
+                where,
+                f"fp8 scale of shape {list(s.shape)} does not tile weight {list(values.shape)}",
             )
         self.values = values
         self.scale = s
@@ -69,16 +71,16 @@ class Fp8Tensor:
 
     @property
     def ndim(self) -> int:
-        return 2
+        return int(self.values.ndim)
 
     @property
     def nbytes(self) -> int:
         return int(self.values.nbytes)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        n, k = self.values.shape
+        n, k = self.values.shape[-2:]
         bn, bk = self.block
-        s = np.repeat(np.repeat(self.scale, bn, axis=0)[:n], bk, axis=1)[:, :k]
+        s = np.repeat(np.repeat(self.scale, bn, axis=-2)[..., :n, :], bk, axis=-1)[..., :k]
         w = (np.asarray(self.values, dtype=np.float32) * s).astype(np.float32)
         return w if dtype is None else w.astype(dtype, copy=False)
 

@@ -123,7 +123,7 @@ def check_fp8_blocks(weights: WeightStore, spec: ModelSpec, path: Path) -> None:
         if have is None or scale is None:
             continue
         for ax in (0, 1):
-            if scale.shape[ax] > 1 and have[ax] != spec.weight_block[ax]:
+            if scale.shape[ax - 2] > 1 and have[ax] != spec.weight_block[ax]:
                 raise CheckpointError(
                     path,
                     f"tensor {name!r}: fp8 scales of shape {list(scale.shape)} give blocks "

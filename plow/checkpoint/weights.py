@@ -18,7 +18,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from plow.checkpoint.fp8 import FP8, SCALE_SUFFIXES, Fp8Tensor
+from plow.checkpoint.fp8 import FP8, SCALE_SUFFIXES, Fp8Tensor, block_of
 from plow.checkpoint.quant import QuantTensor
 from plow.checkpoint.quant import check_shape as check_quant_shape
 from plow.checkpoint.quant import read_metadata as read_quant_metadata
@@ -121,7 +121,45 @@ def stack_experts(entries: dict[str, TensorEntry], where: Path | str) -> dict[st
                 sum(p.nbytes for p in parts),
                 parts,
             )
+            _stack_fp8_scales(entries, out, full, parts, where)
     return out
+
+
+def _stack_fp8_scales(
+    entries: dict[str, TensorEntry],
+    out: dict[str, TensorEntry],
+    full: str,
+    parts: tuple[TensorEntry, ...],
+    where: Path | str,
+) -> None:
+    """fp8 experts: the per-expert scale tensors stacked beside the stacked weight, in the
+    same part order (gate and up scales concatenated per expert: their blocks must not
+    straddle the gate / up boundary)."""
+    names = {id(e): n for n, e in entries.items()}
+    for suffix in SCALE_SUFFIXES:
+        scales = [entries.get(names[id(p)] + suffix) for p in parts]
+        if all(sc is None for sc in scales):
+            continue
+        if any(sc is None for sc in scales):
+            raise CheckpointError(where, f"{full}: some experts' tensors have no {suffix} tensor")
+        sc = [x for x in scales if x is not None]
+        first = sc[0]
+        if any(x.shape != first.shape or x.dtype != first.dtype for x in sc):
+            raise CheckpointError(where, f"{full}: the experts' {suffix} tensors differ in shape")
+        if full.endswith("gate_up_proj") and len(first.shape) == 2:
+            rows = parts[0].shape[0]
+            if rows % block_of(rows, first.shape[0]) and first.shape[0] > 1:
+                raise CheckpointError(
+                    where,
+                    f"{full}: fp8 blocks of {block_of(rows, first.shape[0])} rows straddle "
+                    f"the gate / up boundary at {rows} rows",
+                )
+        n_exp = out[full].shape[0]
+        lead = len(sc) // n_exp  # 2 for gate_up (gate, up), 1 for down
+        shape = (n_exp, lead * first.shape[0], *first.shape[1:])
+        out[full + suffix] = TensorEntry(
+            first.file, first.dtype, shape, first.offset, sum(x.nbytes for x in sc), tuple(sc)
+        )
 
 
 def read_header(path: Path) -> dict[str, TensorEntry]:
@@ -218,6 +256,9 @@ class WeightStore(Mapping[str, np.ndarray]):
             ]
             flat = np.concatenate([r.ravel() for r in runs]).reshape(e.shape)
             flat.flags.writeable = False
+            stacked_scale = self.fp8_scale(name)
+            if stacked_scale is not None:  # fp8 experts with their stacked scales
+                return Fp8Tensor(flat, self[stacked_scale], f"{self.where}: tensor {name!r}")  # type: ignore[return-value]
             return flat
         mm = np.memmap(e.file, dtype=e.dtype, mode="r", offset=e.offset, shape=e.shape)
         if e.quant is not None:  # blocks kept as blocks; np.asarray de-quantizes exactly
@@ -231,7 +272,7 @@ class WeightStore(Mapping[str, np.ndarray]):
         """The scale tensor of an fp8 weight `name` (`<name>_scale_inv` or `<name>_scale`),
         None when `name` is not an fp8 weight with scales."""
         e = self._entries.get(name)
-        if e is None or e.dtype != FP8 or len(e.shape) != 2:
+        if e is None or e.dtype != FP8 or len(e.shape) < 2:
             return None
         for suffix in SCALE_SUFFIXES:
             if name + suffix in self._entries:

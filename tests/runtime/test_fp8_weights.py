@@ -146,3 +146,51 @@ def test_per_channel_scales_and_refusals(fp8: dict, tmp_path: Path) -> None:
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=r"field 'quantization_config': quant_method 'gptq'"):
         load_checkpoint(bad)
+
+
+@pytest.mark.slow
+def test_fp8_routed_experts_give_transformers_tokens(tmp_path: Path) -> None:
+    """A tiny qwen3_moe stored as fp8 with 16x16 blocks, experts included (their scales are
+    stacked with the stacked experts): the bundle's cpu and native executors against
+    transformers on the de-quantized weights."""
+    src = make_tiny_checkpoint("qwen3_moe", 0, tmp_path / "src")
+    t = load_file(str(src / "model.safetensors"))
+    out: dict[str, np.ndarray] = {}
+    for name, w in t.items():
+        if "layers." in name and name.endswith("proj.weight"):
+            out[name], out[name + "_scale_inv"] = quantize(w, (16, 16))
+        else:
+            out[name] = w
+    path = tmp_path / "fp8"
+    shutil.copytree(src, path)
+    save_file(out, str(path / "model.safetensors"))
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [16, 16]}
+    (path / "config.json").write_text(json.dumps(cfg))
+    ckpt = load_checkpoint(path)
+    gu = ckpt.weights["model.layers.0.mlp.experts.gate_up_proj"]
+    assert isinstance(gu, Fp8Tensor) and gu.shape == (8, 64, 64) and gu.block == (16, 16)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        src, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    swapped = 0
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name in ckpt.weights and ckpt.weights.fp8_scale(name) is not None:
+                p.copy_(torch.from_numpy(np.asarray(ckpt.weights[name], dtype=np.float32)))
+                swapped += 1
+    assert swapped == 4 * 3 + 2 * 2 + 3  # q, k, v, o x 3 layers; experts x 2 layers; dense MLP
+    bundle = tmp_path / "bundle"
+    compile_bundle(path, bundle, load_target("cpu"), PROFILE, verify=True)
+    ids = [ckpt.tokenizer.encode(p) for p in ("The quick brown fox.", "A counter is a small")]
+    refs = []
+    for p in ids:
+        with torch.no_grad():
+            g = hf.generate(
+                torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
+                eos_token_id=None, pad_token_id=0,
+            )  # fmt: skip
+        refs.append(g[0, len(p) :].tolist())
+    reqs = [Request(tuple(p), NEW) for p in ids]
+    assert generate(CpuModel.from_bundle(bundle, max_batch=4), reqs) == refs
+    assert generate(open_native(bundle, max_batch=4), reqs) == refs

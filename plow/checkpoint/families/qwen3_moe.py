@@ -8,8 +8,8 @@ and a router keeping `num_experts_per_tok` of them (softmax, top-k, renormalised
 
 Fields plow cannot honour are refused with one line naming them, never ignored: a shared
 expert (`shared_expert_intermediate_size`, Qwen2-MoE's), sliding-window attention, an
-activation other than SiLU, top-k outside 1..experts, a `quantization_config` (fp8 block-scaled
-checkpoints such as Qwen3-30B-A3B-FP8: their scales are not read yet).
+activation other than SiLU, top-k outside 1..experts. fp8 checkpoints (Qwen3-30B-A3B-FP8) are
+read through `plow.checkpoint.fp8`: the experts' scales are stacked with their weights.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ class Qwen3MoeConfig(DecoderConfig):
     use_sliding_window: bool = False
     sliding_window: Positions | None = None
     layer_types: list[str] | None = None
-    quantization_config: dict[str, Any] | None = None
 
 
 def _experts(cfg: Qwen3MoeConfig) -> int:
@@ -68,12 +67,6 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
         raise ValueError(
             "field 'shared_expert_intermediate_size': shared experts are not supported for "
             "qwen3_moe"
-        )
-    if cfg.quantization_config:
-        method = cfg.quantization_config.get("quant_method", "?")
-        raise ValueError(
-            f"field 'quantization_config': {method!r} weights are not supported for qwen3_moe "
-            "(fp8 block scales are not read yet)"
         )
     if cfg.use_sliding_window:
         raise ValueError(
