@@ -5,6 +5,7 @@ From Plow Require Export Alloc Allocproof.
 From Plow Require Export Tiles Bounds Partition Partitionproof Tilesproof.
 From Plow Require Export Wire Wireproof.
 From Plow Require Export Counters Countersproof.
+From Plow Require Export Dataflow Dataflowproof.
 From Plow Require Export Collapse.
 From Plow Require Export Passes Passesproof.
 From Plow Require Export Rewrites Rewritesproof Rewritescheck Rewritescheckproof.

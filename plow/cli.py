@@ -10,7 +10,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -43,7 +43,7 @@ class Executor(str, Enum):
 
 
 # the executors that run bundles (a checkpoint is compiled into a cached, verified bundle first)
-BUNDLE_EXECUTORS = (Executor.native, Executor.cpu)
+BUNDLE_EXECUTORS = (Executor.native, Executor.cpu, Executor.cuda)
 
 
 def _fail(e: PlowError) -> NoReturn:
@@ -162,11 +162,6 @@ def generate(
     try:
         if (prompt is None) == (prompt_ids is None):
             raise PlowError("generate", "give exactly one of --prompt or --prompt-ids")
-        if executor is Executor.cuda:
-            raise PlowError(
-                f"--executor {executor.value}",
-                "not available yet: run with --executor native, cpu or reference",
-            )
         if kv_dtype not in ("float32", "bfloat16", "fp8_e4m3"):
             raise PlowError(
                 "--kv-dtype", f"must be float32, bfloat16 or fp8_e4m3, not {kv_dtype!r}"
@@ -176,7 +171,7 @@ def generate(
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         if not params.is_greedy and executor not in BUNDLE_EXECUTORS:
             raise PlowError(
-                "--temperature", "stochastic sampling runs on --executor native or cpu"
+                "--temperature", "stochastic sampling runs on --executor native, cpu or cuda"
             )
         from plow.runtime.cpu.bundle import (
             NO_VERIFY_HINT,
@@ -185,15 +180,14 @@ def generate(
             compile_cached,
             is_bundle,
         )
+        from plow.runtime.executors import checkpoint_target, get_executor
 
+        kind = get_executor(executor.value)
+        kind.check()  # a missing build or no GPU is reported before any compile
         bundle = None
-        if executor is Executor.native:
-            from plow.runtime.native import library
-
-            library.load()  # a missing build is reported before any compile
         if is_bundle(model):
             if executor not in BUNDLE_EXECUTORS:
-                raise PlowError(model, "a bundle runs on --executor native or cpu")
+                raise PlowError(model, "a bundle runs on --executor native, cpu or cuda")
             if no_verify:
                 _check_runnable(model)
             try:
@@ -210,7 +204,8 @@ def generate(
             ckpt = load_checkpoint(model)
             spec, tok = ckpt.spec, ckpt.tokenizer
             if executor in BUNDLE_EXECUTORS:
-                bundle = Bundle.open(compile_cached(model))
+                tgt = checkpoint_target(executor.value)  # cuda: the present GPU's target
+                bundle = Bundle.open(compile_cached(model, target=tgt))
         ids = _parse_ids(prompt_ids) if prompt_ids is not None else tok.encode(prompt or "")
         if not ids:
             raise PlowError("--prompt", "the prompt tokenizes to zero tokens")
@@ -227,24 +222,14 @@ def generate(
                 f"{spec.max_position} positions",
             )
         stop = () if ignore_eos else spec.eos_token_ids
-        if executor is Executor.native:
-            from plow.runtime.native.model import generate_native
-
-            assert bundle is not None
-            out, _ = generate_native(
-                bundle, ids, max_new_tokens, params=params, stop_ids=stop, threads=threads
-            )
-        elif executor is Executor.cpu:
-            from plow.runtime.cpu.engine import generate_bundle
-
-            assert bundle is not None
-            out, _ = generate_bundle(
-                bundle,
-                ids,
-                max_new_tokens,
-                params=params,
-                stop_ids=stop,
-                kv_dtype=kv_dtype,  # type: ignore[arg-type]
+        if bundle is not None:  # one path for every bundle executor (plow.runtime.executors)
+            machine: dict[str, Any] = {}
+            if executor is Executor.native:
+                machine["threads"] = threads
+            elif executor is Executor.cpu:
+                machine["kv_dtype"] = kv_dtype
+            out, _ = kind.generate(
+                bundle, ids, max_new_tokens, params=params, stop_ids=stop, **machine
             )
         else:
             out = generate_greedy(ckpt, ids, max_new_tokens, stop_ids=stop)
@@ -252,7 +237,12 @@ def generate(
     except PlowError as e:
         _fail(e)
     if as_json:
-        doc = {"token_ids": out, "text": text, "prompt_ids": ids, "executor": executor.value}
+        doc: dict[str, Any] = {
+            "token_ids": out,
+            "text": text,
+            "prompt_ids": ids,
+            "executor": executor.value,
+        }
         if kv_dtype != "float32":
             doc.update(kv_dtype=kv_dtype, lossy=True)
         print(json.dumps(doc))

@@ -133,9 +133,7 @@ class ExecutorKind:
             raise PlowError(f"executor {self.name}", "runs checkpoints, not bundles")
         self.check()
         b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle, verify=verify)
-        return self._open(
-            b, max_batch=max_batch, max_context=max_context, verify=verify, **machine
-        )
+        return self._open(b, max_batch=max_batch, max_context=max_context, verify=verify, **machine)
 
     def generate(
         self,
@@ -187,12 +185,8 @@ class ExecutorKind:
                 source, max_batch=max_batch, max_context=max_context
             )
         if isinstance(source, Checkpoint):
-            raise PlowError(
-                f"executor {self.name}", "runs bundles: compile the checkpoint first"
-            )
-        return self.engine_of(
-            self.open_model(source, max_batch=max_batch, max_context=max_context)
-        )
+            raise PlowError(f"executor {self.name}", "runs bundles: compile the checkpoint first")
+        return self.engine_of(self.open_model(source, max_batch=max_batch, max_context=max_context))
 
 
 EXECUTORS: dict[str, ExecutorKind] = {
@@ -248,3 +242,29 @@ def get_executor(name: str) -> ExecutorKind:
         )
     ex.check()
     return ex
+
+
+def gpu_target_of(device_name: str) -> str:
+    """The shipped NVIDIA target for a GPU's name (`cuDeviceGetName`), e.g. 'NVIDIA H200' → h200;
+    an unknown NVIDIA GPU is a one-line error naming it."""
+    from plow.runtime.cuda.abi import NVIDIA_TARGETS
+
+    low = device_name.lower()
+    for t in sorted(NVIDIA_TARGETS, key=len, reverse=True):
+        if t in low:
+            return t
+    raise PlowError(
+        device_name,
+        f"no shipped target for this GPU (have {', '.join(NVIDIA_TARGETS)}); "
+        "compile a bundle with --target FILE.json",
+    )
+
+
+def checkpoint_target(executor: str) -> str:
+    """The target a checkpoint is compiled for (`compile_cached`) to run on `executor`: the
+    cpu target (this machine's calibration) for cpu / native, the present GPU's for cuda."""
+    if executor != "cuda":
+        return "cpu"
+    from plow.runtime.cuda.driver import Device
+
+    return gpu_target_of(Device(0).name)

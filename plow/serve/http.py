@@ -306,7 +306,7 @@ def load_served_model(
     None: `cpu` for a bundle, `reference` for a checkpoint."""
     from plow.checkpoint.gguf import gguf_checkpoint
     from plow.runtime.cpu.bundle import Bundle, compile_cached
-    from plow.runtime.executors import EXECUTORS, get_executor
+    from plow.runtime.executors import EXECUTORS, checkpoint_target, get_executor
 
     directory = gguf_checkpoint(Path(path))  # a .gguf file: imported once, blocks kept
     is_bundle = (directory / "manifest.json").is_file()
@@ -334,7 +334,8 @@ def load_served_model(
         spec, tok = ckpt.spec, ckpt.tokenizer
         source = ckpt
         if kind.runs == "bundle":
-            source = Bundle.open(compile_cached(directory, max_batch=max_num_seqs))
+            tgt = checkpoint_target(executor)  # cuda: the present GPU's target
+            source = Bundle.open(compile_cached(directory, target=tgt, max_batch=max_num_seqs))
     if max_model_len is not None and not 1 <= max_model_len <= spec.max_position:
         raise PlowError(
             "--max-model-len", f"must be in 1..{spec.max_position}, got {max_model_len}"
@@ -1151,11 +1152,7 @@ class Server:
 
         @app.get("/health")
         async def health() -> Any:
-            dead = [
-                m.name
-                for m in server.models.values()
-                if not m.client.alive
-            ]
+            dead = [m.name for m in server.models.values() if not m.client.alive]
             if dead:
                 return error_response(
                     503, f"dispatcher not running: {', '.join(dead)}", "internal_error"
