@@ -204,3 +204,34 @@ def test_without_renormalisation_and_with_a_sparse_step_the_reference_matches(
     got = forward_logits(ckpt, ids)
     tol = 1e-4 * max(1.0, float(np.abs(want).max()))
     assert float(np.abs(got - want).max()) <= tol
+
+
+def test_an_expert_task_that_does_not_wait_for_the_router_is_rejected(
+    moe: dict, tmp_path: Path
+) -> None:
+    """The router's weights gate every expert tile: a schedule whose expert task on another
+    worker no longer waits on the router (files kept consistent, hashes re-forged) is
+    rejected by checkpoint D's data flow, naming the two tasks."""
+    from plow.emit.verify import verify_bundle
+    from tests.emit.bundle_edit import copy_bundle, edit_rung, rungs
+
+    b = copy_bundle(moe["bundle"], tmp_path / "b")  # type: ignore[arg-type]
+    rung = next(r for r in rungs(b) if r["phase"] == "decode" and r["batch"] == 1)
+    seen: list[str] = []
+
+    def drop_router_wait(s: dict) -> None:
+        t, names = s["tasks"], s["counters"]["name"]
+        router = next(i for i, n in enumerate(t["name"]) if n.startswith("L0.router#"))
+        done = names.index("L0.router.done")
+        for i, n in enumerate(t["name"]):
+            if n.startswith("L0.experts_gate_up#") and t["worker"][i] != t["worker"][router]:
+                t["waits"][i] = [c for c in t["waits"][i] if c != done]
+                seen.append(n)
+
+    edit_rung(b, rung, schedule=drop_router_wait)
+    assert seen
+    report = verify_bundle(b, checkpoints=("D",))
+    assert not report.accepted
+    row = report.first_rejection()
+    assert row is not None and row.checkpoint == "D"
+    assert "L0.router#0" in row.reason and seen[0] in row.reason, row.reason
