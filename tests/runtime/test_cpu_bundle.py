@@ -224,7 +224,7 @@ def test_cli_generate_bundle_and_checkpoint_cache(
     bad = CliRunner().invoke(
         app, ["generate", str(bundles["qwen3"]), "--prompt-ids", "1", "--executor", "reference"]
     )
-    assert bad.exit_code == 2 and "--executor native or cpu" in bad.output
+    assert bad.exit_code == 2 and "--executor native, cpu or cuda" in bad.output
     monkeypatch.setenv("PLOW_CACHE", str(tmp_path / "cache"))
     for _ in range(2):
         res = CliRunner().invoke(app, ["generate", str(tiny_checkpoints["qwen3"]), *args])

@@ -192,4 +192,4 @@ def test_harness_runner_and_cli(
     assert runs[0].exit_code == 0, runs[0].output
     assert json.loads(runs[0].stdout)["token_ids"] == json.loads(runs[1].stdout)["token_ids"]
     bad = CliRunner().invoke(app, [*args, "--temperature", "0.8", "--executor", "reference"])
-    assert bad.exit_code == 2 and "--executor native or cpu" in bad.output
+    assert bad.exit_code == 2 and "--executor native, cpu or cuda" in bad.output

@@ -27,7 +27,9 @@ ranges are row-major over the op's axes; views are `rows x cols` with `cols` the
   of its rows (split: the partial `[step, rows, head_dim]`);
 - sample: reads `logits` of every token of rows `a..b`, cols `c0..c1`, and `sample_index`;
   writes `out[a:b]` (split: the partial `[step, rows, 2]`);
-- merge: reads the whole partial (and `x` rows for rmsnorm); writes its chunk of `out`
+- merge: reads its own box of every step's partial (linear, lm_head, expert_linear: its rows x
+  columns; attention: its rows), the whole partial otherwise (and `x` rows for rmsnorm);
+  writes its chunk of `out`
   (blocks and column chunks numbered as `plow verify`'s `merge_unit_count`);
 - load: nothing in the arena.
 
@@ -322,9 +324,24 @@ def _merge_unit(
     sp: _Space, ot: OpTable, o: OpEntry, box: tuple[int, int, int, int], out: list[Access]
 ) -> None:
     r0, r1, c0, c1 = box
-    if o.partial:
-        sp.whole(o.partial, False, out)
     dst = o.outputs[0]
+    part = o.partial if o.partial and o.partial in ot.tensors else None
+    steps = ot.tensors[part].shape[0] if part and ot.tensors[part].shape else 0
+    if part and o.kind in MATMUL:
+        # the unit's own box of every step's partial ([step, M, N]): its columns, not the
+        # whole buffer (other units' columns are written by tiles this unit never waits for)
+        per, ncols = _partial_row(o, ot), _view(ot.tensors[dst].shape)[1]
+        for ks in range(steps):
+            for m in range(r0, r1):
+                lo = ks * per + m * ncols
+                sp.elems(part, lo + c0, lo + c1, False, out)
+    elif part and o.kind == "attention":
+        g = _Attn(ot, o)  # rows [r0, r1) of every step's partial ([step, rows, head_dim])
+        per = _partial_row(o, ot)
+        for ks in range(steps):
+            sp.elems(part, ks * per + r0 * g.D, ks * per + r1 * g.D, False, out)
+    elif part:
+        sp.whole(part, False, out)
     if o.kind == "attention":
         g = _Attn(ot, o)
         for r in range(r0, r1):
