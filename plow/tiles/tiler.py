@@ -307,7 +307,15 @@ class _Tiler:
         block = t * (heads // kvh)  # rows sharing one key-value head (rows grouped by it)
         a, c = self.a, self.c
         axes = (
-            _AxisSpec("rows", rows, axis_sizes(rows, self.rmin, self.opt.max_tile_rows)),
+            # whole key-value groups are candidates too: their rows share one read of the keys
+            _AxisSpec(
+                "rows",
+                rows,
+                axis_sizes(
+                    rows, self.rmin, self.opt.max_tile_rows,
+                    tuple(block << i for i in range(8) if block << i < rows),
+                ),
+            ),  # fmt: skip
             _AxisSpec("s", s_ext, axis_sizes(s_ext, self.cmin, self.opt.max_tile_kv)),
             _AxisSpec("d", d, (round_up(d, self.cmin),)),
         )
