@@ -299,6 +299,35 @@ PLOW_HD static void tile_linear(const Ctx& c, const PlowOp& op, const Range* r, 
   const int64_t M = op.d[0], N = op.d[1], K = op.d[2];
   const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
   float* dst = step >= 0 ? c.A + op.t[2] + step * M * N : c.A + op.t[1];
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+  // Several rows against GGML blocks: decode each weight row once into fp32 and run the fp32
+  // dots on it (dot_blocks is dot_f32 over the decoded values, so the bits are the same).
+  if (is_blocked(op.w0_dtype) && r[0].b - r[0].a >= 4 && kn <= 8192) {
+    float wrow[8192];
+    const uint8_t* wb = static_cast<const uint8_t*>(op.w0);
+    for (int64_t n = r[1].a; n < r[1].b; ++n) {
+      const int64_t off = n * K + k0;
+      int64_t k = 0;
+      if (off % 32 == 0)
+        for (; k + 32 <= kn; k += 32) decode_block(wb, op.w0_dtype, (off + k) / 32, wrow + k);
+      for (; k < kn; ++k) wrow[k] = block_weight(wb, op.w0_dtype, off + k);
+      int64_t m = r[0].a;
+      float y4[4];
+      for (; m + 4 <= r[0].b; m += 4) {
+        dot4_f32(x + m * K + k0, K, wrow, kn, y4);
+        for (int i = 0; i < 4; ++i)
+          dst[(m + i) * N + n] = step >= 0 ? y4[i] : epilogue(op, y4[i], n);
+      }
+      for (; m < r[0].b; ++m) {
+        const float y = dot_f32(x + m * K + k0, wrow, kn);
+        dst[m * N + n] = step >= 0 ? y : epilogue(op, y, n);
+      }
+    }
+    if (step < 0 && c.plan->fused_lm >= 0 && &op == &c.plan->ops[c.plan->fused_lm])
+      argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
+    return;
+  }
+#endif
   // weight row n is read once from memory and reused from cache for every row m
   for (int64_t n = r[1].a; n < r[1].b; ++n) {
     int64_t m = r[0].a;
