@@ -107,6 +107,16 @@ class CpuEngine:
             raise EngineError(f"slot {slot} is not in use")
         return s
 
+    def _decode_row(self, slot: int, tok: int) -> RowInput:
+        """The next decode input of `slot` (its prompt prefilled, room for one more token)."""
+        s = self._slot(slot)
+        if s.length < len(s.prompt):
+            raise EngineError(f"slot {slot}: decode before its prompt is prefilled")
+        if s.length >= self.max_context:
+            raise EngineError(f"slot {slot}: context {self.max_context} is full")
+        self.model.kv.reserve(s.table, s.length + 1)
+        return RowInput(s.table, (s.length,), (int(tok),))
+
     def add(self, slot: int, prompt_ids: Sequence[int]) -> None:
         check_new_slot(slot, prompt_ids, self.max_batch, self.max_context, self._slots)
         table = self.model.kv.new_table()
@@ -165,13 +175,7 @@ class CpuEngine:
         plan = m.plan(m.decode_bucket(max(slots) + 1))
         rows: list[RowInput | None] = [None] * plan.batch
         for slot, tok in zip(slots, tokens, strict=True):
-            s = self._slot(slot)
-            if s.length < len(s.prompt):
-                raise EngineError(f"slot {slot}: decode before its prompt is prefilled")
-            if s.length >= self.max_context:
-                raise EngineError(f"slot {slot}: context {self.max_context} is full")
-            m.kv.reserve(s.table, s.length + 1)
-            rows[slot] = RowInput(s.table, (s.length,), (int(tok),))
+            rows[slot] = self._decode_row(slot, tok)
         m.write_inputs(plan, rows)
         m.dispatch(plan)
         logits = m.logits(plan)
@@ -199,13 +203,7 @@ class CpuEngine:
         rows: list[RowInput | None] = [None] * plan.batch
         dev: list[RowDevice | None] = [None] * plan.batch
         for slot, tok, p, g in zip(slots, tokens, params, rngs, strict=True):
-            s = self._slot(slot)
-            if s.length < len(s.prompt):
-                raise EngineError(f"slot {slot}: decode before its prompt is prefilled")
-            if s.length >= self.max_context:
-                raise EngineError(f"slot {slot}: context {self.max_context} is full")
-            m.kv.reserve(s.table, s.length + 1)
-            rows[slot] = RowInput(s.table, (s.length,), (int(tok),))
+            rows[slot] = self._decode_row(slot, tok)
             dev[slot] = RowDevice(p, g, 1)
         ring = m.run_quantum(plan, rows, dev, 1)
         for slot in slots:
