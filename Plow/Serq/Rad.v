@@ -7,7 +7,8 @@
 
     - [capped bcol E]: [tokens cap bcol];
     - [rad_schedule bcol E]: moreover [advance running only (in_mode()) each at most (bcol)]
-      and [admit waiting only (in_mode()) while (...) each at most (bcol)], any [while],
+      and an admission clause over [waiting] [only (in_mode()) while (...) each at most (bcol)],
+      any [while],
       with RAD's mode: Decode Mode when [bcol] requests decode or every resident does;
     - [rad_cost bcol tlin tnl E]: [execute (tlin * ceil(batch.tokens / bcol) + tnl * batch.tokens)];
     - [tiled bcol]: the [given] of Assumption 3, [vp == bcol * floor(vp / bcol)], read on a

@@ -3,7 +3,7 @@
     - [rad_token_rate] (B1, Theorem 1 of Bari et al.): with [tokens cap bcol] and RAD's
       cost, on every arrival list (any arrival times, any prefill and decode amounts, in
       any order) every iteration has [served * (tlin + tnl * bcol) <= bcol * now].  It
-      needs no schedule: any [advance]/[admit] under that cap and cost.
+      needs no schedule: any advance or admission clause under that cap and cost.
     - [rad_batch_tiled] (B2 and B3): with RAD's schedule, on every arrival list whose
       prefill amounts are multiples of [bcol] (the [given] [tiled]), every iteration has
       [tokens == bcol || decoders == residents] and [decoders <= bcol].

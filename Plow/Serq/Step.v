@@ -20,7 +20,7 @@
       one token each, oldest first, when the mode is not [!decoding] and [each >= 1] and
       the cap leaves room; then the prefills in admission order, each
       [min(left, each, room)], stopping at the first that gets nothing, when the mode is
-      not [decoding]; then [admit]: the head of [waiting] while [while] holds, its phase
+      not [decoding]; then the admission clause: the head of [waiting] while [while] holds, its phase
       matches the mode and the cap leaves room, with [each] evaluated once before the
       first admission;
     + an empty batch is no iteration: the clock jumps to the next arrival, or the run
@@ -60,7 +60,7 @@ Record view := mk_view {
 
 Record clause := mk_clause {
   c_only : option (view -> bool);   (** [only (P)]: [true] is [decoding] *)
-  c_while : option (view -> bool);  (** [while (C)] (admit only) *)
+  c_while : option (view -> bool);  (** [while (C)] (admission clause only) *)
   c_each : option (view -> nat)     (** [each at most (E)], floored *)
 }.
 
@@ -132,7 +132,7 @@ Definition xlt (n : nat) (a : option nat) : bool :=
   match a with Some m => n <? m | None => true end.
 
 Record batch := mk_batch {
-  b_mode : option bool;            (** advance's mode, else admit's (traces) *)
+  b_mode : option bool;            (** the advance clause's mode, else the admission clause's (traces) *)
   b_decoders : nat;                (** the first [b_decoders] of [decoding], one token each *)
   b_prefills : list nat;           (** the chunks of the first prefilling requests *)
   b_admitted : list (job * nat);   (** admitted with prefill: the job and its chunk *)
