@@ -84,6 +84,17 @@ PLOW_HD static inline float block_weight(const uint8_t* w, int32_t dt, int64_t i
 #include <immintrin.h>
 namespace plow {
 
+// The 32 lanes (four registers of 8) reduced by lanes_sum's tree.
+__attribute__((target("avx2,fma,f16c"))) static inline float lanes_sum4(__m256 a0, __m256 a1,
+                                                                        __m256 a2, __m256 a3) {
+  float acc[PLOW_LANES];
+  _mm256_storeu_ps(acc, a0);
+  _mm256_storeu_ps(acc + 8, a1);
+  _mm256_storeu_ps(acc + 16, a2);
+  _mm256_storeu_ps(acc + 24, a3);
+  return lanes_sum(acc);
+}
+
 #define PLOW_WIDEN_U8(v) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
 #define PLOW_WIDEN_I8(v) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
 
@@ -108,12 +119,7 @@ __attribute__((target("avx2,fma,f16c"))) static float dot_q4_1_avx2(const float*
     a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), w2, a2);
     a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), w3, a3);
   }
-  float acc[PLOW_LANES];
-  _mm256_storeu_ps(acc, a0);
-  _mm256_storeu_ps(acc + 8, a1);
-  _mm256_storeu_ps(acc + 16, a2);
-  _mm256_storeu_ps(acc + 24, a3);
-  return lanes_sum(acc);
+  return lanes_sum4(a0, a1, a2, a3);
 }
 
 __attribute__((target("avx2,fma,f16c"))) static float dot_q8_0_avx2(const float* x,
@@ -131,12 +137,7 @@ __attribute__((target("avx2,fma,f16c"))) static float dot_q8_0_avx2(const float*
     a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), _mm256_mul_ps(d, PLOW_WIDEN_I8(q1)), a2);
     a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), _mm256_mul_ps(d, PLOW_WIDEN_I8(_mm_srli_si128(q1, 8))), a3);
   }
-  float acc[PLOW_LANES];
-  _mm256_storeu_ps(acc, a0);
-  _mm256_storeu_ps(acc + 8, a1);
-  _mm256_storeu_ps(acc + 16, a2);
-  _mm256_storeu_ps(acc + 24, a3);
-  return lanes_sum(acc);
+  return lanes_sum4(a0, a1, a2, a3);
 }
 
 static const bool plow_has_avx2 =
@@ -157,18 +158,7 @@ PLOW_SIMD static float dot_blocks(const float* x, const uint8_t* w, int32_t dt, 
   float acc[PLOW_LANES] = {0};
   float wv[32];
   int64_t k = 0;
-  if (off % 32 == 0 && dt == PLOW_Q4_1) {  // the common case, decoded in registers
-    const int64_t bb = block_bytes(dt);
-    for (; k + 32 <= n; k += 32) {
-      const uint8_t* blk = w + (off + k) / 32 * bb;
-      const float d = half_to_f32(blk), m = half_to_f32(blk + 2);
-      const uint8_t* qs = blk + 4;
-      for (int l = 0; l < 16; ++l) {
-        acc[l] = fmaf(x[k + l], d * static_cast<float>(qs[l] & 0x0f) + m, acc[l]);
-        acc[l + 16] = fmaf(x[k + l + 16], d * static_cast<float>(qs[l] >> 4) + m, acc[l + 16]);
-      }
-    }
-  } else if (off % 32 == 0) {
+  if (off % 32 == 0) {
     for (; k + 32 <= n; k += 32) {
       decode_block(w, dt, (off + k) / 32, wv);
       for (int l = 0; l < PLOW_LANES; ++l) acc[l] = fmaf(x[k + l], wv[l], acc[l]);

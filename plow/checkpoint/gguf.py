@@ -10,7 +10,6 @@ of whole blocks. The config and tokenizer come from transformers' own GGUF reade
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from plow.checkpoint.quant import BLOCK, FORMATS, METADATA_KEY, write_metadata
+from plow.checkpoint.weights import write_safetensors
 from plow.errors import CheckpointError
 
 # GGUF tensor name (per layer with {i}) -> HuggingFace llama name
@@ -145,21 +145,10 @@ def _write_safetensors(
     tensors: list[tuple[str, str, tuple[int, ...], np.ndarray]],
     quant: dict[str, tuple[str, tuple[int, int]]],
 ) -> None:
-    meta: dict[str, str] = {"format": "pt", "writer": "plow import-gguf"}
+    meta = {"format": "pt", "writer": "plow import-gguf"}
     if quant:
         meta[METADATA_KEY] = write_metadata(quant)
-    header: dict[str, Any] = {"__metadata__": meta}
-    pos = 0
-    for name, st, shape, arr in tensors:
-        header[name] = {"dtype": st, "shape": list(shape), "data_offsets": [pos, pos + arr.nbytes]}
-        pos += arr.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with path.open("wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for *_, arr in tensors:
-            f.write(arr.tobytes())
+    write_safetensors(path, {name: (st, arr) for name, st, _, arr in tensors}, meta)
 
 
 def gguf_checkpoint(path: Path, cache: Path | None = None) -> Path:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import re
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -303,3 +304,33 @@ class WeightStore(Mapping[str, np.ndarray]):
                     e.file,
                     f"tensor {name!r} has shape {list(e.logical_shape)}, expected {list(shape)}",
                 )
+
+
+def safetensors_header(
+    tensors: Sequence[tuple[str, str, Sequence[int], int]], metadata: Mapping[str, str]
+) -> bytes:
+    """The length-prefixed, 8-byte-padded header of a safetensors file holding `tensors`
+    (name, safetensors dtype, shape, byte count) back to back in that order."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    pos = 0
+    for name, st, shape, nbytes in tensors:
+        header[name] = {"dtype": st, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        pos += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def write_safetensors(
+    path: Path, tensors: Mapping[str, tuple[str, np.ndarray]], metadata: Mapping[str, str]
+) -> None:
+    """A safetensors file of in-memory arrays (name → (safetensors dtype, array))."""
+    arrays = {n: (st, np.ascontiguousarray(a)) for n, (st, a) in tensors.items()}
+    with path.open("wb") as f:
+        f.write(
+            safetensors_header(
+                [(n, st, a.shape, a.nbytes) for n, (st, a) in arrays.items()], metadata
+            )
+        )
+        for _, a in arrays.values():
+            f.write(a.tobytes())

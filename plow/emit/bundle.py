@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -194,34 +193,24 @@ def copy_weights(source: Path, names: list[str], dest: Path) -> WeightsInfo:
     from plow.checkpoint.loader import weight_files
     from plow.checkpoint.quant import METADATA_KEY as QUANT_KEY
     from plow.checkpoint.quant import write_metadata as write_quant_metadata
-    from plow.checkpoint.weights import WeightStore
+    from plow.checkpoint.weights import WeightStore, safetensors_header
 
     store = WeightStore.open(weight_files(source), where=source)
     # fp8 weights travel with their scale tensors (plow.checkpoint.fp8)
     scales = [sc for n in names if (sc := store.fp8_scale(n)) is not None and sc not in names]
     names = [*names, *scales]
-    header: dict[str, Any] = {"__metadata__": {"format": "pt", "writer": "plow"}}
-    pos = 0
-    entries = []
-    quant: dict[str, tuple[str, tuple[int, int]]] = {}
-    for n in names:
-        e = store.entry(n)
-        if e.quant is not None:  # blocks are copied as blocks; the metadata says how to read them
-            quant[n] = e.quant
-        header[n] = {
-            "dtype": _ST_DTYPE[e.dtype.name],
-            "shape": list(e.shape),
-            "data_offsets": [pos, pos + e.nbytes],
-        }
-        entries.append(e)
-        pos += e.nbytes
+    entries = [store.entry(n) for n in names]
+    # blocks are copied as blocks; the metadata says how to read them
+    quant = {n: e.quant for n, e in zip(names, entries, strict=True) if e.quant is not None}
+    meta = {"format": "pt", "writer": "plow"}
     if quant:
-        header["__metadata__"][QUANT_KEY] = write_quant_metadata(quant)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+        meta[QUANT_KEY] = write_quant_metadata(quant)
+    specs = [
+        (n, _ST_DTYPE[e.dtype.name], e.shape, e.nbytes) for n, e in zip(names, entries, strict=True)
+    ]
+    pos = sum(e.nbytes for e in entries)
     with dest.open("wb") as out:
-        out.write(len(raw).to_bytes(8, "little"))
-        out.write(raw)
+        out.write(safetensors_header(specs, meta))
         for e in (p for t in entries for p in t.pieces):  # stacked experts: their parts
             with e.file.open("rb") as f:
                 f.seek(e.offset)

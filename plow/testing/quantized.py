@@ -7,36 +7,19 @@ for transformers: the reference a quantized bundle is gated against.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from plow.checkpoint.quant import BLOCK, METADATA_KEY, QuantTensor, write_metadata
-from plow.checkpoint.weights import WeightStore
+from plow.checkpoint.weights import WeightStore, write_safetensors
 
 _SIDE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
 def _write(path: Path, tensors: dict[str, tuple[str, np.ndarray]], meta: dict[str, str]) -> None:
-    header: dict[str, Any] = {"__metadata__": {"format": "pt", **meta}}
-    pos = 0
-    for name, (st, arr) in tensors.items():
-        header[name] = {
-            "dtype": st,
-            "shape": list(arr.shape),
-            "data_offsets": [pos, pos + arr.nbytes],
-        }
-        pos += arr.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with path.open("wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for _, arr in tensors.values():
-            f.write(np.ascontiguousarray(arr).tobytes())
+    write_safetensors(path, tensors, {"format": "pt", **meta})
 
 
 def _copy_side_files(src: Path, dest: Path) -> None:

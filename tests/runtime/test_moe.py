@@ -20,11 +20,11 @@ import transformers
 from plow.checkpoint import load_checkpoint
 from plow.emit.bundle import compile_bundle
 from plow.profile import CompileProfile
-from plow.runtime.cpu import CpuModel, Request, RowDevice, RowInput, generate
-from plow.runtime.native import NativeModel, open_native
-from plow.runtime.sampler import SamplingParams
+from plow.runtime.cpu import CpuModel, Request, RowInput, generate
+from plow.runtime.native import open_native
 from plow.target import load_target
 from plow.testing import make_tiny_checkpoint
+from tests.runtime.helpers import prefill_logits
 
 NEW = 32
 PROMPTS = [
@@ -58,23 +58,6 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"path": path, "bundle": bundle, "ckpt": ckpt, "hf": hf, "ids": ids, "refs": refs}
 
 
-def _prefill_logits(m: CpuModel | NativeModel, ids: list[int]) -> np.ndarray:
-    t = m.kv.new_table()
-    m.kv.reserve(t, len(ids))
-    last = None
-    for start in range(0, len(ids), 16):
-        chunk = ids[start : start + 16]
-        plan = m.plan(m.prefill_bucket(1, len(chunk)))
-        m.run_quantum(
-            plan,
-            [RowInput(t, tuple(range(start, start + len(chunk))), tuple(chunk))],
-            [RowDevice(SamplingParams(), None, 1)],
-            1,
-        )
-        last = m.logits(plan)[0]
-    m.kv.release(t)
-    assert last is not None
-    return last
 
 
 def test_the_fixture_is_what_the_issue_asks_for(moe: dict) -> None:
@@ -96,7 +79,7 @@ def test_logits_within_1e_4_of_transformers(moe: dict) -> None:
     for ids in moe["ids"][::3]:  # type: ignore[index]
         with torch.no_grad():
             want = moe["hf"](torch.tensor([ids])).logits[0, -1].numpy()  # type: ignore[operator]
-        got = _prefill_logits(m, ids)
+        got = prefill_logits(m, ids)
         tol = 1e-4 * np.maximum(1.0, np.abs(want))
         assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want)))
 
@@ -109,7 +92,7 @@ def test_native_greedy_tokens_and_logits_equal_transformers(moe: dict) -> None:
     ids = moe["ids"][0]  # type: ignore[index]
     with torch.no_grad():
         want = moe["hf"](torch.tensor([ids])).logits[0, -1].numpy()  # type: ignore[operator]
-    got_l = _prefill_logits(open_native(moe["bundle"], max_batch=8), ids)
+    got_l = prefill_logits(open_native(moe["bundle"], max_batch=8), ids)
     tol = 1e-4 * np.maximum(1.0, np.abs(want))
     assert np.all(np.abs(got_l - want) <= tol), float(np.max(np.abs(got_l - want)))
     work = m.plan(m.decode_bucket(1))

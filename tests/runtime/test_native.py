@@ -28,11 +28,12 @@ from plow.emit.bundle import compile_bundle
 from plow.emit.wire import HEADER_SIZE, Opcode, read_plan
 from plow.errors import PlowError
 from plow.profile import CompileProfile
-from plow.runtime.cpu import CpuModel, Request, RowDevice, RowInput, generate
-from plow.runtime.native import NativeModel, open_native
+from plow.runtime.cpu import CpuModel, Request, RowInput, generate
+from plow.runtime.native import open_native
 from plow.runtime.native.library import library_path
 from plow.runtime.sampler import SamplingParams
 from plow.target import load_target
+from tests.runtime.helpers import prefill_logits
 
 NEW = 12
 CONTEXT = 160
@@ -99,22 +100,6 @@ def test_native_greedy_tokens_equal_transformers(
         assert any(p.work == "merge" for p in plan.packets)
 
 
-def _prefill_logits(m: NativeModel | CpuModel, ids: list[int]) -> np.ndarray:
-    t = m.kv.new_table()
-    m.kv.reserve(t, len(ids))
-    rows = []
-    for start in range(0, len(ids), 16):
-        chunk = ids[start : start + 16]
-        plan = m.plan(m.prefill_bucket(1, len(chunk)))
-        m.run_quantum(
-            plan,
-            [RowInput(t, tuple(range(start, start + len(chunk))), tuple(chunk))],
-            [RowDevice(SamplingParams(), None, 1)],
-            1,
-        )
-        rows.append(m.logits(plan)[0])
-    m.kv.release(t)
-    return rows[-1]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -125,7 +110,7 @@ def test_native_logits_are_within_1e_4_of_transformers(
     with torch.no_grad():
         want = hf[family](torch.tensor([ids])).logits[0, -1].numpy()
     for target in ("cpu", "split"):
-        got = _prefill_logits(open_native(bundles[family, target]), ids)
+        got = prefill_logits(open_native(bundles[family, target]), ids)
         tol = 1e-4 * np.maximum(1.0, np.abs(want))
         assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want)))
 
@@ -155,7 +140,7 @@ def test_a_request_alone_equals_the_same_request_inside_a_batch_of_eight(
         path = bundles["llama", target]
         alone = open_native(path, max_batch=8)
         a_tok = generate(alone, [Request(tuple(mine), NEW)])[0]
-        a_log = _prefill_logits(open_native(path, max_batch=8), mine)
+        a_log = prefill_logits(open_native(path, max_batch=8), mine)
         batch = open_native(path, max_batch=8)
         got = generate(batch, [Request(tuple(p), NEW) for p in [*others[:3], mine, *others[3:]]])
         assert got[3] == a_tok
@@ -163,7 +148,7 @@ def test_a_request_alone_equals_the_same_request_inside_a_batch_of_eight(
         m8 = open_native(path, max_batch=8)
         p1, p8 = m8.plan(m8.decode_bucket(1)), m8.plan(m8.decode_bucket(8))
         assert p1.bucket.batch == 1 and p8.bucket.batch == 8
-        assert np.array_equal(a_log, _prefill_logits(m8, mine))
+        assert np.array_equal(a_log, prefill_logits(m8, mine))
 
 
 def test_native_refuses_a_gpu_targets_bundle(

@@ -31,6 +31,7 @@ from plow.runtime.native import open_native
 from plow.target import load_target
 from plow.testing.fixtures import make_tiny_checkpoint
 from plow.testing.quantized import dequantized_checkpoint, quantize_checkpoint, quantized_names
+from tests.runtime.helpers import prefill_logits
 
 gguf = pytest.importorskip("gguf")
 
@@ -120,11 +121,9 @@ def test_quantized_greedy_tokens_equal_transformers_on_the_dequantized_weights(
 def test_quantized_logits_are_the_fp32_logits_of_the_dequantized_weights_bit_for_bit(
     quantized: dict[str, Path], tname: str
 ) -> None:
-    from tests.runtime.test_native import _prefill_logits
-
     ids = PROMPTS[0]  # 18 tokens: a 16-token prefill (4-row dot blocks) then a 2-token one
-    got = _prefill_logits(open_native(quantized[f"q-{tname}"]), ids)
-    want = _prefill_logits(open_native(quantized[f"deq-{tname}"]), ids)
+    got = prefill_logits(open_native(quantized[f"q-{tname}"]), ids)
+    want = prefill_logits(open_native(quantized[f"deq-{tname}"]), ids)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 

@@ -182,7 +182,11 @@ def _linear(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -
         _argmax_chunks(plan, op, y, m0, n0, acc)
 
 
-def _linear_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access) -> None:
+def _summed_partials(
+    op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access
+) -> tuple[np.ndarray, int, int, int, int]:
+    """A merge unit's box of the split reduction's partials, summed in ascending step order
+    (k chunks, or experts), and the box (m0, m1, n0, n1)."""
     (m0, m1), (n0, n1), _ = r
     n0, n1 = max(n0, cols[0]), min(n1, cols[1])
     M, N, _k = op.extents
@@ -191,6 +195,12 @@ def _linear_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc
     y = parts[0].copy()
     for k in range(1, steps):
         y = y + parts[k]
+    return y, m0, m1, n0, n1
+
+
+def _linear_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access) -> None:
+    y, m0, m1, n0, n1 = _summed_partials(op, r, cols, acc)
+    M, N, _k = op.extents
     if len(op.inputs) == 3:
         y = y + acc.weight(op.inputs[2])[n0:n1]
     y = _softcap(y.astype(F32), op)
@@ -530,14 +540,8 @@ def _expert(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -
 
 def _expert_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access) -> None:
     """The down projection's sum over experts: partials in ascending expert order."""
-    (m0, m1), (n0, n1), _ = r
-    n0, n1 = max(n0, cols[0]), min(n1, cols[1])
+    y, m0, m1, n0, n1 = _summed_partials(op, r, cols, acc)
     M, N, _k = op.extents
-    steps = op.steps[2]
-    parts = acc.get(partial_name(op.name), (steps, M, N), np.s_[:, m0:m1, n0:n1])
-    y = parts[0].copy()
-    for k in range(1, steps):
-        y = y + parts[k]
     acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], y.astype(F32))
 
 

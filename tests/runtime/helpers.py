@@ -1,0 +1,29 @@
+"""Helpers shared by the executor tests (not tests themselves)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plow.runtime.cpu import CpuModel, RowDevice, RowInput
+from plow.runtime.sampler import SamplingParams
+
+
+def prefill_logits(m: CpuModel, ids: list[int], chunk: int = 16) -> np.ndarray:
+    """The last prompt token's logits after prefilling `ids` in chunks of `chunk` tokens into a
+    fresh key-value table (released afterwards); `m` is any bundle executor's model."""
+    t = m.kv.new_table()
+    m.kv.reserve(t, len(ids))
+    last = None
+    for start in range(0, len(ids), chunk):
+        part = ids[start : start + chunk]
+        plan = m.plan(m.prefill_bucket(1, len(part)))
+        m.run_quantum(
+            plan,
+            [RowInput(t, tuple(range(start, start + len(part))), tuple(part))],
+            [RowDevice(SamplingParams(), None, 1)],
+            1,
+        )
+        last = m.logits(plan)[0]
+    m.kv.release(t)
+    assert last is not None, "an empty prompt has no logits"
+    return last
