@@ -1,7 +1,11 @@
-(** * Theorem 2 of Bari et al. (B4, B5): statements only
+(** * Theorem 2 of Bari et al. (B4, B5): statements
 
-    Stated on the step semantics of [Step.v] and NOT proved here: nothing in this file is a
-    theorem, and no other file assumes these propositions.  [serq prove] does not use them.
+    Stated on the step semantics of [Step.v].  [theorem2_one_node] (B4) and
+    [theorem2_nodes_per_node] (B5's per-node part) are NOT proved, and no file assumes them;
+    [serq prove] does not use them.  What is proved of B4 ([Theorem2proof.v]) is its
+    Foster-Lyapunov part, stated here as [foster_criterion] and
+    [theorem2_one_node_small_set]: bounded expected hitting and return times of the small
+    set (less than [2^16] tokens of work left) from every reachable job list.
     B6 (compound Poisson arrivals) is not stated: its arrival law has infinite support, and
     its expected return time needs a real-valued expectation over it.
 
@@ -14,7 +18,7 @@
     or the ended requests (complete machine states never repeat).  It is a Markov chain
     because the RAD engine reads only the counts of the lists, never [now] or [served].
 
-    Probabilities are rationals ([Q], axiom-free).  A state [s] is positive recurrent when
+    Probabilities are rationals ([Q], no real numbers).  A state [s] is positive recurrent when
     the expected return time [E_s[tau_s] = sum_{k >= 0} P_s(tau_s > k)] is finite, i.e. its
     partial sums are bounded; [P_s(tau_s > k)] is the mass of the [k]-step paths from [s]
     that avoid [s] at steps [1 .. k] ([avoid]), a finite sum.  Bounded partial sums also give
@@ -117,6 +121,68 @@ Inductive reachable (E : engine) (D : dist) : joblist -> Prop :=
 Definition theorem2_one_node : Prop :=
   forall D : dist, valid_dist D -> load D < inject_Z 128 ->
   forall s, reachable E128 D s -> positive_recurrent E128 D s.
+
+(** ** The Foster-Lyapunov part of B4 (proved in [Theorem2proof.v])
+
+    A chain with a finite-support kernel ([kernel]: the list of (probability, next state)
+    from a state), expectations of one step ([expect]), and [hit_partial K C n x], the
+    expected value of [min(tau_C, n)] from [x], where [tau_C >= 1] is the first step in
+    [C]: [E_x[min(tau_C, n)] = sum_{k < n} P_x(tau_C > k)], a finite sum. *)
+
+Definition qsum {A : Type} (f : A -> Q) (l : list A) : Q := fold_right (fun a acc => f a + acc) 0 l.
+
+Definition kernel (X : Type) : Type := X -> list (Q * X).
+
+Definition expect {X : Type} (K : kernel X) (f : X -> Q) (x : X) : Q :=
+  qsum (fun py => fst py * f (snd py)) (K x).
+
+Fixpoint hit_partial {X : Type} (K : kernel X) (C : X -> bool) (n : nat) (x : X) : Q :=
+  match n with
+  | O => 0
+  | S n' =>
+      1 + qsum (fun py => if C (snd py) then 0 else fst py * hit_partial K C n' (snd py)) (K x)
+  end.
+
+(** Foster's criterion, on an invariant set [I] closed under the kernel: a Lyapunov function
+    [V >= 0] that drops by [eps > 0] in expectation outside [C] and whose one-step
+    expectation is at most [b] on [C] bounds [eps * E_x[tau_C]] by [V x] outside [C] and by
+    [eps + b] on [C], for every horizon. *)
+Definition foster_criterion : Prop :=
+  forall (X : Type) (K : kernel X) (C : X -> bool) (I : X -> Prop) (V : X -> Q) (eps b : Q),
+    0 < eps ->
+    (forall x, I x -> forall py, In py (K x) -> 0 <= fst py /\ I (snd py)) ->
+    (forall x, I x -> 0 <= V x) ->
+    (forall x, I x -> C x = false -> expect K V x + eps <= V x) ->
+    (forall x, I x -> C x = true -> expect K V x <= b) ->
+    forall x, I x -> forall n,
+      (C x = false -> eps * hit_partial K C n x <= V x)
+      /\ (C x = true -> eps * hit_partial K C n x <= eps + b).
+
+(** The job-list chain of a slot distribution. *)
+Definition chain (E : engine) (D : dist) : kernel joblist :=
+  fun x => map (fun pa => (fst pa, slot E (snd pa) x)) D.
+
+(** The Lyapunov function: the work left, prefill plus decode tokens of every request. *)
+Definition pairs_work (l : list (nat * nat)) : nat := fold_right (fun pd acc => fst pd + snd pd + acc)%nat 0%nat l.
+
+Definition work (s : joblist) : nat :=
+  (pairs_work (jl_waiting s) + pairs_work (jl_prefilling s) + pairs_work (jl_decoding s))%nat.
+
+Definition work_q (s : joblist) : Q := inject_Z (Z.of_nat (work s)).
+
+(** The small set: less than [2^16] tokens of work.  It is finite (fewer than [2^16] requests,
+    each with less than [2^16] tokens left), which is not stated here. *)
+Definition small_bound : nat := 256 * 256.
+Definition small (s : joblist) : bool := (work s <? small_bound)%nat.
+
+(** What is proved of B4: from every reachable state, the expected time to reach the small
+    set is at most [work s / (128 - L)], and from a small state the expected return to it is
+    at most [65664 / (128 - L)] (the same bound for every small state), at every horizon. *)
+Definition theorem2_one_node_small_set : Prop :=
+  forall D : dist, valid_dist D -> load D < inject_Z 128 ->
+  forall s, reachable E128 D s -> forall n,
+    (inject_Z 128 - load D) * hit_partial (chain E128 D) small n s
+      <= (if small s then inject_Z 65664 else work_q s).
 
 (** ** B5: [g] nodes, each arrival routed independently and uniformly, [L < 128 g]
 
