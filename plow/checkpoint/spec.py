@@ -40,6 +40,9 @@ class LayerSpec:
     rope: RopeSpec
     window: int | None = None
     moe: bool = False
+    # "attention" (with the feed-forward above) or "ssm": the layer is one Mamba-2 mixer
+    # (`ModelSpec.ssm`) between its norm and residual, with no feed-forward
+    mixer: str = "attention"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,37 @@ class MoeSpec:
     top_k: int
     intermediate_size: int
     norm_topk_prob: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SsmSpec:
+    """A Mamba-2 mixer (transformers' `Mamba2Mixer`): `in_proj` to [z | xBC | dt] of widths
+    `inner`, `conv_dim` = inner + 2 * groups * state, `heads`; a causal depthwise conv of
+    `conv_kernel` taps over xBC, then SiLU; the selective scan per head (`head_dim` x `state`
+    state, dt = softplus(dt + dt_bias) clamped to [dt_min, dt_max], A = -exp(A_log), D skip);
+    the gated RMSNorm y * silu(z) normalised per group of inner / groups; `out_proj`."""
+
+    heads: int
+    head_dim: int
+    state_size: int
+    groups: int
+    conv_kernel: int
+    conv_bias: bool = True
+    proj_bias: bool = False
+    dt_min: float = 0.0
+    dt_max: float = float("inf")
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner + 2 * self.groups * self.state_size
+
+    @property
+    def proj_size(self) -> int:
+        return self.inner + self.conv_dim + self.heads
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +120,16 @@ class ModelSpec:
     moe: MoeSpec | None = None
     # fp8 checkpoints: the block of the weights' scales (plow.checkpoint.fp8); None otherwise
     weight_block: tuple[int, int] | None = None
+    # Mamba-2: the mixer of the layers whose `mixer` is "ssm" (weights named backbone.*)
+    ssm: SsmSpec | None = None
+
+    @property
+    def embed_weight(self) -> str:
+        return "backbone.embeddings.weight" if self.ssm else "model.embed_tokens.weight"
+
+    @property
+    def final_norm_weight(self) -> str:
+        return "backbone.norm_f.weight" if self.ssm else "model.norm.weight"
 
     @property
     def q_size(self) -> int:
@@ -102,6 +146,8 @@ class ModelSpec:
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the forward reads, by its HuggingFace name, with its shape."""
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        if self.ssm is not None:
+            return self._ssm_weight_shapes(self.ssm)
         shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
         for n in range(self.num_layers):
             p = f"model.layers.{n}."
@@ -137,9 +183,32 @@ class ModelSpec:
             shapes["lm_head.weight"] = (v, h)
         return shapes
 
+    def _ssm_weight_shapes(self, m: SsmSpec) -> dict[str, tuple[int, ...]]:
+        h, v = self.hidden_size, self.vocab_size
+        shapes: dict[str, tuple[int, ...]] = {"backbone.embeddings.weight": (v, h)}
+        for n in range(self.num_layers):
+            p = f"backbone.layers.{n}."
+            shapes[p + "norm.weight"] = (h,)
+            shapes[p + "mixer.in_proj.weight"] = (m.proj_size, h)
+            shapes[p + "mixer.conv1d.weight"] = (m.conv_dim, 1, m.conv_kernel)
+            if m.conv_bias:
+                shapes[p + "mixer.conv1d.bias"] = (m.conv_dim,)
+            if m.proj_bias:
+                shapes[p + "mixer.in_proj.bias"] = (m.proj_size,)
+                shapes[p + "mixer.out_proj.bias"] = (h,)
+            shapes[p + "mixer.dt_bias"] = (m.heads,)
+            shapes[p + "mixer.A_log"] = (m.heads,)
+            shapes[p + "mixer.D"] = (m.heads,)
+            shapes[p + "mixer.norm.weight"] = (m.inner,)
+            shapes[p + "mixer.out_proj.weight"] = (h, m.inner)
+        shapes["backbone.norm_f.weight"] = (h,)
+        if not self.tie_word_embeddings:
+            shapes["lm_head.weight"] = (v, h)
+        return shapes
+
     @property
     def lm_head_weight(self) -> str:
-        return "model.embed_tokens.weight" if self.tie_word_embeddings else "lm_head.weight"
+        return self.embed_weight if self.tie_word_embeddings else "lm_head.weight"
 
     def active_parameter_count(self) -> int:
         """Parameters one token reads: a routed layer's experts count `top_k` of `experts`."""

@@ -76,6 +76,66 @@ def _experts(g: _Builder, spec: ModelSpec, p: str, w: str, h: str, n: int) -> st
     )
 
 
+def _ssm_mixer(g: _Builder, spec: ModelSpec, p: str, w: str, h: str, n: int) -> str:
+    """A Mamba-2 mixer (`SsmSpec`): in_proj to [z | xBC | dt]; `ssm_conv` (the row's conv
+    window in `conv_state`); `ssm_scan` (the row's `ssm_state`); `ssm_norm` gated by z;
+    out_proj. The two states are `TensorRole.state` [B, ...]: one fixed-size block per row,
+    read and rewritten by the op (a row's first position 0 starts from zeros)."""
+    m = spec.ssm
+    assert m is not None
+    b = g.tensors[h].shape[0]
+    ins = [h, g.weight(w + "mixer.in_proj.weight")]
+    if m.proj_bias:
+        ins.append(g.weight(w + "mixer.in_proj.bias"))
+    proj = g.op(p + "in_proj", OpKind.linear, ins, {}, n)
+    cst = g.declare(p + "conv_state", (b, m.conv_dim, m.conv_kernel - 1), TensorRole.state)
+    sst = g.declare(p + "ssm_state", (b, m.heads, m.head_dim, m.state_size), TensorRole.state)
+    conv_in = [proj, g.weight(w + "mixer.conv1d.weight")]
+    if m.conv_bias:
+        conv_in.append(g.weight(w + "mixer.conv1d.bias"))
+    xbc = g.op(
+        p + "ssm_conv",
+        OpKind.ssm_conv,
+        [*conv_in, cst, "positions"],
+        {"channels": m.conv_dim, "kernel": m.conv_kernel, "offset": m.inner},
+        n,
+    )
+    y = g.op(
+        p + "ssm_scan",
+        OpKind.ssm_scan,
+        [
+            xbc,
+            proj,
+            g.weight(w + "mixer.dt_bias"),
+            g.weight(w + "mixer.A_log"),
+            g.weight(w + "mixer.D"),
+            sst,
+            "positions",
+        ],
+        {
+            "heads": m.heads,
+            "head_dim": m.head_dim,
+            "state_size": m.state_size,
+            "groups": m.groups,
+            "dt_offset": m.inner + m.conv_dim,
+            "dt_min": m.dt_min,
+            "dt_max": m.dt_max,
+        },
+        n,
+    )
+    y = g.op(
+        p + "ssm_norm",
+        OpKind.ssm_norm,
+        [y, proj, g.weight(w + "mixer.norm.weight")],
+        {"group": m.inner // m.groups, "eps": spec.norm_eps},
+        n,
+    )
+    out = [y, g.weight(w + "mixer.out_proj.weight")]
+    if m.proj_bias:
+        out.append(g.weight(w + "mixer.out_proj.bias"))
+    return g.op(p + "out_proj", OpKind.linear, out, {}, n)
+
+
 def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
     """The forward of one step of `bucket`: token ids in, logits and sampled ids out.
 
@@ -106,11 +166,18 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
     x = g.op(
         "embed",
         OpKind.embedding,
-        ["ids", g.weight("model.embed_tokens.weight")],
+        ["ids", g.weight(spec.embed_weight)],
         {"scale": spec.embed_scale},
     )
     for n, lspec in enumerate(spec.layers):
         p, w = f"L{n}.", f"model.layers.{n}."
+        if lspec.mixer == "ssm":  # Mamba-2: x + mixer(norm(x)), no feed-forward
+            w = f"backbone.layers.{n}."
+            h = norm(p + "norm", x, w + "norm.weight", n)
+            x = g.op(
+                p + "residual", OpKind.residual_add, [x, _ssm_mixer(g, spec, p, w, h, n)], {}, n
+            )
+            continue
         h = norm(p + "attn_norm", x, w + "input_layernorm.weight", n)
         bias = spec.attention_bias
         q = linear(
@@ -190,7 +257,7 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
         if spec.sandwich_norms:
             d = norm(p + "post_mlp_norm", d, w + "post_feedforward_layernorm.weight", n)
         x = g.op(p + "mlp_residual", OpKind.residual_add, [x, d], {}, n)
-    x = norm("final_norm", x, "model.norm.weight", None)
+    x = norm("final_norm", x, spec.final_norm_weight, None)
     logits = g.op(
         "lm_head",
         OpKind.lm_head,

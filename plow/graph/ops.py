@@ -29,6 +29,10 @@ class OpKind(str, Enum):
     sample = "sample"
     router = "router"  # router logits -> dense combine weights (top-k kept, the rest 0)
     expert_linear = "expert_linear"  # stacked experts, gated by the router's weights
+    # Mamba-2 (docs/families.md): each reads and updates its row's recurrent state in place
+    ssm_conv = "ssm_conv"  # causal depthwise conv over the xBC columns of in_proj, then SiLU
+    ssm_scan = "ssm_scan"  # the selective-scan recurrence per head (dt, A, B, C, D skip)
+    ssm_norm = "ssm_norm"  # gated RMSNorm: y * silu(z), normalised per group
 
 
 class TensorRole(str, Enum):
@@ -36,6 +40,7 @@ class TensorRole(str, Enum):
     weight = "weight"
     activation = "activation"
     cache = "cache"  # key-value cache, persists across steps
+    state = "state"  # recurrent state, one fixed-size block per sequence, persists across steps
     output = "output"  # read by the host after a step
 
 
@@ -159,7 +164,42 @@ def infer_shapes(
         _need(name, attrs["mode"] == "down", f"unknown expert_linear mode {attrs['mode']!r}")
         _need(name, x[-1] == n_exp * kin, f"input {x} is not {n_exp} experts x {kin} columns")
         return [(*x[:-1], wn)]
+    if kind in (OpKind.ssm_conv, OpKind.ssm_scan, OpKind.ssm_norm):
+        return _ssm_shapes(kind, name, ins, attrs)
     raise GraphError(name, f"unknown op kind {kind}")
+
+
+def _ssm_shapes(kind: OpKind, name: str, ins: list[Shape], attrs: Mapping[str, Any]) -> list[Shape]:
+    """Mamba-2's ops; `proj` is in_proj's output [B, T, inner + conv_dim + heads] (z, xBC, dt
+    columns), the state's first dim is the batch row (the runtime maps rows to slots)."""
+    if kind is OpKind.ssm_conv:
+        # proj, conv weight [C, 1, K], (conv bias [C]), conv state [B, C, K-1], positions
+        proj, w, st, pos = ins[0], ins[1], ins[-2], ins[-1]
+        c, k, off = int(attrs["channels"]), int(attrs["kernel"]), int(attrs["offset"])
+        b, t = proj[0], proj[1]
+        _need(name, len(proj) == 3 and proj[2] >= off + c, f"proj {proj} lacks columns {off}+{c}")
+        _need(name, w == (c, 1, k), f"conv weight {w} is not [{c}, 1, {k}]")
+        _need(name, len(ins) == 4 or ins[2] == (c,), f"conv bias {ins[2]} is not [{c}]")
+        _need(name, st == (b, c, k - 1), f"conv state {st} is not [{b}, {c}, {k - 1}]")
+        _need(name, pos == (b, t), f"positions {pos} are not [B,T]")
+        return [(b, t, c)]
+    if kind is OpKind.ssm_scan:
+        # xBC [B,T,C], proj (dt columns), dt_bias [H], A_log [H], D [H], ssm state, positions
+        xbc, proj, dtb, alog, dsk, st, pos = ins
+        h, p, n, g = (int(attrs[a]) for a in ("heads", "head_dim", "state_size", "groups"))
+        b, t = xbc[0], xbc[1]
+        _need(name, xbc == (b, t, h * p + 2 * g * n), f"xBC {xbc} is not [B,T,{h}*{p}+2*{g}*{n}]")
+        _need(name, proj[:2] == (b, t) and proj[2] >= int(attrs["dt_offset"]) + h, f"proj {proj}")
+        _need(name, dtb == alog == dsk == (h,), f"dt_bias / A_log / D {dtb} are not [{h}]")
+        _need(name, st == (b, h, p, n), f"ssm state {st} is not [{b}, {h}, {p}, {n}]")
+        _need(name, h % g == 0, f"{h} heads are not a multiple of {g} groups")
+        _need(name, pos == (b, t), f"positions {pos} are not [B,T]")
+        return [(b, t, h * p)]
+    y, proj, w = ins
+    group = int(attrs["group"])
+    _need(name, len(y) == 3 and proj[:2] == y[:2] and proj[2] >= y[2], f"gate {proj} vs {y}")
+    _need(name, y[-1] % group == 0 and w == (y[-1],), f"norm weight {w} / group {group} vs {y}")
+    return [y]
 
 
 @dataclass(frozen=True)
@@ -194,7 +234,7 @@ class OpGraph:
         defined = {
             n
             for n, t in self.tensors.items()
-            if t.role in (TensorRole.input, TensorRole.weight, TensorRole.cache)
+            if t.role in (TensorRole.input, TensorRole.weight, TensorRole.cache, TensorRole.state)
         }
         for op in self.ops:
             for t in op.inputs:

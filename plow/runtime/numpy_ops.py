@@ -189,3 +189,134 @@ def experts_down(x: np.ndarray, route: np.ndarray, w: np.ndarray) -> np.ndarray:
             y = np.matmul(x2[rows, e * k : (e + 1) * k], np.asarray(w[e], dtype=F32).T)
             out[rows] = out[rows] + (y.astype(F32) * r2[rows, e : e + 1]).astype(F32)
     return out.reshape(*lead, n)
+
+
+# -- Mamba-2 (transformers' Mamba2Mixer.torch_forward; recurrent state per batch row) --------
+#
+# A row's tokens are its positions >= 0 (a contiguous prefix of the step's tokens); a row whose
+# first such position is 0 starts from a zero state (a new sequence), any other continues the
+# state it holds. Padded tokens (position -1) read nothing, leave the state alone, output 0.
+# Prefill runs the recurrence token by token (fp32 state), the same arithmetic as decode.
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """torch's softplus (threshold 20: x itself above it)."""
+    with np.errstate(over="ignore"):
+        return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, F32(20))))).astype(F32)
+
+
+def ssm_conv_row(
+    x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, state: np.ndarray, fresh: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """One row: x [n, C] new inputs, w [C, 1, K], state [C, K-1] the previous K-1 inputs.
+    Returns (silu(conv + bias) [n, C], the new state [C, K-1])."""
+    k = w.shape[-1]
+    prev = np.zeros_like(state) if fresh else state
+    win = np.concatenate([prev, x.T.astype(F32)], axis=1)  # [C, K-1+n]
+    n = x.shape[0]
+    out = np.zeros((x.shape[1], n), dtype=F32)
+    for j in range(k):  # tap order fixed: the same sum in every executor
+        out = out + w[:, 0, j : j + 1].astype(F32) * win[:, j : j + n]
+    if bias is not None:
+        out = out + bias.astype(F32)[:, None]
+    return silu(out).T, np.ascontiguousarray(win[:, n:]) if k > 1 else state
+
+
+def ssm_scan_row(
+    xbc: np.ndarray,
+    dt_raw: np.ndarray,
+    dt_bias: np.ndarray,
+    a_log: np.ndarray,
+    d: np.ndarray,
+    state: np.ndarray,
+    fresh: bool,
+    attrs: Mapping[str, Any],
+) -> tuple[np.ndarray, np.ndarray]:
+    """One row's heads: xbc [n, inner + 2GN] (conv output), dt_raw [n, H'] (in_proj's dt
+    columns of the heads in `state`), state [H', P, N]. `attrs["head0"]` (default 0) is the
+    first head of the slice, so a tile over heads picks its group of B and C."""
+    hh, p, nn, g = (
+        state.shape[0],
+        int(attrs["head_dim"]),
+        int(attrs["state_size"]),
+        int(attrs["groups"]),
+    )
+    heads = int(attrs["heads"])
+    h0 = int(attrs.get("head0", 0))
+    inner = heads * p
+    per_group = heads // g
+    grp = (np.arange(h0, h0 + hh) // per_group).astype(np.int64)
+    a = -np.exp(a_log.astype(F32))
+    s = np.zeros_like(state) if fresh else state.astype(F32).copy()
+    ys = np.zeros((xbc.shape[0], hh * p), dtype=F32)
+    for i in range(xbc.shape[0]):
+        x = xbc[i, h0 * p : (h0 + hh) * p].reshape(hh, p)
+        bm = xbc[i, inner : inner + g * nn].reshape(g, nn)[grp]  # [H', N]
+        cm = xbc[i, inner + g * nn : inner + 2 * g * nn].reshape(g, nn)[grp]
+        dt = softplus(dt_raw[i] + dt_bias.astype(F32))
+        dt = np.clip(dt, F32(attrs["dt_min"]), F32(attrs["dt_max"])).astype(F32)
+        da = np.exp(dt * a).astype(F32)  # [H']
+        s = (s * da[:, None, None] + (dt[:, None] * x)[:, :, None] * bm[:, None, :]).astype(F32)
+        y = np.einsum("hpn,hn->hp", s, cm, dtype=F32) + d.astype(F32)[:, None] * x
+        ys[i] = y.reshape(-1)
+    return ys, s
+
+
+def ssm_norm(y: np.ndarray, z: np.ndarray, w: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
+    """MambaRMSNormGated: (y * silu(z)) normalised per group, times the weight."""
+    group = int(attrs["group"])
+    h = (y * silu(z)).astype(F32)
+    hg = h.reshape(*h.shape[:-1], h.shape[-1] // group, group)
+    var = np.mean(hg * hg, axis=-1, keepdims=True, dtype=F32)
+    out = (hg / np.sqrt(var + F32(attrs["eps"]))).reshape(h.shape)
+    return (w.astype(F32) * out).astype(F32)
+
+
+def _row_tokens(pos: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The valid tokens of a row and whether they start a new sequence."""
+    valid = np.flatnonzero(pos >= 0)
+    return valid, bool(valid.size and pos[valid[0]] == 0)
+
+
+def ssm_conv(
+    proj: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    state: np.ndarray,
+    pos: np.ndarray,
+    attrs: Mapping[str, Any],
+) -> np.ndarray:
+    """Whole tensors: proj [B, T, P], state [B, C, K-1] (updated in place) -> [B, T, C]."""
+    c, off = int(attrs["channels"]), int(attrs["offset"])
+    out = np.zeros((*proj.shape[:2], c), dtype=F32)
+    for b in range(proj.shape[0]):
+        valid, fresh = _row_tokens(pos[b])
+        if valid.size == 0:
+            continue
+        out[b, valid], state[b] = ssm_conv_row(
+            proj[b, valid, off : off + c], w, bias, state[b], fresh
+        )
+    return out
+
+
+def ssm_scan(
+    xbc: np.ndarray,
+    proj: np.ndarray,
+    dt_bias: np.ndarray,
+    a_log: np.ndarray,
+    d: np.ndarray,
+    state: np.ndarray,
+    pos: np.ndarray,
+    attrs: Mapping[str, Any],
+) -> np.ndarray:
+    """Whole tensors: state [B, H, P, N] (updated in place) -> y [B, T, H * P]."""
+    h, off = int(attrs["heads"]), int(attrs["dt_offset"])
+    out = np.zeros((*xbc.shape[:2], h * int(attrs["head_dim"])), dtype=F32)
+    for b in range(xbc.shape[0]):
+        valid, fresh = _row_tokens(pos[b])
+        if valid.size == 0:
+            continue
+        out[b, valid], state[b] = ssm_scan_row(
+            xbc[b, valid], proj[b, valid, off : off + h], dt_bias, a_log, d, state[b], fresh, attrs
+        )
+    return out

@@ -57,6 +57,13 @@ def run_graph(
             out = K.experts_gate_up(a[0], a[1], a[2], op.attrs)
         elif op.kind is OpKind.expert_linear:
             out = K.experts_down(a[0], a[1], a[2])
+        elif op.kind is OpKind.ssm_conv:
+            bias = a[2] if len(a) == 5 else None
+            out = K.ssm_conv(a[0], a[1], bias, a[-2], a[-1], op.attrs)
+        elif op.kind is OpKind.ssm_scan:
+            out = K.ssm_scan(a[0], a[1], a[2], a[3], a[4], a[5], a[6], op.attrs)
+        elif op.kind is OpKind.ssm_norm:
+            out = K.ssm_norm(a[0], a[1][..., : a[0].shape[-1]], a[2], op.attrs)
         else:  # pragma: no cover - OpKind is closed
             raise AssertionError(op.kind)
         env[op.outputs[0]] = out
@@ -90,7 +97,7 @@ class ReferenceSession:
             self.caches = {
                 name: np.zeros(t.shape, dtype=F32)
                 for name, t in graph.tensors.items()
-                if t.role is TensorRole.cache
+                if t.role in (TensorRole.cache, TensorRole.state)
             }
         inputs = {
             "ids": np.asarray([ids], dtype=np.int32),

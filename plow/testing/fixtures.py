@@ -93,6 +93,20 @@ _BASE: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False,
     ),
 }
+# Mamba-2: 4 groups of 2 heads, head_dim 12 (!= 64), state 8, conv 3 taps, untied lm_head,
+# dt_bias / A_log / D perturbed (`make_tiny_checkpoint`) so every head differs.
+_BASE["mamba2"] = dict(
+    vocab_size=307,
+    hidden_size=48,
+    expand=2,
+    num_heads=8,
+    head_dim=12,
+    n_groups=4,
+    state_size=8,
+    conv_kernel=3,
+    num_hidden_layers=3,
+    tie_word_embeddings=False,
+)
 TINY_FAMILIES = tuple(_BASE)
 
 
@@ -131,6 +145,7 @@ def _hf_config(family: str, seed: int, overrides: dict[str, Any]) -> Any:
         "qwen3": transformers.Qwen3Config,
         "gemma3": transformers.Gemma3TextConfig,
         "qwen3_moe": transformers.Qwen3MoeConfig,
+        "mamba2": transformers.Mamba2Config,
     }[family]
     return cls(**params)
 
@@ -143,6 +158,7 @@ def _model_class(family: str) -> Any:
         "qwen3": transformers.Qwen3ForCausalLM,
         "gemma3": transformers.Gemma3ForCausalLM,
         "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+        "mamba2": transformers.Mamba2ForCausalLM,
     }[family]
 
 
@@ -179,6 +195,8 @@ def make_tiny_checkpoint(
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
+            if name.endswith(("mixer.dt_bias", "mixer.A_log", "mixer.D")):  # mamba2
+                p.add_(0.3 * torch.randn_like(p))
     model = model.to(getattr(torch, dtype))
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     shard_size = max(1, total // shards + 1) if shards > 1 else None
@@ -198,7 +216,7 @@ def make_tiny_checkpoint(
                 "pad_token": "<pad>",
                 "add_bos_token": False,
                 "chat_template": CHAT_TEMPLATE,
-                "model_max_length": config.max_position_embeddings,
+                "model_max_length": getattr(config, "max_position_embeddings", 2048),
             },
             indent=2,
         )
