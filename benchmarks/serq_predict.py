@@ -17,6 +17,15 @@ For one tiny fixture checkpoint (the same as ``serving_overhead.py``), in one ru
    and its chunk to the one plow's priced chooser picks for the mean prompt;
 4. compare p50 / p90 / p99 of TTFT, TPOT and end-to-end: relative error of the prediction.
 
+The calibration prices the launches only. What a tick costs the host besides them (HTTP
+streaming, sampling, detokenisation, bookkeeping) is measured by a probe of the running server
+before the loads: 1 and then ``SLOTS`` concurrent requests (16-token prompts, 32 tokens out,
+the load's temperature); their TPOT beyond the calibrated decode tick ``d0 + d1 * rows`` is
+fitted as ``tick_us + row_us_host * rows`` and set in the program, and a lone request's TTFT
+at the client beyond the server's own TTFT for it is ``http_us``, added to the predicted TTFT
+and end-to-end. Each load runs the program with the batch-formation window the server chose
+during it (``/debug/admission``, polled).
+
 Usage: ``python benchmarks/serq_predict.py [--quick] [--loads 0.3,0.6] [--out DIR]``.
 Writes ``serq_predict.json`` and ``serq_predict.md`` (with a Limits section) into ``--out``
 (default ``results/benchmarks``).
@@ -32,6 +41,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
@@ -80,10 +90,80 @@ def calibration(srv: so.ServerProc) -> dict[str, float]:
     }
 
 
+PROBE_PROMPT, PROBE_OUT, PROBE_TEMP = 16, 32, 0.7  # the Poisson load samples at 0.7 too
+HIDDEN = ("http_us", "probe_tpot1_us", "probe_tpot_full_us")  # not program parameters
+
+
+async def _probe(srv: so.ServerProc, conc: int, seed: int) -> list[so.Result]:
+    rng = np.random.default_rng(seed)
+    async with so.client(srv) as c:
+        return await asyncio.gather(*(
+            so.one_request(c, NAME, [int(x) for x in rng.integers(3, 300, size=PROBE_PROMPT)],
+                           PROBE_OUT, seed * 16 + i, PROBE_TEMP)
+            for i in range(conc)
+        ))  # fmt: skip
+
+
+def host_costs(srv: so.ServerProc, costs: dict[str, float], reps: int) -> dict[str, float]:
+    """The host's costs beyond the priced launches, measured on the running server: the TPOT
+    of 1 and of SLOTS concurrent requests beyond the calibrated decode tick, fitted as
+    tick_us + row_us_host * rows; and http_us, a lone request's TTFT at the client beyond the
+    server's own TTFT for it (vllm:time_to_first_token_seconds), so the batch-formation
+    window the server may hold a lone request for is not counted in it."""
+    tpot: dict[int, float] = {}
+    http: list[float] = []
+    for conc in (1, so.SLOTS):
+        asyncio.run(_probe(srv, conc, 99))  # warm-up, not counted
+        vals: list[float] = []
+        for r in range(reps):
+            m0 = srv.metrics(NAME)
+            res = asyncio.run(_probe(srv, conc, 100 + r))
+            m1 = srv.metrics(NAME)
+            vals += [t for x in res if x.ok and (t := x.tpot) is not None]
+            key = "vllm:time_to_first_token_seconds"
+            served = m1[key + "_count"] - m0[key + "_count"]
+            if conc == 1 and served == 1 and res[0].ok:
+                http.append(res[0].ttft - (m1[key + "_sum"] - m0[key + "_sum"]))
+        if not vals or (conc == 1 and not http):
+            raise SystemExit(f"serq_predict: the probe at concurrency {conc} got no tokens back")
+        tpot[conc] = float(np.median(vals)) * 1e6
+    over1 = tpot[1] - (costs["d0_us"] + costs["d1_us"])
+    over_full = tpot[so.SLOTS] - (costs["d0_us"] + costs["d1_us"] * so.SLOTS)
+    row_host = max(0.0, (over_full - over1) / (so.SLOTS - 1))
+    tick = max(0.0, over1 - row_host)
+    return {"tick_us": tick, "row_us_host": row_host,
+            "http_us": max(0.0, float(np.median(http)) * 1e6),
+            "probe_tpot1_us": tpot[1], "probe_tpot_full_us": tpot[so.SLOTS]}  # fmt: skip
+
+
+async def _load(srv: so.ServerProc, rate: float, n: int, seed: int) -> tuple[list[so.Result], float, list[float]]:
+    """The Poisson load, polling the server's batch-formation window (its M/D/1 choice at the
+    arrival rate it sees) every half second while it runs."""
+    windows: list[float] = []
+    done = asyncio.Event()
+
+    async def poll() -> None:
+        async with httpx.AsyncClient(base_url=srv.url, headers=srv.headers(), timeout=30) as c:
+            while not done.is_set():
+                with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                    windows.append((await c.get("/debug/admission")).json()[NAME]["prediction"]["window_s"])
+                await asyncio.sleep(0.5)
+
+    task = asyncio.create_task(poll())
+    try:
+        res, dur = await so.poisson(srv, NAME, rate, n, seed, PROMPTS, OUTPUTS)
+    finally:
+        done.set()
+        await task
+    return res, dur, windows
+
+
 def predict(arrivals: list[tuple[float, int, int]], costs: dict[str, float]) -> dict[str, list[float]]:
     """Run plow_serve.sq on exactly these arrivals: (time s, prompt tokens, output tokens)."""
     program, text = parse_file(PROGRAM)
-    sets = {**costs, "plo": 0, "phi": 0, "olo": 0, "ohi": 0, "rate": 1.0, "window_us": 0}
+    http_ms = costs.get("http_us", 0.0) / 1e3
+    params = {k: v for k, v in costs.items() if k not in HIDDEN}
+    sets = {"window_us": 0.0, **params, "plo": 0, "phi": 0, "olo": 0, "ohi": 0, "rate": 1.0}
     spec = interp.prepare(check(program, str(PROGRAM), text), sets)
     times = [a[0] * 1e6 for a in arrivals]
     gaps = iter([t - s for s, t in zip([0.0, *times], times, strict=False)] + [1e30] * 4)
@@ -91,9 +171,9 @@ def predict(arrivals: list[tuple[float, int, int]], costs: dict[str, float]) -> 
     lengths = iter([x + 0.5 for _, p, o in arrivals for x in (p, o)])
     rec = interp.run(spec, 1e15, 0.0, gaps.__next__, lengths.__next__, lambda: 0.0, [math.inf])
     return {
-        "ttft": [t / 1e3 for t in rec["ttft"]],
+        "ttft": [t / 1e3 + http_ms for t in rec["ttft"]],
         "tpot": [t / 1e3 for t in rec["tbt"]],
-        "e2e": [t / 1e3 for t in rec["resp"]],
+        "e2e": [t / 1e3 + http_ms for t in rec["resp"]],
     }
 
 
@@ -107,7 +187,8 @@ def pcts(xs: list[float]) -> dict[str, float]:
 def one_load(srv: so.ServerProc, costs: dict[str, float], rho: float, n: int, seed: int) -> dict[str, Any]:
     hold = (costs["d0_us"] + costs["d1_us"] * so.SLOTS) / 1e6 * 32  # ~32 tokens at full batch
     rate = rho * so.SLOTS / hold
-    res, dur = asyncio.run(so.poisson(srv, NAME, rate, n, seed, PROMPTS, OUTPUTS))
+    res, dur, windows = asyncio.run(_load(srv, rate, n, seed))
+    window_us = float(np.median(windows)) * 1e6 if windows else 0.0
     ok = sorted((r for r in res if r.ok), key=lambda r: r.start)
     t0 = ok[0].start
     arrivals = [(r.start - t0, r.prompt_tokens, r.output_tokens) for r in ok]
@@ -116,7 +197,7 @@ def one_load(srv: so.ServerProc, costs: dict[str, float], rho: float, n: int, se
         "tpot": [t * 1e3 for r in ok if (t := r.tpot) is not None],
         "e2e": [r.e2el * 1e3 for r in ok],
     }
-    predicted = predict(arrivals, costs)
+    predicted = predict(arrivals, {**costs, "window_us": window_us})
     rows = {}
     for key in ("ttft", "tpot", "e2e"):
         m, p = pcts(measured[key]), pcts(predicted[key])
@@ -125,7 +206,7 @@ def one_load(srv: so.ServerProc, costs: dict[str, float], rho: float, n: int, se
             "predicted_ms": p,
             "error_pct": {q: (p[q] / m[q] - 1) * 100 for q in m},
         }
-    return {"load": rho, "request_rate_per_s": rate, "requests": len(ok),
+    return {"load": rho, "request_rate_per_s": rate, "requests": len(ok), "window_us": window_us,
             "failed": len(res) - len(ok), "duration_s": dur, "metrics": rows}  # fmt: skip
 
 
@@ -145,16 +226,19 @@ def write_md(data: dict[str, Any], path: Path) -> None:
                      + " / ".join(f"{e[q]:+.0f}" for q in ("p50", "p90", "p99")) + " |")  # fmt: skip
     L += ["", "## Limits", "",
           "- Valid only on a quiet machine: the measured side times a real server.",
-          "- The program models the dispatcher's policy and its two priced launches; it does not "
-          "model HTTP, tokenisation, detokenisation, sampling or the tick's bookkeeping, so the "
-          "prediction of per-token time is low by that overhead.",
+          "- The host's work besides the launches (HTTP streaming, sampling, detokenisation, the "
+          "tick's bookkeeping) is one line `tick_us + row_us_host * rows` fitted on two probe "
+          "points (1 and 4 concurrent requests, 16-token prompts) before the loads, and HTTP's "
+          "request-side latency one constant `http_us` from a lone request's TTFT; neither is "
+          "re-measured during the loads, and a contended machine moves both.",
           "- plow re-prices the prefill chunk every tick (`choose_chunk_size`); the program uses one "
           "chunk, the one chosen for the mean prompt. plow packs at most `budget // chunk` chunks; "
           "the program fills the budget with a partial last chunk.",
           "- plow admits into a free slot even when the tick's prefill launch is full; the program "
           "admits only requests that get prefill tokens in that tick.",
-          "- The batch-formation window is dynamic in plow (chosen by its M/D/1 model); the program "
-          "runs with `window_us = 0`. The admission bound (429 refusals) is not modelled: every "
+          "- The batch-formation window is dynamic in plow (its M/D/1 model re-chooses it every "
+          "100 ms at the arrival rate it sees); the program runs each load with one `window_us`, "
+          "the median of the server's choice polled every 0.5 s during that load. The admission bound (429 refusals) is not modelled: every "
           "request of the run was admitted or the run counts it as failed.",
           "- The decode tick is the calibration's line `d0 + d1 * rows` measured at startup, not "
           "the tick measured during the run."]  # fmt: skip
@@ -174,6 +258,7 @@ def main() -> None:
         srv = so.start_server(ckpt_dir, NAME)
         try:
             costs = calibration(srv)
+            costs.update(host_costs(srv, costs, 2 if args.quick else 5))
             print(f"costs: {json.dumps({k: round(v, 2) for k, v in costs.items()})}", flush=True)
             runs = []
             for i, rho in enumerate(loads):

@@ -29,6 +29,14 @@ def test_plow_serve_alone_pays_the_priced_launches() -> None:
     assert s["tbt_us"]["p50"] == 8000 + 600
 
 
+def test_plow_serve_host_costs_add_to_every_tick() -> None:
+    # the host's tick cost and its per-request cost come on top of the launches
+    over = {"rate": 0.00000005, "tick_us": 500, "row_us_host": 100}
+    s = simulate(load(PROGRAM, overrides=over), 1e9, 0.0, 5).stats
+    assert s["ttft_us"]["p50"] == 3000 + 40 * 64 + 500 + 100
+    assert s["tbt_us"]["p50"] == 8000 + 600 + 500 + 100
+
+
 def test_plow_serve_outside_the_proved_fragment() -> None:
     (budget, slots) = prove_file(PROGRAM)
     assert not budget.proved and "subtraction" in budget.detail
