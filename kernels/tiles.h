@@ -26,6 +26,10 @@
 #ifndef PLOW_SIMD
 #define PLOW_SIMD PLOW_HD  // a device build defines PLOW_HD only: the SIMD helpers follow it
 #endif
+#ifndef PLOW_INLINE
+// Helpers of a PLOW_SIMD function: inlined, so they are compiled for each of its clones.
+#define PLOW_INLINE inline __attribute__((always_inline))
+#endif
 
 namespace plow {
 
@@ -439,7 +443,7 @@ PLOW_HD static inline float qk_tree(float* a) {
   return a[0];
 }
 
-PLOW_SIMD static float qk_dot(const float* q, const float* k, int64_t n) {
+PLOW_HD PLOW_INLINE float qk_dot(const float* q, const float* k, int64_t n) {
   float a[PLOW_QK_LANES] = {0};
   int64_t d = 0;
   for (; d + PLOW_QK_LANES <= n; d += PLOW_QK_LANES)
@@ -449,8 +453,10 @@ PLOW_SIMD static float qk_dot(const float* q, const float* k, int64_t n) {
 }
 
 // Four keys against one query: four independent chains in flight, each with qk_dot's order.
-PLOW_SIMD static void qk_dot4(const float* q, const float* k0, const float* k1, const float* k2,
-                              const float* k3, int64_t n, float* s) {
+// Inlined into attend_rows' clones (a call per four keys through the clone dispatch cost as
+// much as the dots at head_dim 64).
+PLOW_HD PLOW_INLINE void qk_dot4(const float* q, const float* k0, const float* k1,
+                                 const float* k2, const float* k3, int64_t n, float* s) {
   float a0[PLOW_QK_LANES] = {0}, a1[PLOW_QK_LANES] = {0}, a2[PLOW_QK_LANES] = {0},
         a3[PLOW_QK_LANES] = {0};
   int64_t d = 0;
@@ -475,15 +481,111 @@ PLOW_SIMD static void qk_dot4(const float* q, const float* k0, const float* k1, 
   s[3] = qk_tree(a3);
 }
 
-// acc += p * v over head_dim (a multiply then an add: nothing contracted).
-PLOW_SIMD static void axpy_row(float* acc, float p, const float* v, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) acc[d] += p * v[d];
+// exp(x) for the softmax's x = score - max <= 0: Cephes' single-precision range reduction and
+// polynomial (about 1 ulp), in fmaf and integer steps only, so it vectorises over keys and
+// every build (AVX-512, AVX2, portable, CUDA) gives the same bits. Below -87 (weights under
+// 1e-38 of the row's largest) the weight is 0.
+PLOW_HD PLOW_INLINE float exp_nonpos(float x) {
+  const float xc = x > -87.0f ? x : -87.0f;
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds x * log2(e) to an integer
+  const float t = fmaf(xc, 1.44269504088896341f, magic);
+  const float n = t - magic;
+  float r = fmaf(n, -0.693359375f, xc);  // x - n ln 2, ln 2 in two parts
+  r = fmaf(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  const float y = fmaf(p, r * r, r) + 1.0f;
+  int32_t ti;
+  memcpy(&ti, &t, 4);
+  const int32_t bits = ((ti - 0x4B400000) + 127) * (1 << 23);  // 2^n, n in [-126, 0]
+  float two_n;
+  memcpy(&two_n, &bits, 4);
+  return x > -87.0f ? y * two_n : 0.0f;
 }
 
-// One attention tile: rows [ra, rb) over key indices [s0, s1) (relative to the window's first
-// key). Keys past a row's live length do no work: the tile writes its empty partial and returns,
-// so the cost follows the sequence, not the compiled context. Writes this step's keys/values
-// into the pool (the tile holding the token's first query head and its key index). A row's
+// R (<= PLOW_ATTN_ROWS) query rows of one token against the n visible keys / values their
+// walks start at: scores into sc (row i at sc + i * n), then each row's max m, weights
+// exp(s - m) in place, their sum l (8 lanes, fixed tree) and acc += w * v in key order, four
+// keys per pass over acc (the same adds in the same order as one key at a time). Each key and
+// value is read once for the R rows.
+PLOW_SIMD static void attend_rows(KvWalk& kw, KvWalk& vw, const float* const* qv, int64_t R,
+                                  int64_t D, int64_t n, float scale, float softcap, float* sc,
+                                  float* acc, float* m, float* l) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* k0 = kw.ptr;
+    kw.next();
+    const float* k1 = kw.ptr;
+    kw.next();
+    const float* k2 = kw.ptr;
+    kw.next();
+    const float* k3 = kw.ptr;
+    kw.next();
+    for (int64_t i = 0; i < R; ++i) qk_dot4(qv[i], k0, k1, k2, k3, D, sc + i * n + j);
+  }
+  for (; j < n; ++j, kw.next())
+    for (int64_t i = 0; i < R; ++i) sc[i * n + j] = qk_dot(qv[i], kw.ptr, D);
+  for (int64_t i = 0; i < R; ++i) {
+    float* s = sc + i * n;
+    if (softcap != 0.0f) {
+      for (j = 0; j < n; ++j) s[j] = tanhf(s[j] * scale / softcap) * softcap;
+    } else {
+      for (j = 0; j < n; ++j) s[j] = s[j] * scale;
+    }
+    float mx[PLOW_QK_LANES];
+    for (int k = 0; k < PLOW_QK_LANES; ++k) mx[k] = -INFINITY;
+    for (j = 0; j + PLOW_QK_LANES <= n; j += PLOW_QK_LANES)
+      for (int k = 0; k < PLOW_QK_LANES; ++k) mx[k] = s[j + k] > mx[k] ? s[j + k] : mx[k];
+    for (int k = 0; j + k < n; ++k) mx[k] = s[j + k] > mx[k] ? s[j + k] : mx[k];
+    float big = mx[0];  // a max: the same value in any order
+    for (int k = 1; k < PLOW_QK_LANES; ++k) big = mx[k] > big ? mx[k] : big;
+    m[i] = big;
+    if (big == -INFINITY) {
+      l[i] = 0.0f;
+      for (j = 0; j < n; ++j) s[j] = 0.0f;  // no weight: acc stays 0
+      continue;
+    }
+    for (j = 0; j < n; ++j) s[j] = exp_nonpos(s[j] - big);
+    float ls[PLOW_QK_LANES] = {0};
+    for (j = 0; j + PLOW_QK_LANES <= n; j += PLOW_QK_LANES)
+      for (int k = 0; k < PLOW_QK_LANES; ++k) ls[k] += s[j + k];
+    for (int k = 0; j + k < n; ++k) ls[k] += s[j + k];
+    l[i] = qk_tree(ls);
+  }
+  for (j = 0; j + 4 <= n; j += 4) {
+    const float* v0 = vw.ptr;
+    vw.next();
+    const float* v1 = vw.ptr;
+    vw.next();
+    const float* v2 = vw.ptr;
+    vw.next();
+    const float* v3 = vw.ptr;
+    vw.next();
+    for (int64_t i = 0; i < R; ++i) {
+      const float* w = sc + i * n + j;
+      const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+      float* a = acc + i * D;
+      for (int64_t d = 0; d < D; ++d)
+        a[d] = (((a[d] + w0 * v0[d]) + w1 * v1[d]) + w2 * v2[d]) + w3 * v3[d];
+    }
+  }
+  for (; j < n; ++j, vw.next())
+    for (int64_t i = 0; i < R; ++i) {
+      const float w0 = sc[i * n + j];
+      float* a = acc + i * D;
+      for (int64_t d = 0; d < D; ++d) a[d] = a[d] + w0 * vw.ptr[d];
+    }
+}
+
+// One attention tile: rows [ra, rb); of a split key axis, step k of S scores the k-th S-th of
+// the live run (keys relative to the window's first key), so the work follows the sequence,
+// not the compiled context, and the steps share it evenly. Writes this step's keys/values
+// into the pool (the tile holding the token's first query head and, in the plan's static key
+// ranges [s0, s1), its key index). A row's
 // visible keys (causal, windowed) are one contiguous run, scored in key order; masked keys are
 // never touched.
 PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Range* r,
@@ -496,14 +598,17 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
   const float* vin = c.A + op.t[2];
   const int32_t* pos = I32(c.A, op.t[3]);
   const int32_t* table = I32(c.A, p->page_table);
-  const int64_t layer = op.d[5], window = op.d[6], D = g.D, bs = p->kv_block;
+  const int64_t layer = op.d[5], window = op.d[6], steps = op.d[7], D = g.D, bs = p->kv_block;
   const float scale = op.f[0], softcap = op.f[1];
   const int64_t ra = r[0].a, rb = r[0].b, s0 = r[1].a, s1 = r[1].b;
   float* o_part = step >= 0 ? c.A + op.t[5] + step * g.rows * D : nullptr;
   float* ml_part = step >= 0 ? c.A + op.t[6] + step * g.rows * 2 : nullptr;
   float* out = c.A + op.t[4];
-  float* sc = scratch;  // scores of up to PLOW_ATTN_ROWS rows: at most s1 - s0 keys each
-  float* acc = scratch + PLOW_ATTN_ROWS * (s1 - s0);  // their outputs, head_dim each
+  // scores of up to PLOW_ATTN_ROWS rows, at most a tile's keys each (a step's share of the
+  // live run, at most ceil(extent / steps)); then their outputs, head_dim each
+  const int64_t tile_keys = op.tile[1] > 0 ? op.tile[1] : op.ext[1];
+  float* sc = scratch;
+  float* acc = scratch + PLOW_ATTN_ROWS * tile_keys;
   const int64_t first = ra / g.block, last = (rb - 1) / g.block;
   const int64_t fresh_ld = g.KVH * D;  // one token's stride in the step's key/value input
   for (int64_t blk = first; blk <= last; ++blk) {
@@ -519,10 +624,19 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
         if (prow[t] > p_max) p_max = prow[t];
       }
     const bool live = p_min >= 0;
-    int64_t key_lo = 0, j1 = s0;
+    int64_t key_lo = 0, j0 = 0, j1 = 0;
     if (live) {
       key_lo = window > 0 ? (p_min - window + 1 > 0 ? p_min - window + 1 : 0) : 0;
-      j1 = s1 < p_max - key_lo + 1 ? s1 : p_max - key_lo + 1;
+      // The keys this tile scores: step k of S takes the k-th S-th of the live run, so the
+      // split's tiles share the work at any length (a split of the compiled context would
+      // leave every key to the first tile while the sequence is short).
+      const int64_t n_live = p_max - key_lo + 1 < op.ext[1] ? p_max - key_lo + 1 : op.ext[1];
+      if (step >= 0) {
+        j0 = step * n_live / steps;
+        j1 = (step + 1) * n_live / steps;
+      } else {
+        j1 = s1 < n_live ? s1 : n_live;
+      }
       // cache write: tokens whose first query head is in the tile and key index in [s0, s1)
       for (int64_t t = 0; t < g.T; ++t) {
         const int64_t pt = prow[t];
@@ -552,10 +666,10 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
         l[i] = 0.0f;
       }
       for (int64_t d = 0; d < R * D; ++d) acc[d] = 0.0f;
-      if (live && j1 > s0 && qpos >= 0) {
-        scored += R * (j1 - s0);
+      if (live && j1 > j0 && qpos >= 0) {
+        scored += R * (j1 - j0);
         // the visible run: key positions in [lo, hi] (causal and windowed), inside the tile
-        int64_t lo = key_lo + s0, hi = key_lo + j1 - 1;
+        int64_t lo = key_lo + j0, hi = key_lo + j1 - 1;
         if (window > 0 && qpos - window + 1 > lo) lo = qpos - window + 1;
         if (qpos < hi) hi = qpos;
         const int64_t n = hi - lo + 1;
@@ -564,35 +678,8 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
           for (int64_t i = 0; i < R; ++i)
             qv[i] = q + ((bi * g.T + t) * g.H + kv * g.grp + (r0 + i) % g.grp) * D;
           KvWalk kw(c, trow, layer, 0, kv, p_min, kfresh, fresh_ld, lo);
-          int64_t j = 0;
-          for (; j + 4 <= n; j += 4) {
-            const float* k0 = kw.ptr;
-            kw.next();
-            const float* k1 = kw.ptr;
-            kw.next();
-            const float* k2 = kw.ptr;
-            kw.next();
-            const float* k3 = kw.ptr;
-            kw.next();
-            for (int64_t i = 0; i < R; ++i) qk_dot4(qv[i], k0, k1, k2, k3, D, sc + i * n + j);
-          }
-          for (; j < n; ++j, kw.next())
-            for (int64_t i = 0; i < R; ++i) sc[i * n + j] = qk_dot(qv[i], kw.ptr, D);
-          for (int64_t i = 0; i < R; ++i)
-            for (j = 0; j < n; ++j) {
-              float sv = sc[i * n + j] * scale;
-              if (softcap != 0.0f) sv = tanhf(sv / softcap) * softcap;
-              sc[i * n + j] = sv;
-              if (sv > m[i]) m[i] = sv;
-            }
           KvWalk vw(c, trow, layer, 1, kv, p_min, vfresh, fresh_ld, lo);
-          for (j = 0; j < n; ++j, vw.next())
-            for (int64_t i = 0; i < R; ++i) {
-              if (m[i] == -INFINITY) continue;
-              const float pe = expf(sc[i * n + j] - m[i]);
-              l[i] += pe;
-              axpy_row(acc + i * D, pe, vw.ptr, D);
-            }
+          attend_rows(kw, vw, qv, R, D, n, scale, softcap, sc, acc, m, l);
         }
       }
       for (int64_t i = 0; i < R; ++i) {

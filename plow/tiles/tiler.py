@@ -316,7 +316,16 @@ class _Tiler:
                     tuple(block << i for i in range(8) if block << i < rows),
                 ),
             ),  # fmt: skip
-            _AxisSpec("s", s_ext, axis_sizes(s_ext, self.cmin, self.opt.max_tile_kv)),
+            # even splits too: a split's steps share the live keys evenly at run time
+            # (tiles.h), so S steps of ceil(extent / S) keys are what a split costs
+            _AxisSpec(
+                "s",
+                s_ext,
+                axis_sizes(
+                    s_ext, self.cmin, self.opt.max_tile_kv,
+                    tuple(round_up(cdiv(s_ext, n), self.cmin) for n in (2, 3, 4, 8)),
+                ),
+            ),  # fmt: skip
             _AxisSpec("d", d, (round_up(d, self.cmin),)),
         )
 

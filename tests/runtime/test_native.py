@@ -32,6 +32,7 @@ from plow.runtime.cpu import CpuModel, Request, RowInput, generate
 from plow.runtime.native import open_native
 from plow.runtime.native.library import library_path
 from plow.runtime.sampler import SamplingParams
+from plow.schedule.regions import partial_name
 from plow.target import load_target
 from tests.runtime.helpers import prefill_logits
 
@@ -265,6 +266,15 @@ def test_attention_work_follows_the_live_length_not_the_compiled_context(
         m.write_inputs(plan, [RowInput(t, (pos,), (7,))])
         m.dispatch(plan)
         assert m.machine.work(plan)[attn.name] == heads * (pos + 1) < heads * context
+        # the key steps share the live keys evenly (step k: keys [k n / S, (k+1) n / S)): a
+        # step scored (finite max, weight sum >= 1) exactly when its share is not empty, not
+        # only the steps whose compiled slices hold positions 0..pos
+        steps, n = attn.steps[1], pos + 1
+        share = np.array([(k + 1) * n // steps - k * n // steps for k in range(steps)])
+        ml = np.asarray(m.arena.view(partial_name(attn.name) + ".ml")).reshape(steps, -1, 2)
+        scored = np.isfinite(ml[:, :heads, 0]) & (ml[:, :heads, 1] >= 1.0)
+        assert (scored == (share > 0)[:, None]).all(), (pos, share)
+        assert share.max() - share.min() <= 1 and (share > 0).sum() > 1
         m.kv.release(t)
 
 

@@ -312,7 +312,14 @@ def _attention(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None
             continue
         p_min, p_max = int(pos[valid].min()), int(pos[valid].max())
         key_lo = max(0, p_min - int(window) + 1) if window else 0
-        j0, j1 = s0, min(s1, p_max - key_lo + 1)
+        # a split's step k of S scores the k-th S-th of the live run (tiles.h: the steps
+        # share the work at any length); the cache write below keeps the static key ranges
+        n_live = min(p_max - key_lo + 1, op.extents[1])
+        if step is None:
+            j0, j1 = s0, min(s1, n_live)
+        else:
+            steps = op.steps[1]
+            j0, j1 = step * n_live // steps, (step + 1) * n_live // steps
         t0, t1 = lo_r // g.grp, (hi_r - 1) // g.grp + 1  # tokens of the block inside the tile
         new_tok = np.flatnonzero(valid)
         new_pos = pos[new_tok].astype(np.int64)
