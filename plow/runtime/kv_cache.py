@@ -194,6 +194,8 @@ class PageTable:
 
     block_size: int
     blocks: list[int] = field(default_factory=list)
+    # the request's recurrent-state slot (models with state: Mamba-2), -1: none
+    state_slot: int = -1
 
     @property
     def capacity(self) -> int:
@@ -275,6 +277,8 @@ class PagedKVCache:
         self.block_size = block_size
         self.dtype: KVDtype = dtype
         self.pool = BlockPool(num_blocks)
+        # recurrent-state slots not held by a table (None: the model has no state)
+        self.free_state_slots: set[int] | None = None
         shape = (num_layers, 2, num_blocks, kv_heads, block_size, head_dim)
         self.arena = np.zeros(shape, dtype=_STORAGE[dtype])
         self.scales: np.ndarray | None = (
@@ -296,7 +300,20 @@ class PagedKVCache:
 
     # -- page tables ---------------------------------------------------------------------
     def new_table(self) -> PageTable:
-        return PageTable(self.block_size)
+        """A request's empty table; with recurrent state (`state_slots`), it also takes the
+        lowest free state slot (`OutOfBlocks` when every slot is held)."""
+        free = self.free_state_slots
+        if free is None:
+            return PageTable(self.block_size)
+        if not free:
+            raise OutOfBlocks(1, 0)
+        slot = min(free)
+        free.remove(slot)
+        return PageTable(self.block_size, state_slot=slot)
+
+    def use_state_slots(self, slots: int) -> None:
+        """Give every new table one of `slots` recurrent-state slots; `release` frees it."""
+        self.free_state_slots = set(range(slots))
 
     def reserve(self, table: PageTable, length: int) -> None:
         """Grow `table` so it holds `length` tokens; all or nothing (raises `OutOfBlocks`)."""
@@ -314,6 +331,10 @@ class PagedKVCache:
         for b in reversed(table.blocks):
             self.pool.decref(b)
         table.blocks.clear()
+        free = self.free_state_slots
+        if free is not None and table.state_slot >= 0:
+            free.add(table.state_slot)  # a finished or dropped request frees its state
+            table.state_slot = -1
 
     # -- data ----------------------------------------------------------------------------
     def _check_layer(self, layer: int) -> None:

@@ -91,6 +91,10 @@ class PrefixCache:
         if table.blocks:
             raise KVCacheError("page table", "acquire wants an empty page table")
         n = len(prompt)
+        if self.cache.free_state_slots is not None:  # recurrent state: see `register`
+            self._lookups += 1
+            self._prompt_tokens += n
+            return 0
         blocks = self.lookup(prompt)[: max(n - 1, 0) // self.block_size]
         for b in blocks:
             self.cache.pool.incref(b)
@@ -105,6 +109,10 @@ class PrefixCache:
         """Index the full blocks of `tokens` — the tokens whose keys and values `table` now
         holds, in order — so later requests can reuse them. A block whose prefix is already
         cached under another block stays private. Returns how many blocks became cached."""
+        if self.cache.free_state_slots is not None:
+            # a model with recurrent state (Mamba-2): a prefix is its state after the prefix,
+            # which no block holds; prefix caching is off for it (no state snapshots yet)
+            return 0
         hashes = self.block_hashes(tokens)
         if len(hashes) > len(table.blocks):
             raise KVCacheError(

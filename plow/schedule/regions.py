@@ -18,6 +18,12 @@ tile whose output it reads.
 | sample | `logits[rows of the batch rows, cols]` | `index[rows]` |
 | router | the tile's rows, every expert column | the box |
 | expert_linear | `x[m, k]` and the tile's expert's column of the router weights | `out[m, n]` |
+| ssm_conv | every token of its batch rows, its channels of in_proj's xBC columns | the box |
+| ssm_scan | its rows' tokens: every conv column (x, B, C), its heads' dt columns | its heads |
+| ssm_norm | the box of y and the same columns of in_proj (the gate z) | the box |
+
+The ssm ops' recurrent state (`TensorRole.state`) is not an activation: each tile reads and
+rewrites only its own rows' and channels' / heads' state, so it orders nothing in a step.
 
 Split reductions (the reduction axis has more than one step: linear/lm_head `k`,
 attention `s`, sample and rmsnorm `cols`): tiles write fp32 partials of their output box
@@ -259,7 +265,35 @@ class Regions:
             (a, b), (c0, c1) = ranges
             t = self.shape(op.inputs[0])[1]
             return [(op.inputs[0], (a * t, b * t, c0, c1))], (a, b, 0, 1)
+        if k in ("ssm_conv", "ssm_scan", "ssm_norm"):
+            return self._ssm(op, ranges)
         raise ValueError(f"no region rule for op kind {k!r} ({top.name})")
+
+    def _ssm(
+        self, op: Op, ranges: tuple[tuple[int, int], ...]
+    ) -> tuple[list[tuple[str, Box]], Box]:
+        """Mamba-2's boxes (module table); columns clipped to the extents (masked tiles)."""
+        (a, b), (c0, c1) = ranges
+        if op.kind.value == "ssm_norm":
+            gs = int(op.attrs["group"])
+            ncols = view(self.shape(op.outputs[0]))[1]
+            box = (a, b, c0 * gs, min(ncols, c1 * gs))
+            return [(op.inputs[0], box), (op.inputs[1], box)], box
+        t = self.shape(op.outputs[0])[1]
+        r0, r1 = a * t, b * t
+        if op.kind.value == "ssm_conv":
+            ch, off = int(op.attrs["channels"]), int(op.attrs["offset"])
+            c1 = min(c1, ch)
+            return [(op.inputs[0], (r0, r1, off + c0, off + c1))], (r0, r1, c0, c1)
+        h, p = int(op.attrs["heads"]), int(op.attrs["head_dim"])
+        c1 = min(c1, h)
+        xbc, proj = op.inputs[0], op.inputs[1]
+        dt = int(op.attrs["dt_offset"])
+        reads = [
+            (xbc, (r0, r1, 0, view(self.shape(xbc))[1])),
+            (proj, (r0, r1, dt + c0, dt + c1)),
+        ]
+        return reads, (r0, r1, c0 * p, c1 * p)
 
     def expert_of(self, op: Op, n0: int | np.ndarray, k0: int | np.ndarray) -> Any:
         """The expert of an `expert_linear` tile starting at output column `n0` / input

@@ -10,6 +10,8 @@ tile of a given shape moves, and (for matmul-like ops) the on-chip memory a tile
 | rmsnorm, rope, gated_mlp, residual_add, embedding, sample | rows, cols | per kind |
 | expert_linear | m, n, k (expert-major n for gate_up, k for down; a tile in one expert) | 4 / 2 |
 | router | rows, cols (all experts of a row in one tile) | 8 |
+| ssm_conv, ssm_scan | batch rows, channels / heads (every token of a row in the tile) | per kind |
+| ssm_norm | rows (tokens), norm groups | 6 x group |
 
 Row-wise ops are tiled by rows and may also split their columns so that a one-token step
 still occupies the workers; for the row reductions (rmsnorm's sum of squares, sample's
@@ -133,6 +135,8 @@ class _Tiler:
             return self.experts(op)
         if k is OpKind.router:
             return self.router(op)
+        if k in (OpKind.ssm_conv, OpKind.ssm_scan, OpKind.ssm_norm):
+            return self.ssm(op)
         if k in (
             OpKind.rmsnorm,
             OpKind.rope,
@@ -291,6 +295,57 @@ class _Tiler:
             rate="fp32",
             bytes=rows * cols * (a + 4),
             weight_bytes=0,
+            tile_bytes=tile_bytes,
+            merge_bytes=zero,
+            onchip=zero,
+        )
+
+    def ssm(self, op: Op) -> _Space:
+        """Mamba-2's ops. `ssm_conv`: axes (batch rows, conv channels); `ssm_scan`: (batch
+        rows, heads). A tile holds every token of its rows: the recurrence runs through
+        them in order, reading and rewriting the rows' state (conv window / heads' SSM
+        state) once per step; tiles never share state words. `ssm_norm`: (token rows,
+        norm groups). All stream (the state is read from and written to memory)."""
+        a, k = self.a, op.kind
+        weight = 0
+        if k is OpKind.ssm_conv:
+            b, t, ch = self.shape(op.outputs[0])
+            kern = int(op.attrs["kernel"])
+            rows, cols = b, ch
+            fpp = t * (2 * kern + 5)  # taps, bias, silu
+            per_point = 2 * t * a + 2 * (kern - 1) * 4
+            weight = ch * kern * self.w
+        elif k is OpKind.ssm_scan:
+            b, t, _ = self.shape(op.inputs[0])
+            h, p, n = (int(op.attrs[x]) for x in ("heads", "head_dim", "state_size"))
+            rows, cols = b, h
+            fpp = t * (6 * p * n + 4 * p + 8)  # decay, B x, state update, C readout, D, dt
+            per_point = t * (2 * p + 2 * n + 1) * a + 2 * p * n * 4
+            weight = 3 * h * self.w
+        else:
+            x = self.shape(op.inputs[0])
+            gs = int(op.attrs["group"])
+            rows, cols = _numel(x) // x[-1], x[-1] // gs
+            fpp, per_point = 6 * gs, 3 * gs * a
+            weight = x[-1] * self.w
+        axes = (
+            _AxisSpec("rows", rows, axis_sizes(rows, self.rmin, self.opt.max_tile_rows)),
+            _AxisSpec("cols", cols, axis_sizes(cols, self.cmin, self.opt.max_tile_elementwise)),
+        )
+        per_col = weight // cols
+
+        def tile_bytes(tl: tuple[int, ...], s: tuple[int, ...]) -> int:
+            return tl[0] * tl[1] * per_point + tl[1] * per_col
+
+        def zero(tl: tuple[int, ...], s: tuple[int, ...]) -> int:
+            return 0
+
+        return _Space(
+            axes=axes,
+            flops_per_point=fpp,
+            rate="fp32",
+            bytes=rows * cols * per_point + weight,
+            weight_bytes=weight,
             tile_bytes=tile_bytes,
             merge_bytes=zero,
             onchip=zero,

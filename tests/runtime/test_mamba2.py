@@ -117,3 +117,74 @@ def test_reference_greedy_matches_transformers(ckpt_dir: Path, hf: object) -> No
     ck = load_checkpoint(ckpt_dir)
     for ids in PROMPTS[:2]:
         assert generate_greedy(ck, ids, 12) == _hf_greedy(hf, ids, 12)
+
+
+# -- the cpu executor (the checking emulator: counters, arena, tile kernels) -------------------
+
+
+def _cpu_model(ckpt_dir: Path, **kw: object) -> object:
+    from plow.runtime.cpu.model import CpuModel
+
+    ck = load_checkpoint(ckpt_dir)
+    return CpuModel(ck.spec, ck.weights, max_batch=4, max_context=64, **kw)  # type: ignore[arg-type]
+
+
+def _cpu_greedy(model: object, prompts: list[list[int]], n: int) -> list[list[int]]:
+    from plow.runtime.cpu.generate import Request, generate
+
+    return generate(model, [Request(tuple(p), n) for p in prompts])  # type: ignore[arg-type]
+
+
+def test_cpu_executor_logits_match_transformers(ckpt_dir: Path, hf: object) -> None:
+    """Prefill then decode through the engine (the state carried in the arena's state region
+    by slot), each step's logits against transformers' logits of the whole sequence."""
+    from plow.runtime.cpu.engine import CpuEngine
+    from plow.runtime.engine import PrefillChunk
+
+    eng = CpuEngine(_cpu_model(ckpt_dir, check=True))  # type: ignore[arg-type]
+    ids = PROMPTS[0]
+    eng.add(1, ids)
+    rows = [eng.prefill([PrefillChunk(1, len(ids))])[0]]
+    seq = list(ids)
+    for _ in range(5):
+        seq.append(int(np.argmax(rows[-1])))
+        rows.append(eng.decode([1], [seq[-1]])[0])
+    ref = _hf_logits(hf, seq)[len(ids) - 1 :]
+    _close(np.stack(rows), ref)
+
+
+def test_cpu_executor_greedy_matches_transformers_short(ckpt_dir: Path, hf: object) -> None:
+    got = _cpu_greedy(_cpu_model(ckpt_dir), PROMPTS[:2], 8)
+    assert got == [_hf_greedy(hf, p, 8) for p in PROMPTS[:2]]
+
+
+@pytest.mark.slow
+def test_cpu_executor_greedy_matches_transformers_32x4(ckpt_dir: Path, hf: object) -> None:
+    got = _cpu_greedy(_cpu_model(ckpt_dir), PROMPTS, 32)
+    assert got == [_hf_greedy(hf, p, 32) for p in PROMPTS]
+
+
+def test_cpu_batch_of_two_equals_each_alone(ckpt_dir: Path) -> None:
+    m = _cpu_model(ckpt_dir)
+    pair = _cpu_greedy(m, [PROMPTS[0], PROMPTS[2]], 10)
+    alone = [_cpu_greedy(m, [p], 10)[0] for p in (PROMPTS[0], PROMPTS[2])]
+    assert pair == alone
+
+
+def test_freed_request_frees_its_state_slot_and_prefix_cache_is_off(ckpt_dir: Path) -> None:
+    from plow.runtime.cpu.engine import CpuEngine
+    from plow.runtime.engine import PrefillChunk
+
+    m = _cpu_model(ckpt_dir)
+    eng = CpuEngine(m)  # type: ignore[arg-type]
+    kv = m.kv  # type: ignore[attr-defined]
+    assert kv.free_state_slots == {0, 1, 2, 3}
+    long = list(range(3, 40))  # two full 16-token blocks a cache could share
+    eng.add(0, long)
+    tok = int(np.argmax(eng.prefill([PrefillChunk(0, len(long))])[0]))
+    eng.decode([0], [tok])  # the engine offers the prompt's blocks to the prefix cache here
+    assert kv.free_state_slots == {1, 2, 3}
+    eng.free(0)
+    assert kv.free_state_slots == {0, 1, 2, 3}
+    eng.add(2, long)  # the same prompt again: nothing may be skipped (no state snapshot)
+    assert eng.prefix_tokens_skipped == 0

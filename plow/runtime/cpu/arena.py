@@ -9,6 +9,8 @@ Layout of the buffer (word offsets):
                                   opt-in bfloat16 / fp8_e4m3, packed 2 / 4 to a word), then,
                                   for fp8, one fp32 scale per row `KV_SCALE`
                                   [layers, 2, blocks, kv_heads, block_size]
+                                  then the recurrent state (`StateShape`: Mamba-2's conv
+                                  and SSM state, one fixed-size block per state slot)
     [kv_words, kv_words + act)    one bucket's activations, inputs, outputs and partials;
                                   every bucket's layout starts here (buckets never run at
                                   the same time, so their regions alias)
@@ -162,6 +164,27 @@ class KVShape:
         return self.words * 4
 
 
+@dataclass(frozen=True, slots=True)
+class StateShape:
+    """The recurrent-state region: `slots` blocks (one per live sequence, `PageTable.
+    state_slot`), and each state tensor's per-slot shape in region order (float32)."""
+
+    slots: int = 0
+    tensors: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def offsets(self) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """Word offset (from the region's start) and full shape [slots, ...] per tensor."""
+        out, at = {}, 0
+        for name, shape in self.tensors:
+            out[name] = (at, (self.slots, *shape))
+            at += self.slots * math.prod(shape)
+        return out
+
+    @property
+    def words(self) -> int:
+        return sum(self.slots * math.prod(shape) for _, shape in self.tensors)
+
+
 class Arena:
     """The buffer, the key-value pool view, and the current bucket's layout.
 
@@ -169,9 +192,11 @@ class Arena:
     key-value pool keeps its contents and its view is re-created (callers re-read `kv`).
     """
 
-    def __init__(self, kv: KVShape, act_words: int = 0) -> None:
+    def __init__(self, kv: KVShape, act_words: int = 0, state: StateShape | None = None) -> None:
         self.kv_shape = kv
-        self.kv_words = kv.words
+        self.state_shape = state or StateShape()
+        self._state = self.state_shape.offsets()
+        self.kv_words = kv.words + self.state_shape.words  # every word that persists
         self.buf = np.zeros(self.kv_words + act_words, dtype=np.float32)
         self._ids: np.ndarray | None = None
         self.layout: Layout | None = None
@@ -211,6 +236,9 @@ class Arena:
     def _slot_range(self, name: str) -> tuple[int, tuple[int, ...], WordDType]:
         if name == KV_SCALE and self.kv_shape.scale_words:
             return self.kv_shape.data_words, self.kv_shape.scale_shape, "float32"
+        if name in self._state:
+            off, shape = self._state[name]
+            return self.kv_shape.words + off, shape, "float32"
         assert self.layout is not None, "no layout in use"
         s = self.layout.slot(name)
         return self.kv_words + s.offset, s.shape, s.dtype
@@ -238,8 +266,11 @@ class Arena:
 
     def owner(self, word: int) -> str:
         """The tensor holding a global word index (for error messages)."""
-        if word < self.kv_words:
+        if word < self.kv_shape.words:
             return KV if word < self.kv_shape.data_words else KV_SCALE
+        if word < self.kv_words:
+            rel = word - self.kv_shape.words
+            return next(n for n, (o, sh) in self._state.items() if o <= rel < o + math.prod(sh))
         assert self.layout is not None
         rel = word - self.kv_words
         for name, s in self.layout.slots.items():

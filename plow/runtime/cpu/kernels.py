@@ -51,7 +51,7 @@ import numpy as np
 
 from plow.runtime import numpy_ops as K
 from plow.runtime.cpu.arena import KV, KV_SCALE, KVShape
-from plow.runtime.cpu.plan import PAGE_TABLE, OpEntry, Packet, Plan, Ranges
+from plow.runtime.cpu.plan import PAGE_TABLE, STATE_SLOT, OpEntry, Packet, Plan, Ranges
 from plow.runtime.kv_cache import _pow2_scale
 from plow.schedule.regions import partial_name
 
@@ -552,6 +552,88 @@ def _expert_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc
     acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], y.astype(F32))
 
 
+# -- Mamba-2 ------------------------------------------------------------------------------------
+#
+# A tile holds whole batch rows (every token: the recurrence runs through them in order) and
+# a range of conv channels / heads / norm groups. The state tensors live in the arena's state
+# region [slots, ...]; row b uses slot `STATE_SLOT[b]`, read and rewritten by the one tile
+# covering its channels / heads (a row whose first position is 0 starts from zeros).
+
+
+def _state_rows(plan: Plan, b0: int, b1: int, acc: Access) -> list[tuple[int, int]]:
+    """(batch row, state slot) of rows [b0, b1)."""
+    slots = acc.get(STATE_SLOT, (plan.batch,), np.s_[b0:b1])
+    return [(b, int(s)) for b, s in zip(range(b0, b1), slots, strict=True)]
+
+
+def _ssm_conv(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    (b0, b1), (c0, c1) = r
+    C, taps, off = int(op.attrs["channels"]), int(op.attrs["kernel"]), int(op.attrs["offset"])
+    c1 = min(c1, C)
+    proj, w_name, st_name, pos_name = op.inputs[0], op.inputs[1], op.inputs[-2], op.inputs[-1]
+    B, T, P = _shape(plan, proj)
+    slots = -1  # the state region's slot count (the arena's `StateShape`)
+    w = acc.weight(w_name)[c0:c1]
+    bias = acc.weight(op.inputs[2])[c0:c1] if len(op.inputs) == 5 else None
+    out = np.zeros((b1 - b0, T, c1 - c0), dtype=F32)
+    for b, slot in _state_rows(plan, b0, b1, acc):
+        valid, fresh = K._row_tokens(acc.get(pos_name, (B, T), np.s_[b, :]))
+        if valid.size == 0:
+            continue
+        x = acc.get(proj, (B, T, P), (b, valid, slice(off + c0, off + c1)))
+        st = acc.get(st_name, (slots, C, taps - 1), np.s_[slot, c0:c1, :])
+        y, new = K.ssm_conv_row(x, w, bias, st, fresh)
+        out[b - b0, valid] = y
+        acc.put(st_name, (slots, C, taps - 1), np.s_[slot, c0:c1, :], new)
+    acc.put(op.outputs[0], (B, T, C), np.s_[b0:b1, :, c0:c1], out)
+
+
+def _ssm_scan(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    (b0, b1), (h0, h1) = r
+    H, Pd, N = (int(op.attrs[a]) for a in ("heads", "head_dim", "state_size"))
+    h1 = min(h1, H)
+    xbc, proj, dtb, alog, dsk, st_name, pos_name = op.inputs
+    B, T, C = _shape(plan, xbc)
+    Pw = _shape(plan, proj)[2]
+    dt0 = int(op.attrs["dt_offset"])
+    slots = -1  # the state region's slot count (the arena's `StateShape`)
+    sshape = (slots, H, Pd, N)
+    attrs = {**op.attrs, "head0": h0}
+    out = np.zeros((b1 - b0, T, (h1 - h0) * Pd), dtype=F32)
+    for b, slot in _state_rows(plan, b0, b1, acc):
+        valid, fresh = K._row_tokens(acc.get(pos_name, (B, T), np.s_[b, :]))
+        if valid.size == 0:
+            continue
+        x = acc.get(xbc, (B, T, C), (b, valid, slice(None)))
+        dt = acc.get(proj, (B, T, Pw), (b, valid, slice(dt0 + h0, dt0 + h1)))
+        st = acc.get(st_name, sshape, np.s_[slot, h0:h1])
+        y, new = K.ssm_scan_row(
+            x,
+            dt,
+            acc.weight(dtb)[h0:h1],
+            acc.weight(alog)[h0:h1],
+            acc.weight(dsk)[h0:h1],
+            st,
+            fresh,
+            attrs,
+        )
+        out[b - b0, valid] = y
+        acc.put(st_name, sshape, np.s_[slot, h0:h1], new)
+    acc.put(op.outputs[0], (B, T, H * Pd), np.s_[b0:b1, :, h0 * Pd : h1 * Pd], out)
+
+
+def _ssm_norm(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    (a, b), (g0, g1) = r
+    gs = int(op.attrs["group"])
+    M, inner = _view2(_shape(plan, op.inputs[0]))
+    Pw = _shape(plan, op.inputs[1])[-1]
+    c0, c1 = g0 * gs, min(inner, g1 * gs)
+    y = acc.get(op.inputs[0], (M, inner), np.s_[a:b, c0:c1])
+    z = acc.get(op.inputs[1], (M, Pw), np.s_[a:b, c0:c1])
+    w = acc.weight(op.inputs[2])[c0:c1]
+    acc.put(op.outputs[0], (M, inner), np.s_[a:b, c0:c1], K.ssm_norm(y, z, w, op.attrs))
+
+
 TileFn = Callable[[Plan, OpEntry, Ranges, Access, "int | None"], None]
 MergeFn = Callable[[Plan, OpEntry, Ranges, tuple[int, int], Access], None]
 
@@ -567,6 +649,9 @@ TILE: dict[str, TileFn] = {
     "sample": _sample,
     "router": _router,
     "expert_linear": _expert,
+    "ssm_conv": _ssm_conv,
+    "ssm_scan": _ssm_scan,
+    "ssm_norm": _ssm_norm,
 }
 MERGE: dict[str, MergeFn] = {
     "rmsnorm": _rmsnorm_merge,

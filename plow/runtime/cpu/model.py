@@ -22,12 +22,13 @@ import numpy as np
 from plow.checkpoint import ModelSpec
 from plow.errors import PlowError
 from plow.graph import Bucket, Phase, build_graph
-from plow.runtime.cpu.arena import Arena, KVShape
+from plow.runtime.cpu.arena import Arena, KVShape, StateShape
 from plow.runtime.cpu.machine import DispatchStats, Machine, Mode
 from plow.runtime.cpu.plan import (
     PAGE_TABLE,
     REMAINING,
     RING,
+    STATE_SLOT,
     Plan,
     fuse_argmax,
     plan_from_parts,
@@ -60,6 +61,21 @@ def _pow2_rungs(top: int, start: int = 1) -> tuple[int, ...]:
         r *= 2
     out.append(top)
     return tuple(sorted(set(out)))
+
+
+def state_shape(spec: ModelSpec, slots: int) -> StateShape:
+    """The arena's recurrent-state region of `spec` (empty without ssm layers): per ssm
+    layer `n`, `L<n>.conv_state` [conv_dim, conv_kernel - 1] and `L<n>.ssm_state` [heads,
+    head_dim, state_size] per slot (the graph's state tensors, per batch row there)."""
+    m = spec.ssm
+    if m is None:
+        return StateShape()
+    tensors: list[tuple[str, tuple[int, ...]]] = []
+    for n, layer in enumerate(spec.layers):
+        if layer.mixer == "ssm":
+            tensors.append((f"L{n}.conv_state", (m.conv_dim, m.conv_kernel - 1)))
+            tensors.append((f"L{n}.ssm_state", (m.heads, m.head_dim, m.state_size)))
+    return StateShape(slots, tuple(tensors))
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,10 +146,13 @@ class CpuModel:
         kv = KVShape(
             spec.num_layers, blocks, spec.num_kv_heads, block_size, spec.head_dim, kv_dtype
         )
-        self.arena = Arena(kv)
+        state = state_shape(spec, max_batch)
+        self.arena = Arena(kv, state=state)
         self.kv = PagedKVCache(
             spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, blocks, kv_dtype
         )
+        if state.tensors:
+            self.kv.use_state_slots(state.slots)  # one per request a launch may hold
         self.kv.arena = self.arena.kv  # the pool's storage is the arena's key-value region
         # fp8: the executor's scales are per row, in the arena (`Arena.kv_scale`, written by
         # the attention kernel); the cache's own per-(block, head) scales are not used
@@ -275,9 +294,12 @@ class CpuModel:
         pos = self.arena.view("positions")
         sidx = self.arena.view("sample_index")
         table = self.arena.view(PAGE_TABLE)
+        slots = self.arena.view(STATE_SLOT) if STATE_SLOT in plan.layout.slots else None
         pos[:] = -1
         sidx[:] = 0
         table[:] = 0
+        if slots is not None:
+            slots[:] = 0
         for b in range(B):
             r = rows[b] if b < len(rows) else None
             if r is None:
@@ -292,7 +314,12 @@ class CpuModel:
                 raise PlowError(plan.bucket.name, f"row {b}: page table too short")
             pos[b, :n] = r.positions
             sidx[b] = n - 1
-            table[b, : len(r.table.blocks)] = r.table.blocks
+            nb = min(len(r.table.blocks), table.shape[1])  # no attention: a 1-wide table
+            table[b, :nb] = r.table.blocks[:nb]
+            if slots is not None:
+                if r.table.state_slot < 0:
+                    raise PlowError(plan.bucket.name, f"row {b}: no recurrent-state slot")
+                slots[b] = r.table.state_slot
             if r.ids is not None:
                 ids[b, :n] = r.ids
                 ids[b, n:] = 0

@@ -37,6 +37,7 @@ Ranges = tuple[tuple[int, int], ...]
 Work = Literal["compute", "partial", "merge", "load"]
 
 PAGE_TABLE = "page_table"
+STATE_SLOT = "state_slot"  # [B] each row's recurrent-state slot (graphs with state tensors)
 RING = "token_ring"  # [ring, B] sampled ids of the steps of one multi-step quantum
 REMAINING = "remaining"  # [B] tokens a row may still generate inside a quantum
 
@@ -237,8 +238,8 @@ def layout_for(graph: OpGraph, ops: tuple[OpEntry, ...], kv: KVShape, ring: int)
     bucket_b = graph.tensor("ids").shape[0]
     decode = graph.tensor("ids").shape[1] == 1
     for name, t in graph.tensors.items():
-        if t.role in (TensorRole.weight, TensorRole.cache):
-            continue
+        if t.role in (TensorRole.weight, TensorRole.cache, TensorRole.state):
+            continue  # state: the arena's persistent region (`StateShape`), by slot
         if name == "sample" and decode:
             continue  # aliased onto `ids` below
         lb.add(name, t.shape, "int32" if t.dtype == "int32" else "float32")
@@ -246,6 +247,8 @@ def layout_for(graph: OpGraph, ops: tuple[OpEntry, ...], kv: KVShape, ring: int)
         lb.alias("sample", "ids")  # the sampled id lands where the next step's embedding reads
     lb.add(PAGE_TABLE, (bucket_b, -(-max(1, _context(graph)) // kv.block_size)), "int32")
     lb.add(RING, (ring, bucket_b), "int32")
+    if any(t.role is TensorRole.state for t in graph.tensors.values()):
+        lb.add(STATE_SLOT, (bucket_b,), "int32")
     lb.add(REMAINING, (bucket_b,), "int32")
     for op in ops:
         if op.reduction_axis is None:
