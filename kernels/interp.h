@@ -6,6 +6,7 @@
 
 #include "tiles.h"
 #include "moe.h"
+#include "gemma4.h"
 
 namespace plow {
 
@@ -59,8 +60,10 @@ PLOW_HD static int64_t run_tile(const Ctx& c, const PlowOp& op, const Range* r, 
     case PLOW_LINEAR:
     case PLOW_LM_HEAD: tile_linear(c, op, r, step); break;
     case PLOW_ATTENTION: return tile_attention(c, op, r, step, scratch);
-    case PLOW_GATED_MLP:
-    case PLOW_RESIDUAL_ADD: tile_elementwise(c, op, r); break;
+    case PLOW_GATED_MLP: tile_elementwise(c, op, r); break;
+    case PLOW_RESIDUAL_ADD:  // with a scale (Gemma 4's layer_scalar): kernels/gemma4.h
+      if (op.w0 != nullptr) tile_residual_scaled(c, op, r); else tile_elementwise(c, op, r);
+      break;
     case PLOW_SAMPLE: tile_sample(c, op, r, step); break;
     case PLOW_ROUTER: tile_router(c, op, r); break;
     case PLOW_EXPERT_LINEAR: return tile_expert(c, op, r, step);

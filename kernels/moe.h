@@ -19,7 +19,8 @@ enum PlowMoeKind { PLOW_ROUTER = 10, PLOW_EXPERT_LINEAR = 11 };
 enum PlowMoeOpcode { PLOW_OP_ROUTER = 13, PLOW_OP_EXPERT_LINEAR = 14 };
 
 // -- router: rows [a, b) of the router logits [rows, E] -> dense combine weights ----------------
-// t0 logits, t1 out; d0 E, d1 top_k, d2 renormalise (norm_topk_prob)
+// t0 logits, t1 out; d0 E, d1 top_k, d2 renormalise (norm_topk_prob), d3 scaled (Gemma 4);
+// f0 logit scale (d3), w0 per-expert scales [E] of the kept weights (none: 1)
 // Softmax over the row in fp32, the top_k largest kept (ties: the lower expert index), divided
 // by their sum when d2; every other weight is exactly 0 (plow.runtime.numpy_ops.router).
 PLOW_HD static void tile_router(const Ctx& c, const PlowOp& op, const Range* r) {
@@ -27,8 +28,14 @@ PLOW_HD static void tile_router(const Ctx& c, const PlowOp& op, const Range* r) 
   float* out = c.A + op.t[1];
   const int64_t E = op.d[0], k = op.d[1];
   for (int64_t i = r[0].a; i < r[0].b; ++i) {
-    const float* row = x + i * E;
+    const float* raw = x + i * E;
     float* o = out + i * E;
+    // Gemma 4: the logits times f0 first (into o, reused below)
+    const float* row = raw;
+    if (op.d[3]) {
+      for (int64_t e = 0; e < E; ++e) o[e] = raw[e] * op.f[0];
+      row = o;
+    }
     float mx = row[0];
     for (int64_t e = 1; e < E; ++e) mx = row[e] > mx ? row[e] : mx;
     float sum = 0.0f;
@@ -53,6 +60,7 @@ PLOW_HD static void tile_router(const Ctx& c, const PlowOp& op, const Range* r) 
       } else {
         const float p = -1.0f - o[e];
         o[e] = op.d[2] ? p / top_sum : p;
+        if (op.w0 != nullptr) o[e] = o[e] * weight_at(op.w0, op.w0_dtype, e);
       }
     }
   }

@@ -21,7 +21,9 @@ class RopeSpec:
     """Rotary embedding of one attention layer.
 
     `kind` is "default", "linear" (positions divided by `factor`) or "llama3" (frequency
-    bands rescaled as in Llama-3.1).
+    bands rescaled as in Llama-3.1), or "proportional" (Gemma 4's full layers: the first
+    `partial_rotary_factor * head_dim / 2` frequencies of the default rope over the whole
+    head_dim, the rest 0 so those dims pass unrotated; all divided by `factor`).
     """
 
     theta: float
@@ -30,6 +32,7 @@ class RopeSpec:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    partial_rotary_factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,11 @@ class LayerSpec:
     # "attention" (with the feed-forward above) or "ssm": the layer is one Mamba-2 mixer
     # (`ModelSpec.ssm`) between its norm and residual, with no feed-forward
     mixer: str = "attention"
+    # Gemma 4: this layer's own attention shape (None: the model's head_dim / num_kv_heads),
+    # and `k_eq_v`: the values are the key projection (no v_proj), before k_norm and rope
+    head_dim: int | None = None
+    kv_heads: int | None = None
+    k_eq_v: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +64,13 @@ class MoeSpec:
     top_k: int
     intermediate_size: int
     norm_topk_prob: bool = False
+    # "qwen3_moe": the experts are the layer's feed-forward (`mlp.gate`, `mlp.experts.*`).
+    # "gemma4": the experts run beside the dense MLP (`router.*`, `experts.*`): the router
+    # reads the residual stream through a weightless RMSNorm times `router.scale`, its logits
+    # scaled by hidden ** -0.5, its kept weights times `router.per_expert_scale`; the experts
+    # read `pre_feedforward_layernorm_2`; the MLP and expert outputs, each normed
+    # (`post_feedforward_layernorm_1` / `_2`), are summed before `post_feedforward_layernorm`
+    layout: str = "qwen3_moe"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +137,18 @@ class ModelSpec:
     weight_block: tuple[int, int] | None = None
     # Mamba-2: the mixer of the layers whose `mixer` is "ssm" (weights named backbone.*)
     ssm: SsmSpec | None = None
+    # Gemma 4: values RMS-normed per head with no weight (`v_norm`); each layer's output
+    # multiplied by its `layer_scalar` [1] tensor. With per-layer attention shapes
+    # (`LayerSpec.head_dim` / `kv_heads`), `head_dim` / `num_kv_heads` are the largest of any
+    # layer: the key-value pool's geometry (a layer uses its own heads and dims of it).
+    v_norm: bool = False
+    layer_scalar: bool = False
+
+    def layer_head_dim(self, n: int) -> int:
+        return self.layers[n].head_dim or self.head_dim
+
+    def layer_kv_heads(self, n: int) -> int:
+        return self.layers[n].kv_heads or self.num_kv_heads
 
     @property
     def embed_weight(self) -> str:
@@ -151,23 +178,42 @@ class ModelSpec:
         shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
         for n in range(self.num_layers):
             p = f"model.layers.{n}."
+            hd = self.layer_head_dim(n)
+            qs, kvs = self.num_heads * hd, self.layer_kv_heads(n) * hd
             shapes[p + "input_layernorm.weight"] = (h,)
             shapes[p + "post_attention_layernorm.weight"] = (h,)
-            shapes[p + "self_attn.q_proj.weight"] = (self.q_size, h)
-            shapes[p + "self_attn.k_proj.weight"] = (self.kv_size, h)
-            shapes[p + "self_attn.v_proj.weight"] = (self.kv_size, h)
-            shapes[p + "self_attn.o_proj.weight"] = (h, self.q_size)
+            shapes[p + "self_attn.q_proj.weight"] = (qs, h)
+            shapes[p + "self_attn.k_proj.weight"] = (kvs, h)
+            if not self.layers[n].k_eq_v:
+                shapes[p + "self_attn.v_proj.weight"] = (kvs, h)
+            shapes[p + "self_attn.o_proj.weight"] = (h, qs)
             if self.attention_bias:
-                shapes[p + "self_attn.q_proj.bias"] = (self.q_size,)
-                shapes[p + "self_attn.k_proj.bias"] = (self.kv_size,)
-                shapes[p + "self_attn.v_proj.bias"] = (self.kv_size,)
+                shapes[p + "self_attn.q_proj.bias"] = (qs,)
+                shapes[p + "self_attn.k_proj.bias"] = (kvs,)
+                if not self.layers[n].k_eq_v:
+                    shapes[p + "self_attn.v_proj.bias"] = (kvs,)
             if self.qk_norm:
-                shapes[p + "self_attn.q_norm.weight"] = (self.head_dim,)
-                shapes[p + "self_attn.k_norm.weight"] = (self.head_dim,)
+                shapes[p + "self_attn.q_norm.weight"] = (hd,)
+                shapes[p + "self_attn.k_norm.weight"] = (hd,)
             if self.sandwich_norms:
                 shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
                 shapes[p + "post_feedforward_layernorm.weight"] = (h,)
-            if self.layers[n].moe and self.moe is not None:
+            if self.layer_scalar:
+                shapes[p + "layer_scalar"] = (1,)
+            if self.layers[n].moe and self.moe is not None and self.moe.layout == "gemma4":
+                e, mi = self.moe.experts, self.moe.intermediate_size
+                shapes[p + "router.proj.weight"] = (e, h)
+                shapes[p + "router.scale"] = (h,)
+                shapes[p + "router.per_expert_scale"] = (e,)
+                shapes[p + "experts.gate_up_proj"] = (e, 2 * mi, h)
+                shapes[p + "experts.down_proj"] = (e, h, mi)
+                for norm in (
+                    "pre_feedforward_layernorm_2",
+                    "post_feedforward_layernorm_1",
+                    "post_feedforward_layernorm_2",
+                ):
+                    shapes[p + norm + ".weight"] = (h,)
+            elif self.layers[n].moe and self.moe is not None:
                 # experts stacked as transformers >= 5 holds them (plow.checkpoint.weights
                 # stacks the per-expert tensors of the older layout under these names)
                 e, mi = self.moe.experts, self.moe.intermediate_size
@@ -217,7 +263,7 @@ class ModelSpec:
             n = 1
             for d in shape:
                 n *= d
-            if self.moe is not None and ".mlp.experts." in name:
+            if self.moe is not None and ".experts." in name:
                 n = n * self.moe.top_k // self.moe.experts
             total += n
         return total

@@ -60,20 +60,79 @@ def _experts(g: _Builder, spec: ModelSpec, p: str, w: str, h: str, n: int) -> st
         {"top_k": moe.top_k, "norm_topk_prob": moe.norm_topk_prob, "experts": moe.experts},
         n,
     )
+    return _expert_mlp(g, spec, p, h, route, w + "mlp.experts.", n)
+
+
+def _expert_mlp(g: _Builder, spec: ModelSpec, p: str, h: str, route: str, w: str, n: int) -> str:
+    """Every expert's gate/up and activation, then the router-weighted down projection summed
+    over the experts (`w` + gate_up_proj / down_proj: the stacked experts)."""
+    moe = spec.moe
+    assert moe is not None
     act = g.op(
         p + "experts_gate_up",
         OpKind.expert_linear,
-        [h, route, g.weight(w + "mlp.experts.gate_up_proj")],
+        [h, route, g.weight(w + "gate_up_proj")],
         {"mode": "gate_up", "activation": spec.activation.value, "experts": moe.experts},
         n,
     )
     return g.op(
         p + "experts_down",
         OpKind.expert_linear,
-        [act, route, g.weight(w + "mlp.experts.down_proj")],
+        [act, route, g.weight(w + "down_proj")],
         {"mode": "down", "experts": moe.experts},
         n,
     )
+
+
+def _experts_beside_mlp(
+    g: _Builder, spec: ModelSpec, p: str, w: str, x: str, mlp: str, n: int
+) -> str:
+    """Gemma 4's feed-forward (`MoeSpec.layout == "gemma4"`): the dense MLP's output `mlp`
+    normed, plus the experts' normed output. The router reads the residual stream `x`
+    through RMSNorm times `router.scale` (logits scaled by hidden ** -0.5 in the router, its
+    kept weights times `router.per_expert_scale`); the experts read their own norm of `x`."""
+    moe = spec.moe
+    assert moe is not None
+    attrs: dict[str, Any] = {"eps": spec.norm_eps, "offset": spec.norm_offset}
+    d1 = g.op(
+        p + "post_mlp_norm_1",
+        OpKind.rmsnorm,
+        [mlp, g.weight(w + "post_feedforward_layernorm_1.weight")],
+        attrs,
+        n,
+    )
+    rn = g.op(p + "router_norm", OpKind.rmsnorm, [x, g.weight(w + "router.scale")], attrs, n)
+    logits = g.op(
+        p + "router_logits", OpKind.linear, [rn, g.weight(w + "router.proj.weight")], {}, n
+    )
+    route = g.op(
+        p + "router",
+        OpKind.router,
+        [logits, g.weight(w + "router.per_expert_scale")],
+        {
+            "top_k": moe.top_k,
+            "norm_topk_prob": moe.norm_topk_prob,
+            "experts": moe.experts,
+            "logit_scale": spec.hidden_size**-0.5,
+        },
+        n,
+    )
+    h2 = g.op(
+        p + "experts_norm",
+        OpKind.rmsnorm,
+        [x, g.weight(w + "pre_feedforward_layernorm_2.weight")],
+        attrs,
+        n,
+    )
+    e = _expert_mlp(g, spec, p, h2, route, w + "experts.", n)
+    d2 = g.op(
+        p + "post_experts_norm",
+        OpKind.rmsnorm,
+        [e, g.weight(w + "post_feedforward_layernorm_2.weight")],
+        attrs,
+        n,
+    )
+    return g.op(p + "mlp_experts_sum", OpKind.residual_add, [d1, d2], {}, n)
 
 
 def _ssm_mixer(g: _Builder, spec: ModelSpec, p: str, w: str, h: str, n: int) -> str:
@@ -153,10 +212,12 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
     g.declare("positions", (b, t), TensorRole.input, "int32")
     g.declare("sample_index", (b,), TensorRole.input, "int32")
 
-    def norm(name: str, x: str, w: str, layer: int | None, group: int | None = None) -> str:
+    def norm(name: str, x: str, w: str | None, layer: int | None, group: int | None = None) -> str:
         attrs: dict[str, Any] = {"eps": spec.norm_eps, "offset": spec.norm_offset}
         if group is not None:
             attrs["group"] = group
+        if w is None:  # no weight: x / rms (Gemma 4's v_norm)
+            return g.op(name, OpKind.rmsnorm, [x], {**attrs, "offset": 1.0}, layer)
         return g.op(name, OpKind.rmsnorm, [x, g.weight(w)], attrs, layer)
 
     def linear(name: str, x: str, w: str, layer: int | None, bias: str | None = None) -> str:
@@ -180,6 +241,7 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
             continue
         h = norm(p + "attn_norm", x, w + "input_layernorm.weight", n)
         bias = spec.attention_bias
+        hd, kvh = spec.layer_head_dim(n), spec.layer_kv_heads(n)
         q = linear(
             p + "q_proj",
             h,
@@ -194,16 +256,22 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
             n,
             w + "self_attn.k_proj.bias" if bias else None,
         )
-        v = linear(
-            p + "v_proj",
-            h,
-            w + "self_attn.v_proj.weight",
-            n,
-            w + "self_attn.v_proj.bias" if bias else None,
+        v = (
+            k
+            if lspec.k_eq_v
+            else linear(
+                p + "v_proj",
+                h,
+                w + "self_attn.v_proj.weight",
+                n,
+                w + "self_attn.v_proj.bias" if bias else None,
+            )
         )
+        if spec.v_norm:
+            v = norm(p + "v_norm", v, None, n, hd)
         if spec.qk_norm:
-            q = norm(p + "q_norm", q, w + "self_attn.q_norm.weight", n, spec.head_dim)
-            k = norm(p + "k_norm", k, w + "self_attn.k_norm.weight", n, spec.head_dim)
+            q = norm(p + "q_norm", q, w + "self_attn.q_norm.weight", n, hd)
+            k = norm(p + "k_norm", k, w + "self_attn.k_norm.weight", n, hd)
         rope = {
             "theta": lspec.rope.theta,
             "kind": lspec.rope.kind,
@@ -211,22 +279,22 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
             "low_freq_factor": lspec.rope.low_freq_factor,
             "high_freq_factor": lspec.rope.high_freq_factor,
             "original_max_position": lspec.rope.original_max_position,
-            "head_dim": spec.head_dim,
+            "head_dim": hd,
         }
+        if lspec.rope.kind == "proportional":
+            rope["partial_rotary_factor"] = lspec.rope.partial_rotary_factor
         q = g.op(p + "q_rope", OpKind.rope, [q, "positions"], {**rope, "heads": spec.num_heads}, n)
-        k = g.op(
-            p + "k_rope", OpKind.rope, [k, "positions"], {**rope, "heads": spec.num_kv_heads}, n
-        )
-        kc = g.declare(p + "k_cache", (b, spec.num_kv_heads, c, spec.head_dim), TensorRole.cache)
-        vc = g.declare(p + "v_cache", (b, spec.num_kv_heads, c, spec.head_dim), TensorRole.cache)
+        k = g.op(p + "k_rope", OpKind.rope, [k, "positions"], {**rope, "heads": kvh}, n)
+        kc = g.declare(p + "k_cache", (b, kvh, c, hd), TensorRole.cache)
+        vc = g.declare(p + "v_cache", (b, kvh, c, hd), TensorRole.cache)
         a = g.op(
             p + "attn",
             OpKind.attention,
             [q, k, v, kc, vc, "positions"],
             {
                 "heads": spec.num_heads,
-                "kv_heads": spec.num_kv_heads,
-                "head_dim": spec.head_dim,
+                "kv_heads": kvh,
+                "head_dim": hd,
                 "scale": spec.attention_scale,
                 "window": lspec.window,
                 "softcap": spec.attn_logit_softcap,
@@ -241,7 +309,7 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
             "pre_feedforward_layernorm" if spec.sandwich_norms else "post_attention_layernorm"
         )
         h = norm(p + "mlp_norm", x, w + mlp_norm + ".weight", n)
-        if lspec.moe and spec.moe is not None:
+        if lspec.moe and spec.moe is not None and spec.moe.layout != "gemma4":
             d = _experts(g, spec, p, w, h, n)
         else:
             gate = linear(p + "gate_proj", h, w + "mlp.gate_proj.weight", n)
@@ -254,9 +322,13 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
                 n,
             )
             d = linear(p + "down_proj", act, w + "mlp.down_proj.weight", n)
+            if lspec.moe and spec.moe is not None:
+                d = _experts_beside_mlp(g, spec, p, w, x, d, n)
         if spec.sandwich_norms:
             d = norm(p + "post_mlp_norm", d, w + "post_feedforward_layernorm.weight", n)
-        x = g.op(p + "mlp_residual", OpKind.residual_add, [x, d], {}, n)
+        # Gemma 4: the layer's output times its layer_scalar [1] (residual_add's third input)
+        scalar = [g.weight(w + "layer_scalar")] if spec.layer_scalar else []
+        x = g.op(p + "mlp_residual", OpKind.residual_add, [x, d, *scalar], {}, n)
     x = norm("final_norm", x, spec.final_norm_weight, None)
     logits = g.op(
         "lm_head",

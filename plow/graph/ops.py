@@ -87,7 +87,8 @@ def infer_shapes(
         )
         return [(*ids, table[1])]
     if kind is OpKind.rmsnorm:
-        x, w = ins
+        # no weight input (Gemma 4's v_norm): the scale is `offset` alone
+        x, w = ins[0], (ins[1] if len(ins) > 1 else (attrs.get("group", ins[0][-1]),))
         group = attrs.get("group", x[-1])
         _need(
             name,
@@ -129,8 +130,10 @@ def infer_shapes(
         _need(name, g == u, f"gate {g} and up {u} differ")
         return [g]
     if kind is OpKind.residual_add:
-        a, b_ = ins
+        a, b_ = ins[0], ins[1]
         _need(name, a == b_, f"residual operands {a} and {b_} differ")
+        # a third input [1] scales the sum (Gemma 4's layer_scalar)
+        _need(name, len(ins) == 2 or ins[2] == (1,), f"residual scale {ins[2:]} is not [1]")
         return [a]
     if kind is OpKind.lm_head:
         x, w = ins
@@ -145,9 +148,12 @@ def infer_shapes(
         )
         return [(logits[0],)]
     if kind is OpKind.router:
-        (logits,) = ins
+        # optional second input: per-expert scales [E] of the kept weights (Gemma 4); attr
+        # `logit_scale` multiplies the logits before the softmax
+        logits = ins[0]
         top, n_exp = int(attrs["top_k"]), logits[-1]
         _need(name, 1 <= top <= n_exp, f"router top_k {top} outside 1..{n_exp} experts")
+        _need(name, len(ins) == 1 or ins[1] == (n_exp,), f"expert scales {ins[1:]} are not [E]")
         return [logits]
     if kind is OpKind.expert_linear:
         # gate_up: x[.., K] (shared), w[E, 2N, K] -> act(x w_gate^T) * (x w_up^T) per expert,

@@ -12,12 +12,14 @@ import numpy as np
 F32 = np.float32
 
 
-def rmsnorm(x: np.ndarray, w: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
+def rmsnorm(x: np.ndarray, w: np.ndarray | None, attrs: Mapping[str, Any]) -> np.ndarray:
+    """x / rms(x) per group times (offset + w); with no weight (Gemma 4's v_norm), w is 0."""
     group = int(attrs.get("group", x.shape[-1]))
     shape = x.shape
     xg = x.reshape(*shape[:-1], shape[-1] // group, group)
     var = np.mean(xg * xg, axis=-1, keepdims=True, dtype=F32)
     y = xg / np.sqrt(var + F32(attrs["eps"]))
+    w = np.zeros(group, dtype=F32) if w is None else w
     y = y * (F32(attrs.get("offset", 0.0)) + w.astype(F32))
     return y.reshape(shape).astype(F32)
 
@@ -40,6 +42,9 @@ def rope_inv_freq(attrs: Mapping[str, Any]) -> np.ndarray:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv = np.where(medium, smoothed, scaled)
+    elif kind == "proportional":  # Gemma 4: the first angles rotate, the rest are 0
+        angles = int(float(attrs["partial_rotary_factor"]) * d // 2)
+        inv = np.where(np.arange(d // 2) < angles, inv, F32(0.0)) / F32(attrs["factor"])
     return inv.astype(F32)
 
 
@@ -139,11 +144,22 @@ def greedy(logits: np.ndarray, index: np.ndarray) -> np.ndarray:
     return rows.argmax(axis=-1).astype(np.int32)
 
 
-def router(logits: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
+def residual_add(a: np.ndarray, b: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+    """a + b, times `scale` [1] when given (Gemma 4's layer_scalar)."""
+    out = (a + b).astype(F32)
+    return out if scale is None else (out * F32(np.asarray(scale, dtype=F32)[0])).astype(F32)
+
+
+def router(
+    logits: np.ndarray, attrs: Mapping[str, Any], expert_scale: np.ndarray | None = None
+) -> np.ndarray:
     """Dense combine weights [.., E] from router logits (Qwen3-MoE's router): softmax over the
     experts in fp32, the `top_k` largest kept (ties: the lower expert index), divided by their
-    sum when `norm_topk_prob`; every other expert's weight is exactly 0."""
+    sum when `norm_topk_prob`; every other expert's weight is exactly 0. Gemma 4: the logits
+    times `logit_scale` first, the kept weights times `expert_scale[e]` last."""
     x = np.asarray(logits, dtype=F32)
+    if "logit_scale" in attrs:
+        x = (x * F32(attrs["logit_scale"])).astype(F32)
     e = np.exp(x - x.max(axis=-1, keepdims=True)).astype(F32)
     p = (e / e.sum(axis=-1, keepdims=True, dtype=F32)).astype(F32)
     k = int(attrs["top_k"])
@@ -151,6 +167,8 @@ def router(logits: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
     val = np.take_along_axis(p, top, axis=-1)
     if attrs.get("norm_topk_prob"):
         val = (val / val.sum(axis=-1, keepdims=True, dtype=F32)).astype(F32)
+    if expert_scale is not None:
+        val = (val * np.asarray(expert_scale, dtype=F32)[top]).astype(F32)
     out = np.zeros_like(p)
     np.put_along_axis(out, top, val, axis=-1)
     return out

@@ -36,7 +36,7 @@ def run_graph(
         if op.kind is OpKind.embedding:
             out = (a[1][a[0]] * F32(op.attrs["scale"])).astype(F32)
         elif op.kind is OpKind.rmsnorm:
-            out = K.rmsnorm(a[0], a[1], op.attrs)
+            out = K.rmsnorm(a[0], a[1] if len(a) > 1 else None, op.attrs)
         elif op.kind is OpKind.linear:
             out = K.linear(a[0], a[1], a[2] if len(a) == 3 else None)
         elif op.kind is OpKind.rope:
@@ -46,13 +46,13 @@ def run_graph(
         elif op.kind is OpKind.gated_mlp:
             out = K.gated_mlp(a[0], a[1], op.attrs)
         elif op.kind is OpKind.residual_add:
-            out = (a[0] + a[1]).astype(F32)
+            out = K.residual_add(a[0], a[1], a[2] if len(a) > 2 else None)
         elif op.kind is OpKind.lm_head:
             out = K.lm_head(a[0], a[1], op.attrs)
         elif op.kind is OpKind.sample:
             out = K.greedy(a[0], a[1])
         elif op.kind is OpKind.router:
-            out = K.router(a[0], op.attrs)
+            out = K.router(a[0], op.attrs, a[1] if len(a) > 1 else None)
         elif op.kind is OpKind.expert_linear and op.attrs["mode"] == "gate_up":
             out = K.experts_gate_up(a[0], a[1], a[2], op.attrs)
         elif op.kind is OpKind.expert_linear:

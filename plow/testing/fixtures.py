@@ -204,7 +204,12 @@ def make_tiny_checkpoint(
     if shard_size is not None:
         kwargs["max_shard_size"] = shard_size
     model.save_pretrained(directory, **kwargs)
+    write_tokenizer(directory, config)
+    return directory
 
+
+def write_tokenizer(directory: Path, config: Any) -> None:
+    """The corpus tokenizer of `config.vocab_size` tokens and its tokenizer_config.json."""
     tok = train_tokenizer(config.vocab_size)
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
@@ -221,4 +226,75 @@ def make_tiny_checkpoint(
             indent=2,
         )
     )
+
+
+# Gemma 4 text (`make_tiny_gemma4`): 4 layers sliding / full / sliding / full, window 8;
+# sliding head_dim 24 (!= 64 / 4 heads) with 2 kv heads, full layers head_dim 32 with
+# proportional rope (a quarter of the angles); soft-capped logits. The MoE variant: top-2 of
+# 8 experts of width 32 beside every layer's dense MLP, keys = values on the full layers with
+# 1 kv head (num_global_key_value_heads). Gemma 4 has no dense-only layer among MoE layers
+# (`enable_moe_block` is the whole model's).
+GEMMA4_TINY: dict[str, Any] = dict(
+    vocab_size=293,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    global_head_dim=32,
+    max_position_embeddings=256,
+    sliding_window=8,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {
+            "rope_type": "proportional",
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1000000.0,
+        },
+    },
+    final_logit_softcapping=30.0,
+    hidden_size_per_layer_input=0,
+    num_kv_shared_layers=0,
+    tie_word_embeddings=True,
+    initializer_range=0.05,
+)
+GEMMA4_TINY_MOE: dict[str, Any] = dict(
+    GEMMA4_TINY,
+    enable_moe_block=True,
+    num_experts=8,
+    top_k_experts=2,
+    moe_intermediate_size=32,
+    attention_k_eq_v=True,
+    num_global_key_value_heads=1,
+)
+
+
+def make_tiny_gemma4(
+    moe: bool = False, seed: int = 0, out: Path | str | None = None, **overrides: Any
+) -> Path:
+    """A tiny `Gemma4ForCausalLM` checkpoint (`GEMMA4_TINY`, or `GEMMA4_TINY_MOE` when `moe`)
+    through transformers' own classes; norms, router scales and layer scalars perturbed."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    params = dict(GEMMA4_TINY_MOE if moe else GEMMA4_TINY)
+    params.update(overrides)
+    params.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    config = transformers.Gemma4TextConfig(**params)
+    directory = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="plow-gemma4-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = transformers.Gemma4ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(("router.scale", "per_expert_scale")):
+                p.add_(0.1 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.add_(0.2 * torch.randn_like(b))
+    model.save_pretrained(directory, safe_serialization=True)
+    write_tokenizer(directory, config)
     return directory

@@ -11,10 +11,12 @@ from types import ModuleType
 from typing import Any
 
 from plow.checkpoint.families import gemma3, llama, mamba2, qwen3, qwen3_moe
+from plow.checkpoint.families import gemma4 as _gemma4
 from plow.checkpoint.spec import ModelSpec
 
 _MODULES: tuple[ModuleType, ...] = (llama, qwen3, gemma3, qwen3_moe)
 _MODULES += (mamba2,)
+_MODULES += (_gemma4,)
 
 FAMILIES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     model_type: module.to_spec for module in _MODULES for model_type in module.MODEL_TYPES

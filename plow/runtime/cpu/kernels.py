@@ -109,7 +109,7 @@ def _rmsnorm(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) 
         ss = np.asarray(np.sum(x * x, axis=-1, dtype=F32))
         acc.put(partial_name(op.name), (op.steps[1], v[0]), np.s_[step, a:b], ss)
         return
-    w = acc.weight(op.inputs[1])
+    w = acc.weight(op.inputs[1]) if len(op.inputs) > 1 else None  # none: Gemma 4's v_norm
     acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], K.rmsnorm(x, w, {**op.attrs, "group": v[1]}))
 
 
@@ -129,7 +129,7 @@ def _rmsnorm_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], ac
     keep = (flat % ncols >= cols[0]) & (flat % ncols < cols[1])
     rows, j = flat[keep] // g, flat[keep] % g
     x = acc.get(op.inputs[0], v, (rows, j))
-    w = acc.weight(op.inputs[1]).astype(F32)
+    w = acc.weight(op.inputs[1]).astype(F32) if len(op.inputs) > 1 else np.zeros(g, F32)
     y = x / np.sqrt(var[rows - a] + F32(op.attrs["eps"]))
     y = (y * (F32(op.attrs.get("offset", 0.0)) + w[j])).astype(F32)
     acc.put(op.outputs[0], v, (rows, j), y)
@@ -151,7 +151,10 @@ def _elementwise(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | No
     v = _view2(_shape(plan, op.inputs[0]))
     x = acc.get(op.inputs[0], v, np.s_[a:b, c0:c1])
     y = acc.get(op.inputs[1], v, np.s_[a:b, c0:c1])
-    out = K.gated_mlp(x, y, op.attrs) if op.kind == "gated_mlp" else (x + y).astype(F32)
+    if op.kind == "gated_mlp":
+        out = K.gated_mlp(x, y, op.attrs)
+    else:  # a third input [1] scales the sum (Gemma 4's layer_scalar)
+        out = K.residual_add(x, y, acc.weight(op.inputs[2]) if len(op.inputs) > 2 else None)
     acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], out)
 
 
@@ -332,7 +335,7 @@ def _attention(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None
             table = acc.get(PAGE_TABLE, (g.B, mb), np.s_[bi, wp // bs])
             for kind, src in ((0, k_name), (1, v_name)):
                 vals = acc.get(src, kshape, np.s_[bi, wt, kv, :])
-                _kv_store(plan.kv, acc, (layer, kind, table, kv, wp % bs, slice(None)), vals)
+                _kv_store(plan.kv, acc, (layer, kind, table, kv, wp % bs, slice(0, g.D)), vals)
         if j1 <= j0:
             continue
         kpos = np.arange(key_lo + j0, key_lo + j1, dtype=np.int64)
@@ -342,8 +345,8 @@ def _attention(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None
         if old.any():
             op_ = kpos[old]
             table = acc.get(PAGE_TABLE, (g.B, mb), np.s_[bi, op_ // bs])
-            keys[old] = _kv_load(plan.kv, acc, (layer, 0, table, kv, op_ % bs, slice(None)))
-            vals_[old] = _kv_load(plan.kv, acc, (layer, 1, table, kv, op_ % bs, slice(None)))
+            keys[old] = _kv_load(plan.kv, acc, (layer, 0, table, kv, op_ % bs, slice(0, g.D)))
+            vals_[old] = _kv_load(plan.kv, acc, (layer, 1, table, kv, op_ % bs, slice(0, g.D)))
         if (~old).any():
             tok_of = np.full(p_max - p_min + 1, -1, dtype=np.int64)
             tok_of[new_pos - p_min] = new_tok
@@ -502,7 +505,8 @@ def _router(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -
     (a, b), (c0, c1) = r
     v = _view2(_shape(plan, op.inputs[0]))
     x = acc.get(op.inputs[0], v, np.s_[a:b, :])  # top-k reads every expert of the row
-    acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], K.router(x, op.attrs)[:, c0:c1])
+    scale = acc.weight(op.inputs[1]) if len(op.inputs) > 1 else None  # Gemma 4's per-expert
+    acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], K.router(x, op.attrs, scale)[:, c0:c1])
 
 
 def _routed_rows(plan: Plan, op: OpEntry, m0: int, m1: int, e: int, acc: Access) -> np.ndarray:

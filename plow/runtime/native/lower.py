@@ -197,7 +197,12 @@ def _lower_op(
         o.d[2] = _view2(shape(op.outputs[0]).shape)[1]
         o.d[3] = op.steps[1]
         o.f[0], o.f[1] = float(op.attrs["eps"]), float(op.attrs.get("offset", 0.0))
-        o.w0, o.w0_dtype = weight(op.inputs[1])
+        if len(op.inputs) > 1:
+            o.w0, o.w0_dtype = weight(op.inputs[1])
+        else:  # no weight (Gemma 4's v_norm): w = 0, the scale is the offset alone
+            zero = np.zeros(g, dtype=np.float32)
+            low.keep.append(zero)
+            o.w0, o.w0_dtype = weight_pointer(zero), DTYPE_F32
     elif k == "rope":
         o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.inputs[1]), word(op.outputs[0])
         o.d[0] = _view2(shape(op.inputs[0]).shape)[1]
@@ -231,11 +236,17 @@ def _lower_op(
         o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.inputs[1]), word(op.outputs[0])
         o.d[0] = _view2(shape(op.inputs[0]).shape)[1]
         o.d[1] = 0 if op.attrs.get("activation", "silu") == "silu" else 1
+        if len(op.inputs) > 2:  # residual_add's scale [1] (Gemma 4's layer_scalar)
+            o.w0, o.w0_dtype = weight(op.inputs[2])
     elif k == "router":  # kernels/moe.h
         o.t[0], o.t[1] = word(op.inputs[0]), word(op.outputs[0])
         o.d[0] = _view2(shape(op.inputs[0]).shape)[1]
         o.d[1] = int(op.attrs["top_k"])
         o.d[2] = 1 if op.attrs.get("norm_topk_prob") else 0
+        if "logit_scale" in op.attrs:  # Gemma 4: logits scaled, kept weights per-expert scaled
+            o.d[3], o.f[0] = 1, float(op.attrs["logit_scale"])
+        if len(op.inputs) > 1:
+            o.w0, o.w0_dtype = weight(op.inputs[1])
     elif k == "expert_linear":  # kernels/moe.h
         n_exp, wn, k_in = shape(op.inputs[2]).shape
         gate_up = op.attrs["mode"] == "gate_up"
