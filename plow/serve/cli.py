@@ -109,6 +109,18 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                 "cuda (an NVIDIA GPU) or reference (a checkpoint's per-op forward)."
             ),
         ] = "native",
+        replicas: Annotated[
+            int | None,
+            typer.Option(
+                min=1,
+                help="Serve MODEL as this many engines of a Ray Serve deployment behind one "
+                "endpoint, routed by prompt prefix (docs/serving.md, replicas).",
+            ),
+        ] = None,
+        ray_address: Annotated[
+            str | None,
+            typer.Option("--ray", help="With --replicas: the Ray cluster (default: a local one)."),
+        ] = None,
     ) -> None:
         """Serve models over an OpenAI-compatible HTTP API (docs/serving.md)."""
         from rich.console import Console
@@ -117,6 +129,29 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
         from plow.serve.http import Server, load_served_model, run_server
 
         console = Console(stderr=True)
+        if replicas is not None:  # N engines on Ray Serve (plow/serve/replicas.py)
+            try:
+                if len(models) != 1:
+                    raise PlowError("--replicas", f"serves one model, got {len(models)}")
+                from plow.serve import replicas as rp
+
+                path = _model_dir(models[0])
+                load = dict(
+                    name=(served_model_name or [path.name])[0],
+                    max_num_seqs=_slots(path, max_num_seqs),
+                    max_num_batched_tokens=max_num_batched_tokens,
+                    max_model_len=max_model_len,
+                    max_queue_wait_s=max_queue_wait,
+                    executor=executor,
+                )
+                opts = dict(api_key=api_key, seed=seed, max_request_bytes=max_request_bytes)
+                app_ = rp.build_app(path, replicas, load, opts)
+            except PlowError as e:
+                fail(e)
+            url = f"http://{host}:{port}/v1"
+            console.print(f"serving {replicas} replicas on {url}", highlight=False)
+            rp.serve_replicas(app_, host, port, ray_address)
+            return
         try:
             names = list(served_model_name or [])
             if len(names) > len(models):
