@@ -40,7 +40,9 @@ Local Open Scope N_scope.
 Inductive op_kind :=
 | K_embedding | K_rmsnorm | K_linear | K_rope | K_attention
 | K_gated_mlp | K_residual_add | K_lm_head | K_sample
-| K_router | K_expert_linear | K_other.
+| K_router | K_expert_linear
+| K_ssm_conv | K_ssm_scan | K_ssm_norm
+| K_other.
 
 (** One task, as its task packet says: [pt_id] its index in the plan
     (for reasons), the unit range [pt_start, pt_start + pt_count), the
@@ -78,6 +80,7 @@ Definition opcode_of_kind (k : op_kind) : option N :=
   | K_rope => Some 5 | K_attention => Some 6 | K_gated_mlp => Some 8
   | K_residual_add => Some 10 | K_lm_head => Some 11 | K_sample => Some 12
   | K_router => Some 13 | K_expert_linear => Some 14
+  | K_ssm_conv => Some 16 | K_ssm_scan => Some 17 | K_ssm_norm => Some 18
   | K_other => None
   end.
 
@@ -126,7 +129,12 @@ Definition last_dim (s : list N) : N := last s 1.
     - expert_linear: input 1 the router weights [r] with [m * e = numel r], input 2
       the stacked experts [[e; wn; k]], [numel x = m * last x]; gate_up ([last x = k],
       [wn = 2 h], [numel o = m * e * h]): axes [m; e * h; k]; down ([last x = e * k],
-      [numel o = m * wn]): axes [m; wn; e * k]. *)
+      [numel o = m * wn]): axes [m; wn; e * k];
+    - ssm_conv (Mamba-2): [o = [b; t; c]], [x = [b; t; _]]: axes [b; c] (every token of a
+      batch row in its tile);
+    - ssm_scan: [o = [b; t; heads * head_dim]], [x = [b; t; _]]: axes [b; heads];
+    - ssm_norm: [c = last o], the group [g > 0] divides [c], [numel o = numel x]:
+      axes [numel x / c; c / g]. *)
 Definition expected_extents (x : opx) : option (list N) :=
   match ox_ins x, ox_outs x with
   | xs :: rest, o :: _ =>
@@ -187,6 +195,25 @@ Definition expected_extents (x : opx) : option (list N) :=
               then Some [m; wn; e * k] else None
           | _ => None
           end
+      | K_ssm_conv =>
+          match xs, o with
+          | b' :: t' :: _, [b; t; c] =>
+              if (b' =? b) && (t' =? t) then Some [b; c] else None
+          | _, _ => None
+          end
+      | K_ssm_scan =>
+          match xs, o with
+          | b' :: t' :: _, [b; t; w] =>
+              if (b' =? b) && (t' =? t) && (ox_heads x * ox_head_dim x =? w)
+              then Some [b; ox_heads x] else None
+          | _, _ => None
+          end
+      | K_ssm_norm =>
+          let c := last_dim o in
+          let g := ox_group x in
+          if negb (g =? 0) && (c / g * g =? c) && (numel o =? numel xs)
+             && (numel xs / c * c =? numel xs)
+          then Some [numel xs / c; c / g] else None
       | K_other => None
       end
   | _, _ => None

@@ -210,9 +210,9 @@ Definition dec_stream (fs : list wfield) (bs : list N) : sum serr (list (list N)
 
 Definition wire_version : N := 1.
 
-(** Opcodes 0..15 (see [Opcode] in plow/emit/wire.py). *)
+(** Opcodes 0..18 (see [Opcode] in plow/emit/wire.py; 16..18 Mamba-2's ssm ops). *)
 Definition opcodes : list N :=
-  [0; 1; 2; 3; 4; 5; 6; 7; 8; 9; 10; 11; 12; 13; 14; 15].
+  [0; 1; 2; 3; 4; 5; 6; 7; 8; 9; 10; 11; 12; 13; 14; 15; 16; 17; 18].
 
 (** Field indices (reserved included) — used by the oracle to name fields:
      0 opcode u8, 1 flags u8 (< 32), 2 scope u8 (< 3), 3 reserved u8,

@@ -82,6 +82,7 @@ let kind_of (k : string) : op_kind =
   | "rope" -> K_rope | "attention" -> K_attention | "gated_mlp" -> K_gated_mlp
   | "residual_add" -> K_residual_add | "lm_head" -> K_lm_head | "sample" -> K_sample
   | "router" -> K_router | "expert_linear" -> K_expert_linear
+  | "ssm_conv" -> K_ssm_conv | "ssm_scan" -> K_ssm_scan | "ssm_norm" -> K_ssm_norm
   | _ -> K_other
 
 let to_coq_task (t : ptask_r) : ptask =
@@ -97,7 +98,7 @@ let to_coq_opx (kind : string) (x : plan_r) : opx =
 
 let opcode_names = [| "nop"; "load"; "embed"; "rmsnorm"; "linear"; "rope"; "attention";
   "attention_merge"; "mlp_gate_up"; "mlp_down"; "residual_add"; "lm_head"; "sample";
-  "router"; "expert_linear"; "allreduce" |]
+  "router"; "expert_linear"; "allreduce"; "ssm_conv"; "ssm_scan"; "ssm_norm" |]
 
 let opcode_name c = if c >= 0 && c < Array.length opcode_names then opcode_names.(c) else "?"
 

@@ -65,6 +65,9 @@ OPCODE_OF_KIND: dict[str, Opcode] = {
     "sample": Opcode.SAMPLE,
     "router": Opcode.ROUTER,
     "expert_linear": Opcode.EXPERT_LINEAR,
+    "ssm_conv": Opcode.SSM_CONV,
+    "ssm_scan": Opcode.SSM_SCAN,
+    "ssm_norm": Opcode.SSM_NORM,
 }
 SCOPE_CODE = {"cta": 0, "device": 1, "system": 2}
 

@@ -32,7 +32,7 @@ NO_COUNTER = 0xFFFF_FFFF
 
 
 class Opcode(IntEnum):
-    """What a packet does (u8 at offset 0). Codes 16..255 are unknown and rejected."""
+    """What a packet does (u8 at offset 0). Codes 19..255 are unknown and rejected."""
 
     NOP = 0
     LOAD = 1
@@ -50,6 +50,9 @@ class Opcode(IntEnum):
     ROUTER = 13
     EXPERT_LINEAR = 14
     ALLREDUCE = 15
+    SSM_CONV = 16  # Mamba-2 (docs/families.md)
+    SSM_SCAN = 17
+    SSM_NORM = 18
 
 
 class Scope(IntEnum):

@@ -178,7 +178,7 @@ def _ssm_mixer(g: _Builder, spec: ModelSpec, p: str, w: str, h: str, n: int) -> 
             "groups": m.groups,
             "dt_offset": m.inner + m.conv_dim,
             "dt_min": m.dt_min,
-            "dt_max": m.dt_max,
+            "dt_max": None if m.dt_max == float("inf") else m.dt_max,
         },
         n,
     )

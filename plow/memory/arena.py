@@ -4,7 +4,8 @@ Layout, in this order, each buffer aligned to `ALIGN` bytes:
 
 1. `weights` — every weight, in order of first use (the same offsets in every bucket of a
    bundle, since every bucket's graph reads the weights in the same order); never shared.
-2. `kv` — the key-value caches; never shared (they persist across steps).
+2. `kv` — the key-value caches and the recurrent state (Mamba-2's `state` tensors); never
+   shared (they persist across steps).
 3. `io` — inputs (token ids, positions, sample index) and outputs (logits). The sampled
    token ids (`sample`, the last op's output) are written *into the `ids` slot*: the next
    step's embedding reads them there (the two are never live together).
@@ -122,7 +123,7 @@ def live_ranges(
             first_w.setdefault(t, i)
     out: dict[str, tuple[int, int]] = {}
     for t, role in roles.items():
-        if role in ("weight", "cache"):
+        if role in ("weight", "cache", "state"):
             out[t] = (0, n + 1)
         elif role == "input":
             out[t] = (0, last_r.get(t, 0) + 1)
@@ -173,7 +174,7 @@ def plan_arena(
 
     for region, role in (("weights", "weight"), ("kv", "cache")):
         for t in order:
-            if roles[t] == role:
+            if roles[t] == role or (role == "cache" and roles[t] == "state"):
                 put(t, region)  # type: ignore[arg-type]
     sampled = (
         graph.ops[-1].outputs[0] if graph.ops and graph.ops[-1].kind.value == "sample" else None

@@ -272,7 +272,8 @@ def ssm_scan_row(
         bm = xbc[i, inner : inner + g * nn].reshape(g, nn)[grp]  # [H', N]
         cm = xbc[i, inner + g * nn : inner + 2 * g * nn].reshape(g, nn)[grp]
         dt = softplus(dt_raw[i] + dt_bias.astype(F32))
-        dt = np.clip(dt, F32(attrs["dt_min"]), F32(attrs["dt_max"])).astype(F32)
+        hi = attrs.get("dt_max")  # None: no upper limit (JSON has no infinity)
+        dt = np.clip(dt, F32(attrs["dt_min"]), F32("inf" if hi is None else hi)).astype(F32)
         da = np.exp(dt * a).astype(F32)  # [H']
         s = (s * da[:, None, None] + (dt[:, None] * x)[:, :, None] * bm[:, None, :]).astype(F32)
         y = np.einsum("hpn,hn->hp", s, cm, dtype=F32) + d.astype(F32)[:, None] * x

@@ -314,7 +314,7 @@ class _Tiler:
             rows, cols = b, ch
             fpp = t * (2 * kern + 5)  # taps, bias, silu
             per_point = 2 * t * a + 2 * (kern - 1) * 4
-            weight = ch * kern * self.w
+            weight = ch * (kern + (len(op.inputs) == 5)) * self.w  # taps (+ bias)
         elif k is OpKind.ssm_scan:
             b, t, _ = self.shape(op.inputs[0])
             h, p, n = (int(op.attrs[x]) for x in ("heads", "head_dim", "state_size"))

@@ -188,3 +188,38 @@ def test_freed_request_frees_its_state_slot_and_prefix_cache_is_off(ckpt_dir: Pa
     assert kv.free_state_slots == {0, 1, 2, 3}
     eng.add(2, long)  # the same prompt again: nothing may be skipped (no state snapshot)
     assert eng.prefix_tokens_skipped == 0
+
+
+# -- the bundle: compile, certify (oracle B-F), run from its files --------------------------------
+
+
+@pytest.fixture(scope="module")
+def bundle(ckpt_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from plow.emit.bundle import compile_bundle
+    from plow.profile import CompileProfile
+    from plow.target import load_target
+
+    out = tmp_path_factory.mktemp("m2bundle") / "b"
+    profile = CompileProfile(name="m2", decode_batches=(1, 2), prefill_seqs=(16,), context=64)
+    compile_bundle(ckpt_dir, out, load_target("cpu"), profile, verify=True)
+    return out
+
+
+def test_bundle_certifies_with_every_checkpoint(bundle: Path) -> None:
+    from plow.emit.verify import verify_bundle
+
+    report = verify_bundle(bundle)
+    assert report.accepted, report.first_rejection()
+    seen = {r.checkpoint for r in report.rows}  # type: ignore[attr-defined]
+    assert {"B", "C", "D", "E", "F"} <= seen
+    ops = (bundle / "plan").glob("*.ops.json")
+    text = "".join(p.read_text() for p in ops)
+    assert '"ssm_scan"' in text and '"role":"state"' in text.replace(" ", "")
+
+
+def test_cpu_executor_from_the_bundle_matches_transformers(bundle: Path, hf: object) -> None:
+    from plow.runtime.cpu.model import CpuModel
+
+    m = CpuModel.from_bundle(bundle, check=True)
+    got = _cpu_greedy(m, [PROMPTS[0], PROMPTS[2]], 8)
+    assert got == [_hf_greedy(hf, p, 8) for p in (PROMPTS[0], PROMPTS[2])]

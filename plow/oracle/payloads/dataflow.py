@@ -31,6 +31,11 @@ ranges are row-major over the op's axes; views are `rows x cols` with `cols` the
   columns; attention: its rows), the whole partial otherwise (and `x` rows for rmsnorm);
   writes its chunk of `out`
   (blocks and column chunks numbered as `plow verify`'s `merge_unit_count`);
+- ssm_conv / ssm_scan (Mamba-2): read every token of their batch rows (in_proj's columns of
+  their channels / the dt columns of their heads, every conv column for the scan, and
+  `positions`); read AND write their rows' and channels' / heads' recurrent state (the
+  `state` tensor, per batch row: a read-modify-write in place); write their box of `out`;
+  ssm_norm: reads the box of y and the same columns of in_proj (the gate), writes it;
 - load: nothing in the arena.
 
 Not in the byte model (trusted, docs/oracle.md): weights (read-only; F keeps every live buffer
@@ -262,7 +267,52 @@ def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]
         elif not split and sp.tracked(dst):
             sp.elems(dst, a, b, True, out)
         return
+    if k in ("ssm_conv", "ssm_scan", "ssm_norm"):
+        _ssm_unit(sp, ot, o, a, b, c0, c1, dst, out)
+        return
     raise ValueError(f"op {o.name!r}: no data-flow rule for kind {k!r}")
+
+
+def _ssm_unit(
+    sp: _Space,
+    ot: OpTable,
+    o: OpEntry,
+    a: int,
+    b: int,
+    c0: int,
+    c1: int,
+    dst: str,
+    out: list[Access],
+) -> None:
+    """Mamba-2's tiles (module docstring): rows a..b are batch rows (ssm_norm: token rows)."""
+    if o.kind == "ssm_norm":
+        gs = int(o.attrs["group"])
+        ncols = _view(ot.tensors[o.outputs[0]].shape)[1]
+        lo, hi = c0 * gs, min(ncols, c1 * gs)
+        for name in (o.inputs[0], o.inputs[1]):
+            sp.box(name, a, b, lo, hi, False, out)
+        sp.box(dst, a, b, lo, hi, True, out)
+        return
+    t = ot.tensors[o.outputs[0]].shape[1]
+    state, per = o.inputs[-2], 1
+    if o.kind == "ssm_conv":
+        lo, hi = int(o.attrs["offset"]) + c0, int(o.attrs["offset"]) + c1
+        sp.box(o.inputs[0], a * t, b * t, lo, hi, False, out)
+        wide = int(o.attrs["channels"])
+        out_lo, out_hi = c0, c1
+    else:
+        xbc = o.inputs[0]
+        sp.box(xbc, a * t, b * t, 0, _view(ot.tensors[xbc].shape)[1], False, out)
+        dt = int(o.attrs["dt_offset"])
+        sp.box(o.inputs[1], a * t, b * t, dt + c0, dt + c1, False, out)
+        wide, per = int(o.attrs["heads"]), int(o.attrs["head_dim"])
+        out_lo, out_hi = c0 * per, c1 * per
+    sp.whole(o.inputs[-1], False, out)
+    ncols = _view(ot.tensors[state].shape)[1]
+    for r in range(a, b):  # the row's state rows of its channels / heads: read, then written
+        for write in (False, True):
+            sp.box(state, (r * wide + c0) * per, (r * wide + c1) * per, 0, ncols, write, out)
+    sp.box(dst, a * t, b * t, out_lo, out_hi, True, out)
 
 
 def _chunks(c0: int, c1: int, per_block: int) -> list[tuple[int, int]]:

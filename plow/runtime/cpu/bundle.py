@@ -76,6 +76,7 @@ from plow.runtime.cpu.plan import (
     PAGE_TABLE,
     REMAINING,
     RING,
+    STATE_SLOT,
     OpEntry,
     Packet,
     Plan,
@@ -401,7 +402,8 @@ def _layout(
     `arena="private"` gives every tensor words of its own instead (only `sample` keeps
     sharing `ids`'s words, the executor's contract with the host): a diagnosis mode that
     takes the arena planner's reuse out of the picture and keeps the packet stream."""
-    act = {n: t for n, t in ot.tensors.items() if t.role not in ("weight", "cache")}
+    # recurrent state (Mamba-2) lives in the arena's state region, by slot (`StateShape`)
+    act = {n: t for n, t in ot.tensors.items() if t.role not in ("weight", "cache", "state")}
     if not act:
         raise BundleRefused(where, "no activation tensors in the op table")
     e = min(dtype_bytes(t.dtype) for t in act.values())
@@ -470,6 +472,8 @@ def _layout(
     lb.add(PAGE_TABLE, (ids[0], -(-max(1, ctx) // kv.block_size)), "int32")
     lb.add(RING, (ring, ids[0]), "int32")
     lb.add(REMAINING, (ids[0],), "int32")
+    if any(t.role == "state" for t in ot.tensors.values()):
+        lb.add(STATE_SLOT, (ids[0],), "int32")
     return lb.build()
 
 
