@@ -99,25 +99,50 @@ PLOW_SIMD static float dot_bf16(const float* x, const uint16_t* w, int64_t n) {
 
 // Four rows of x against one weight row: each result has exactly dot_f32's order (a row's bits
 // do not depend on which rows share its tile); the weight row is loaded once for all four.
-PLOW_SIMD static void dot4_f32(const float* x, int64_t ldx, const float* w, int64_t n,
-                               float* y) {
-  float a0[PLOW_LANES] = {0}, a1[PLOW_LANES] = {0}, a2[PLOW_LANES] = {0}, a3[PLOW_LANES] = {0};
+// The 32 lanes go in two passes of 16 (lanes 0-15 over the whole row, then 16-31): each lane
+// still sums its elements in order, so the bits are dot_f32's, but four rows of 16 lanes fit
+// the 16 AVX2 registers where four of 32 spilled every accumulator on every element. Each
+// pass reads its own half of every 128-byte run of the weights: a line is fetched once.
+#define PLOW_HALF (PLOW_LANES / 2)
+struct F32Row {
+  const float* w;
+  PLOW_HD float operator()(int64_t e) const { return w[e]; }
+};
+struct Bf16Row {
+  const uint16_t* w;
+  PLOW_HD float operator()(int64_t e) const { return bf16_lane(w, e); }
+};
+
+template <class Row>
+PLOW_HD PLOW_INLINE void dot4_halves(const float* x, int64_t ldx, Row w, int64_t n, float* y) {
   const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
-  int64_t k = 0;
-  for (; k + PLOW_LANES <= n; k += PLOW_LANES)
-    for (int l = 0; l < PLOW_LANES; ++l) {
-      const float wv = w[k + l];
-      a0[l] = fmaf(x0[k + l], wv, a0[l]);
-      a1[l] = fmaf(x1[k + l], wv, a1[l]);
-      a2[l] = fmaf(x2[k + l], wv, a2[l]);
-      a3[l] = fmaf(x3[k + l], wv, a3[l]);
+  float a0[PLOW_LANES], a1[PLOW_LANES], a2[PLOW_LANES], a3[PLOW_LANES];
+  for (int h = 0; h < PLOW_LANES; h += PLOW_HALF) {
+    float b0[PLOW_HALF] = {0}, b1[PLOW_HALF] = {0}, b2[PLOW_HALF] = {0}, b3[PLOW_HALF] = {0};
+    int64_t k = 0;
+    for (; k + PLOW_LANES <= n; k += PLOW_LANES)
+      for (int l = 0; l < PLOW_HALF; ++l) {
+        const int64_t e = k + h + l;
+        const float wv = w(e);
+        b0[l] = fmaf(x0[e], wv, b0[l]);
+        b1[l] = fmaf(x1[e], wv, b1[l]);
+        b2[l] = fmaf(x2[e], wv, b2[l]);
+        b3[l] = fmaf(x3[e], wv, b3[l]);
+      }
+    for (int l = 0; l < PLOW_HALF && k + h + l < n; ++l) {
+      const int64_t e = k + h + l;
+      const float wv = w(e);
+      b0[l] = fmaf(x0[e], wv, b0[l]);
+      b1[l] = fmaf(x1[e], wv, b1[l]);
+      b2[l] = fmaf(x2[e], wv, b2[l]);
+      b3[l] = fmaf(x3[e], wv, b3[l]);
     }
-  for (int l = 0; k + l < n; ++l) {
-    const float wv = w[k + l];
-    a0[l] = fmaf(x0[k + l], wv, a0[l]);
-    a1[l] = fmaf(x1[k + l], wv, a1[l]);
-    a2[l] = fmaf(x2[k + l], wv, a2[l]);
-    a3[l] = fmaf(x3[k + l], wv, a3[l]);
+    for (int l = 0; l < PLOW_HALF; ++l) {
+      a0[h + l] = b0[l];
+      a1[h + l] = b1[l];
+      a2[h + l] = b2[l];
+      a3[h + l] = b3[l];
+    }
   }
   y[0] = lanes_sum(a0);
   y[1] = lanes_sum(a1);
@@ -125,30 +150,14 @@ PLOW_SIMD static void dot4_f32(const float* x, int64_t ldx, const float* w, int6
   y[3] = lanes_sum(a3);
 }
 
+PLOW_SIMD static void dot4_f32(const float* x, int64_t ldx, const float* w, int64_t n,
+                               float* y) {
+  dot4_halves(x, ldx, F32Row{w}, n, y);
+}
+
 PLOW_SIMD static void dot4_bf16(const float* x, int64_t ldx, const uint16_t* w, int64_t n,
                                 float* y) {
-  float a0[PLOW_LANES] = {0}, a1[PLOW_LANES] = {0}, a2[PLOW_LANES] = {0}, a3[PLOW_LANES] = {0};
-  const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
-  int64_t k = 0;
-  for (; k + PLOW_LANES <= n; k += PLOW_LANES)
-    for (int l = 0; l < PLOW_LANES; ++l) {
-      const float wv = bf16_lane(w, k + l);
-      a0[l] = fmaf(x0[k + l], wv, a0[l]);
-      a1[l] = fmaf(x1[k + l], wv, a1[l]);
-      a2[l] = fmaf(x2[k + l], wv, a2[l]);
-      a3[l] = fmaf(x3[k + l], wv, a3[l]);
-    }
-  for (int l = 0; k + l < n; ++l) {
-    const float wv = bf16_lane(w, k + l);
-    a0[l] = fmaf(x0[k + l], wv, a0[l]);
-    a1[l] = fmaf(x1[k + l], wv, a1[l]);
-    a2[l] = fmaf(x2[k + l], wv, a2[l]);
-    a3[l] = fmaf(x3[k + l], wv, a3[l]);
-  }
-  y[0] = lanes_sum(a0);
-  y[1] = lanes_sum(a1);
-  y[2] = lanes_sum(a2);
-  y[3] = lanes_sum(a3);
+  dot4_halves(x, ldx, Bf16Row{w}, n, y);
 }
 
 PLOW_HD static inline float dot_w(const float* x, const void* w, int32_t dt, int64_t off,
