@@ -6,7 +6,9 @@ transformers' own classes: sliding / full / sliding / full layers (window 8), sl
 experts beside every dense MLP, keys = values and 1 kv head on the full layers; norms, router
 scales and layer scalars perturbed. From a bundle that `plow compile` certifies: logits within
 1e-4 * max(1, |logit|) and greedy tokens equal transformers' (32 tokens x 4 prompts, slow; one
-prompt in the fast tier). A config field plow cannot honour is refused naming the field.
+prompt in the fast tier). A batch of 8 MoE rows routed to different experts gives each row's
+tokens alone; random interleavings of the emulator give the same arena bytes (slow). A config
+field plow cannot honour is refused naming the field.
 """
 
 from __future__ import annotations
@@ -188,3 +190,40 @@ def test_plan_only_compile_of_gemma4_26b_a4b_for_h200_is_certified(tmp_path: Pat
     # is for the tiny bundles (above); B, C, E and F here
     report = verify_bundle(out, checkpoints=("B", "C", "E", "F"))
     assert report.accepted, report.first_rejection()
+
+
+@pytest.mark.slow
+def test_a_row_in_a_batch_of_eight_gives_its_tokens_alone(g4: dict) -> None:
+    """MoE: eight rows whose last tokens route to different experts (transformers' router),
+    decoded together on the native executor, give each row's tokens alone."""
+    if g4["kind"] != "moe":
+        pytest.skip("routed experts only")
+    rng = np.random.default_rng(7)
+    extra = [rng.integers(3, 290, size=int(n)).tolist() for n in (5, 9, 13, 3)]
+    prompts = [*g4["ids"], *extra]
+    chosen = set()
+    for p in prompts:
+        with torch.no_grad():
+            out = g4["hf"](torch.tensor([p]), output_router_logits=True)
+        chosen.add(tuple(sorted(torch.topk(out.router_logits[0][-1], 2).indices.tolist())))
+    assert len(chosen) >= 4
+    together = generate(
+        open_native(g4["bundle"], max_batch=8), [Request(tuple(p), 8) for p in prompts]
+    )
+    for i, p in enumerate(prompts):
+        alone = generate(open_native(g4["bundle"], max_batch=8), [Request(tuple(p), 8)])
+        assert alone[0] == together[i], i
+
+
+@pytest.mark.slow
+def test_random_interleavings_give_identical_bytes(g4: dict) -> None:
+    ckpt = g4["ckpt"]
+    snaps = set()
+    for seed in range(3):
+        m = CpuModel(
+            ckpt.spec, ckpt.weights, max_batch=1, max_context=96,
+            mode="random", seed=seed, check=seed == 0,
+        )  # fmt: skip
+        toks = generate(m, [Request(tuple(g4["ids"][3]), 3)])
+        snaps.add((tuple(toks[0]), m.arena.snapshot()))
+    assert len(snaps) == 1
