@@ -1,31 +1,36 @@
-(** * Theorem 2 of Bari et al., B4: the Foster-Lyapunov part, proved
+(** * Theorem 2 of Bari et al., B4, proved: [theorem2_one_node_holds]
 
-    - [foster_criterion_holds]: Foster's criterion for a chain with a finite-support kernel
-      and rational probabilities ([Theorem2.foster_criterion]), by telescoping on finite
-      horizons: [eps * E_x[min(tau_C, n + 1)] <= eps + E_x[V(X_1)]] once the bound holds for
-      [n] outside [C], so no measure theory and no limit is needed.
-    - [slot_step]: one slot of the RAD node with 128-token tiles ([Theorem2.E128]) on a
-      job list of the chain's invariant [jl_inv] (waiting and prefilling requests have a
-      positive multiple of 128 prefill tokens left, decoding ones none, at most 512 decode
-      tokens each) keeps the invariant, adds at most the slot's arriving tokens to the work
+    One RAD node with 128-token tiles ([Theorem2.E128]), a finite slot-arrival distribution
+    with rational probabilities, [L < 128]: every reachable state of the job-list chain is
+    positive recurrent ([Theorem2.theorem2_one_node]), i.e. the partial sums of
+    [P_s(tau_s > k)] are bounded.  The proof, on finite horizons only (no limits, no measure
+    theory, no real numbers):
+
+    - [foster_criterion_holds] (Foster's criterion, [Theorem2.foster_criterion]) by
+      telescoping: [eps * E_x[min(tau_C, n + 1)] <= eps + E_x[V(X_1)]] once the bound holds
+      for [n] outside [C];
+    - [slot_step]: one slot keeps the chain's invariant [jl_inv] (waiting and prefilling
+      requests have a positive multiple of 128 prefill tokens left, decoding ones none, at
+      most 512 decode tokens each), adds at most the slot's arriving tokens to the work
       left, and serves a whole tile when [2^16] or more tokens are left: a RAD batch is
       [min(128, |decoding|)] decoders, or one tile of the oldest prefill, or one tile of
       the admitted head of [waiting] ([rad_form_batch_pos], a sharper
       [Radproof.rad_form_batch]); fewer than 128 tokens means that every resident decodes
-      and fewer than 128 do, so at most [127 * 512] tokens are left.
-    - [theorem2_one_node_small_set_holds] ([Theorem2.theorem2_one_node_small_set]): with a
-      valid finite slot distribution and [L < 128], from every reachable job list the
-      expected time to reach the small set (work below [2^16]) is at most
-      [work / (128 - L)], and the expected return time from the small set to itself is at
-      most [65664 / (128 - L)].
-
-    Not proved: [Theorem2.theorem2_one_node] itself, positive recurrence of every reachable
-    state.  The missing step is the regeneration argument: from every small state, an
-    empty slot (probability at least [1 - L / 129] since every request brings at least 129
-    tokens) repeated at most [2^16] times empties the node, and a fixed path of positive
-    probability leads from the empty job list to any reachable state, so each visit to
-    the small set reaches that state within a bounded number of slots with a probability
-    bounded below; the geometric bound on the return time from this is not written here. *)
+      and fewer than 128 do, so at most [127 * 512] tokens are left;
+    - [theorem2_one_node_small_set_holds] ([Theorem2.theorem2_one_node_small_set]): the
+      work is a Lyapunov function with drift [L - 128] off the small set (work below
+      [2^16]), so the small set is reached within [work / (128 - L)] expected slots and
+      left-and-reentered within [65664 / (128 - L)];
+    - the regeneration step ([hit_regenerate], generic): an empty slot has probability at
+      least [1 - L / 129] ([empty_slot]: every request brings at least 129 tokens); [2^16]
+      empty slots empty any small job list ([drain_empty], [slot_empty_serves]); and a
+      fixed path of positive probability leads from the empty job list to the reachable
+      state [s] ([reachable_traj]); so from every small state [s] is hit within
+      [T = 2^16 + k] slots with a probability [delta > 0] independent of the state
+      ([traj_kill]), and by the Markov property at time [T] ([hit_split]) and at the
+      first return to the small set ([hit_via]) the expected return time to [s] is at most
+      [work(s) / (128 - L) + const + (T + const) / delta], at every horizon;
+    - [pr_hit]: [Theorem2.partial_return] is [hit_partial] of the singleton [{s}]. *)
 From Coq Require Import List Bool Arith Lia QArith Lqa.
 From Plow Require Import Serq.Step Serq.Stepproof Serq.Rad Serq.Radproof Serq.Theorem2.
 Import ListNotations.
@@ -563,4 +568,594 @@ Proof.
   destruct (small s) eqn:Hs.
   - pose proof (Hin eq_refl). change (inject_Z 65664) with 65664. lra.
   - exact (Hout eq_refl).
+Qed.
+
+(** ** From the small set to every reachable state: the regeneration argument *)
+
+Lemma qsum_eq {A : Type} (f g : A -> Q) (l : list A) :
+  (forall a, In a l -> f a == g a) -> qsum f l == qsum g l.
+Proof.
+  induction l as [|a l IH]; intros H; rewrite ?qsum_nil, ?qsum_cons; [reflexivity|].
+  rewrite (H a (or_introl eq_refl)), IH; [reflexivity|]. intros b Hb; apply H; now right.
+Qed.
+
+Lemma qsum_lin {A : Type} (u v : Q) (f g : A -> Q) (l : list A) :
+  qsum (fun a => u * f a + v * g a) l == u * qsum f l + v * qsum g l.
+Proof. induction l as [|a l IH]; rewrite ?qsum_nil, ?qsum_cons; [ring|]. rewrite IH. ring. Qed.
+
+(** One entry [e] of the list gets at least [d] less. *)
+Lemma qsum_le_minus {A : Type} (f g : A -> Q) (l : list A) (e : A) (d : Q) :
+  In e l -> (forall a, In a l -> f a <= g a) -> f e <= g e - d -> qsum f l <= qsum g l - d.
+Proof.
+  induction l as [|a l IH]; intros He Hfg Hd; [destruct He|]. rewrite !qsum_cons.
+  destruct He as [<-|He].
+  - assert (qsum f l <= qsum g l) by (apply qsum_le; intros; apply Hfg; now right). lra.
+  - assert (f a <= g a) by (apply Hfg; now left).
+    assert (qsum f l <= qsum g l - d) by (apply IH; auto; intros; apply Hfg; now right). lra.
+Qed.
+
+Section regeneration.
+  Variables (X : Type) (K : kernel X) (I : X -> Prop).
+  Hypothesis kernel_ok : forall x, I x -> forall py, In py (K x) -> 0 <= fst py /\ I (snd py).
+  Hypothesis mass : forall x, I x -> qsum fst (K x) == 1.
+
+  (** [kill A k f x]: the expectation of [f(X_k)] on the paths that avoid [A] at steps
+      [1 .. k]. *)
+  Fixpoint kill (A : X -> bool) (k : nat) (f : X -> Q) (x : X) : Q :=
+    match k with
+    | O => f x
+    | S k' => qsum (fun py => if A (snd py) then 0 else fst py * kill A k' f (snd py)) (K x)
+    end.
+
+  Lemma kill_mono (A : X -> bool) (k : nat) (f g : X -> Q) :
+    (forall y, I y -> f y <= g y) -> forall x, I x -> kill A k f x <= kill A k g x.
+  Proof.
+    intros Hfg. induction k as [|k IH]; intros x Hx; cbn [kill]; [now apply Hfg|].
+    apply qsum_le. intros [p y] Hin. destruct (kernel_ok x Hx _ Hin) as [Hp Hy]. cbn [fst snd] in *.
+    destruct (A y); [lra|]. pose proof (IH y Hy). nra.
+  Qed.
+
+  Lemma kill_nonneg (A : X -> bool) (k : nat) (f : X -> Q) :
+    (forall y, I y -> 0 <= f y) -> forall x, I x -> 0 <= kill A k f x.
+  Proof.
+    intros Hf. induction k as [|k IH]; intros x Hx; cbn [kill]; [now apply Hf|].
+    apply qsum_nonneg. intros [p y] Hin. destruct (kernel_ok x Hx _ Hin) as [Hp Hy]. cbn [fst snd] in *.
+    destruct (A y); [lra|]. pose proof (IH y Hy). nra.
+  Qed.
+
+  Lemma kill_lin (A : X -> bool) (k : nat) (u v : Q) (f g : X -> Q) (x : X) :
+    kill A k (fun y => u * f y + v * g y) x == u * kill A k f x + v * kill A k g x.
+  Proof.
+    revert x. induction k as [|k IH]; intros x; cbn [kill]; [reflexivity|].
+    rewrite <- qsum_lin. apply qsum_eq. intros [p y] _. cbn [fst snd] in *.
+    destruct (A y); [ring|]. rewrite IH. ring.
+  Qed.
+
+  Lemma mass_avoid (A : X -> bool) (x : X) (g : X -> Q) :
+    I x -> (forall y, I y -> 0 <= g y <= 1) ->
+    qsum (fun py => if A (snd py) then 0 else fst py * g (snd py)) (K x) <= 1.
+  Proof.
+    intros Hx Hg. rewrite <- (mass x Hx). apply qsum_le. intros [p y] Hin.
+    destruct (kernel_ok x Hx _ Hin) as [Hp Hy]. cbn [fst snd] in *. destruct (Hg y Hy).
+    destruct (A y); nra.
+  Qed.
+
+  Lemma kill_one_le (A : X -> bool) (k : nat) (x : X) : I x -> kill A k (fun _ => 1) x <= 1.
+  Proof.
+    revert x. induction k as [|k IH]; intros x Hx; cbn [kill]; [lra|].
+    apply (mass_avoid A x (kill A k (fun _ => 1))); [exact Hx|]. intros y Hy. split; [apply kill_nonneg; [intros; lra|exact Hy]|exact (IH y Hy)].
+  Qed.
+
+  Lemma kill_one_step (A : X -> bool) (k : nat) (x : X) :
+    I x -> kill A (S k) (fun _ => 1) x <= kill A k (fun _ => 1) x.
+  Proof.
+    revert x. induction k as [|k IH]; intros x Hx.
+    - cbn [kill]. apply (mass_avoid A x (fun _ => 1)); [exact Hx|]. intros; lra.
+    - change (kill A (S (S k)) (fun _ => 1) x) with
+        (qsum (fun py => if A (snd py) then 0 else fst py * kill A (S k) (fun _ => 1) (snd py)) (K x)).
+      change (kill A (S k) (fun _ => 1) x) with
+        (qsum (fun py => if A (snd py) then 0 else fst py * kill A k (fun _ => 1) (snd py)) (K x)).
+      apply qsum_le. intros [p y] Hin. destruct (kernel_ok x Hx _ Hin) as [Hp Hy].
+      cbn [fst snd] in *. destruct (A y); [lra|]. pose proof (IH y Hy). nra.
+  Qed.
+
+  Lemma kill_one_antitone (A : X -> bool) (j k : nat) (x : X) :
+    I x -> kill A (j + k) (fun _ => 1) x <= kill A k (fun _ => 1) x.
+  Proof.
+    intros Hx. induction j as [|j IH]; [cbn [Nat.add]; lra|].
+    apply Qle_trans with (kill A (j + k) (fun _ => 1) x); [|exact IH].
+    change (S j + k)%nat with (S (j + k)). apply kill_one_step. exact Hx.
+  Qed.
+
+  Lemma kill_lyapunov (A : X -> bool) (V : X -> Q) (L : Q) :
+    0 <= L -> (forall y, I y -> 0 <= V y) -> (forall y, I y -> expect K V y <= V y + L) ->
+    forall k x, I x -> kill A k V x <= V x + inject_Z (Z.of_nat k) * L.
+  Proof.
+    intros HL HV Hd k. induction k as [|k IH]; intros x Hx.
+    - cbn [kill]. change (inject_Z (Z.of_nat 0)) with 0. lra.
+    - cbn [kill].
+      assert (H : qsum (fun py => if A (snd py) then 0 else fst py * kill A k V (snd py)) (K x)
+                  <= qsum (fun py => 1 * (fst py * V (snd py)) + (inject_Z (Z.of_nat k) * L) * fst py) (K x)).
+      { apply qsum_le. intros [p y] Hin. destruct (kernel_ok x Hx _ Hin) as [Hp Hy]. cbn [fst snd] in *.
+        pose proof (IH y Hy). pose proof (HV y Hy).
+        assert (0 <= inject_Z (Z.of_nat k)) by (change 0 with (inject_Z 0); rewrite <- Zle_Qle; lia).
+        assert (Hc : 0 <= inject_Z (Z.of_nat k) * L) by nra.
+        set (c := inject_Z (Z.of_nat k) * L) in *. clearbody c.
+        destruct (A y); nra. }
+      rewrite qsum_lin in H. fold (expect K V x) in H. rewrite (mass x Hx) in H.
+      pose proof (Hd x Hx). rewrite Nat2Z.inj_succ, <- Z.add_1_r, inject_Z_plus. change (inject_Z 1) with 1. nra.
+  Qed.
+
+  Lemma hit_nonneg (A : X -> bool) (n : nat) (x : X) : I x -> 0 <= hit_partial K A n x.
+  Proof.
+    revert x. induction n as [|n IH]; intros x Hx; cbn [hit_partial]; [lra|].
+    assert (0 <= qsum (fun py => if A (snd py) then 0 else fst py * hit_partial K A n (snd py)) (K x)).
+    { apply qsum_nonneg. intros [p y] Hin. destruct (kernel_ok x Hx _ Hin) as [Hp Hy]. cbn [fst snd] in *.
+      destruct (A y); [lra|]. pose proof (IH y Hy). nra. }
+    lra.
+  Qed.
+
+  Lemma hit_le_n (A : X -> bool) (n : nat) (x : X) : I x -> hit_partial K A n x <= inject_Z (Z.of_nat n).
+  Proof.
+    revert x. induction n as [|n IH]; intros x Hx; cbn [hit_partial]; [change (inject_Z (Z.of_nat 0)) with 0; lra|].
+    assert (H : qsum (fun py => if A (snd py) then 0 else fst py * hit_partial K A n (snd py)) (K x)
+                <= qsum (fun py => inject_Z (Z.of_nat n) * fst py) (K x)).
+    { apply qsum_le. intros [p y] Hin. destruct (kernel_ok x Hx _ Hin) as [Hp Hy]. cbn [fst snd] in *.
+      pose proof (IH y Hy). pose proof (hit_nonneg A n y Hy). destruct (A y); nra. }
+    assert (E : qsum (fun py => inject_Z (Z.of_nat n) * fst py) (K x) == inject_Z (Z.of_nat n)).
+    { transitivity (qsum (fun py => inject_Z (Z.of_nat n) * fst py + 0 * fst py) (K x)).
+      - apply qsum_eq. intros; ring.
+      - rewrite qsum_lin, (mass x Hx). ring. }
+    rewrite Nat2Z.inj_succ, <- Z.add_1_r, inject_Z_plus. change (inject_Z 1) with 1. nra.
+  Qed.
+
+  (** The Markov property at a fixed time [T]. *)
+  Lemma hit_split (A : X -> bool) (T m : nat) (x : X) :
+    I x -> hit_partial K A (T + m) x <= inject_Z (Z.of_nat T) + kill A T (hit_partial K A m) x.
+  Proof.
+    revert x. induction T as [|T IH]; intros x Hx.
+    - cbn [Nat.add kill]. change (inject_Z (Z.of_nat 0)) with 0. lra.
+    - change (S T + m)%nat with (S (T + m)). cbn [hit_partial kill].
+      assert (H : qsum (fun py => if A (snd py) then 0 else fst py * hit_partial K A (T + m) (snd py)) (K x)
+                  <= qsum (fun py => inject_Z (Z.of_nat T) * (if A (snd py) then 0 else fst py * 1)
+                        + 1 * (if A (snd py) then 0 else fst py * kill A T (hit_partial K A m) (snd py))) (K x)).
+      { apply qsum_le. intros [p y] Hin. destruct (kernel_ok x Hx _ Hin) as [Hp Hy]. cbn [fst snd] in *.
+        pose proof (IH y Hy). destruct (A y); nra. }
+      rewrite qsum_lin in H.
+      pose proof (mass_avoid A x (fun _ => 1) Hx ltac:(intros; cbv beta; lra)) as Hm. cbv beta in Hm.
+      assert (0 <= inject_Z (Z.of_nat T)) by (change 0 with (inject_Z 0); rewrite <- Zle_Qle; lia).
+      rewrite Nat2Z.inj_succ, <- Z.add_1_r, inject_Z_plus. change (inject_Z 1) with 1. nra.
+  Qed.
+
+  (** The strong Markov property at the first visit to [C], when [A] is reached from [C]
+      within [M] expected steps at every horizon up to [n]. *)
+  Lemma hit_via (A C : X -> bool) (M : Q) (n : nat) :
+    0 <= M -> (forall m y, (m <= n)%nat -> I y -> C y = true -> hit_partial K A m y <= M) ->
+    forall x, I x -> hit_partial K A n x <= hit_partial K C n x + M.
+  Proof.
+    intros HM. induction n as [|n IH]; intros Hc x Hx; cbn [hit_partial]; [lra|].
+    assert (H : qsum (fun py => if A (snd py) then 0 else fst py * hit_partial K A n (snd py)) (K x)
+                <= qsum (fun py => 1 * (if C (snd py) then 0 else fst py * hit_partial K C n (snd py))
+                                   + M * fst py) (K x)).
+    { apply qsum_le. intros [p y] Hin. destruct (kernel_ok x Hx _ Hin) as [Hp Hy]. cbn [fst snd] in *.
+      pose proof (hit_nonneg C n y Hy). pose proof (hit_nonneg A n y Hy).
+      destruct (C y) eqn:HC.
+      - pose proof (Hc n y (Nat.le_succ_diag_r n) Hy HC). destruct (A y); nra.
+      - assert (Hn : hit_partial K A n y <= hit_partial K C n y + M).
+        { apply IH; [|exact Hy]. intros m z Hm. apply Hc. lia. }
+        destruct (A y); nra. }
+    rewrite qsum_lin, (mass x Hx) in H. lra.
+  Qed.
+
+  (** A path into [A] of [k] steps and probability [r]: [kill A k 1 <= 1 - r]. *)
+  Lemma kill_hit_entry (A : X -> bool) (k : nat) (x : X) (p r : Q) (y : X) :
+    I x -> In (p, y) (K x) -> (A y = true \/ kill A k (fun _ => 1) y <= 1 - r) -> 0 <= r <= 1 ->
+    kill A (S k) (fun _ => 1) x <= 1 - p * r.
+  Proof.
+    intros Hx Hin Hy Hr. destruct (kernel_ok x Hx _ Hin) as [Hp Hy']. cbn [fst snd] in *.
+    cbn [kill]. rewrite <- (mass x Hx).
+    apply (qsum_le_minus _ _ _ (p, y)); [exact Hin| |].
+    - intros [p' y'] Hin'. destruct (kernel_ok x Hx _ Hin') as [Hp' Hy'']. cbn [fst snd] in *.
+      pose proof (kill_one_le A k y' Hy''). pose proof (kill_nonneg A k (fun _ => 1) ltac:(intros; cbv beta; lra) y' Hy'').
+      destruct (A y'); nra.
+    - cbn [fst snd] in *. destruct Hy as [HA|Hk].
+      + rewrite HA. nra.
+      + destruct (A y); [nra|]. nra.
+  Qed.
+End regeneration.
+
+Section regeneration_bound.
+  Variables (X : Type) (K : kernel X) (I : X -> Prop).
+  Hypothesis kernel_ok : forall x, I x -> forall py, In py (K x) -> 0 <= fst py /\ I (snd py).
+  Hypothesis mass : forall x, I x -> qsum fst (K x) == 1.
+
+  (** From every state of [C], [A] is reached within [T] steps with probability at least
+      [delta], and the expected time back to [C] after [T] steps is at most [Gb]: then [A] is
+      reached from [C] within [(T + Gb) / delta] expected steps, at every horizon. *)
+  Lemma hit_regenerate (A C : X -> bool) (G : X -> Q) (T : nat) (delta Gb : Q) :
+    (1 <= T)%nat -> 0 < delta -> delta <= 1 -> 0 <= Gb ->
+    (forall m z, I z -> hit_partial K C m z <= G z) ->
+    (forall y, I y -> C y = true -> kill X K A T (fun _ => 1) y <= 1 - delta) ->
+    (forall y, I y -> C y = true -> kill X K A T G y <= Gb) ->
+    forall n y, I y -> C y = true ->
+      hit_partial K A n y <= / delta * (inject_Z (Z.of_nat T) + Gb).
+  Proof.
+    intros HT Hd0 Hd1 HGb HG Hkill HkG.
+    set (Tq := inject_Z (Z.of_nat T)).
+    assert (HTq : 0 <= Tq) by (unfold Tq; change 0 with (inject_Z 0); rewrite <- Zle_Qle; lia).
+    set (M := / delta * (Tq + Gb)).
+    assert (HMd : M * delta == Tq + Gb) by (unfold M; field; lra).
+    assert (HM0 : 0 <= M) by (unfold M; apply Qmult_le_0_compat; [apply Qinv_le_0_compat|]; lra).
+    assert (HMT : Tq <= M) by nra.
+    assert (Hall : forall N n, (n <= N)%nat -> forall y, I y -> C y = true -> hit_partial K A n y <= M).
+    { induction N as [|N IH]; intros n Hn y Hy Hc.
+      - replace n with 0%nat by lia. cbn [hit_partial]. exact HM0.
+      - destruct (Nat.le_gt_cases n N) as [HnN|HnN]; [exact (IH n HnN y Hy Hc)|].
+        destruct (Nat.le_gt_cases n T) as [HnT|HnT].
+        + pose proof (hit_le_n X K I kernel_ok mass A n y Hy) as Hle.
+          assert (inject_Z (Z.of_nat n) <= Tq) by (unfold Tq; rewrite <- Zle_Qle; lia). lra.
+        + replace n with (T + (n - T))%nat by lia.
+          pose proof (hit_split X K I kernel_ok mass A T (n - T) y Hy) as Hs. fold Tq in Hs.
+          assert (Hv : forall z, I z -> hit_partial K A (n - T) z <= 1 * G z + M * 1).
+          { intros z Hz. pose proof (hit_via X K I kernel_ok mass A C M (n - T) HM0) as Hv.
+            specialize (Hv ltac:(intros m w Hm Hw Hcw; apply (IH m); [lia|exact Hw|exact Hcw]) z Hz).
+            pose proof (HG (n - T)%nat z Hz). lra. }
+          pose proof (kill_mono X K I kernel_ok A T _ _ Hv y Hy) as Hk.
+          rewrite (kill_lin X K A T 1 M G (fun _ => 1) y) in Hk.
+          pose proof (Hkill y Hy Hc). pose proof (HkG y Hy Hc). nra. }
+    intros n y Hy Hc. exact (Hall n n (le_n n) y Hy Hc).
+  Qed.
+End regeneration_bound.
+
+(** ** B4 for the RAD node *)
+
+Local Open Scope nat_scope.
+
+Lemma rad_batch_pos (st1 : state) :
+  Forall job_w (s_waiting st1) -> Forall job_w (s_prefilling st1) -> Forall job_d (s_decoding st1) ->
+  0 < mwork st1 -> 0 < b_tokens (form_batch E128 st1).
+Proof.
+  intros HW HP HD Hpos.
+  assert (HW' : Forall (fun j => j_pre j mod 128 = 0 /\ 0 < j_pre j) (s_waiting st1))
+    by (eapply Forall_impl; [|exact HW]; intros j (H1 & H2 & _); tauto).
+  assert (HP' : Forall (fun j => j_pre j mod 128 = 0 /\ 0 < j_pre j) (s_prefilling st1))
+    by (eapply Forall_impl; [|exact HP]; intros j (H1 & H2 & _); tauto).
+  pose proof (rad_form_batch_pos 128 E128 st1 ltac:(lia) e128_schedule e128_while HW' HP') as Hfb.
+  cbv zeta in Hfb.
+  destruct Hfb as [[Hm ->] | [[_ [_ ->]] | [_ [_ [h [ws [_ ->]]]]]]]; cbn [b_tokens]; [|lia|lia].
+  destruct (length (s_decoding st1)) as [|nd] eqn:Hl; [|lia]. exfalso.
+  unfold rad_mode, view_of, residents in Hm; cbn [v_decoding v_count] in Hm.
+  rewrite Hl in Hm. apply orb_true_iff in Hm as [Hm|Hm]; [apply Nat.leb_le in Hm; lia|apply Nat.eqb_eq in Hm].
+  assert (HW0 : s_waiting st1 = []) by (apply length_zero_iff_nil; lia).
+  assert (HP0 : s_prefilling st1 = []) by (apply length_zero_iff_nil; lia).
+  assert (HD0 : s_decoding st1 = []) by (apply length_zero_iff_nil; lia).
+  unfold mwork in Hpos. rewrite HW0, HP0, HD0 in Hpos. cbn in Hpos. lia.
+Qed.
+
+(** A slot with no arrivals serves at least one token of a node that has work. *)
+Lemma slot_empty_serves (x : joblist) :
+  jl_inv x -> 0 < work x -> work (slot E128 [] x) < work x.
+Proof.
+  intros Hx Hw. rewrite slot_unfold.
+  pose proof (arrive_slot [] x Hx (Forall_nil _)) as H0. cbv zeta in H0.
+  destruct H0 as (Hpe & Hm & HW & HP & HD). cbn [tokens_of fold_right] in Hm. rewrite Nat.add_0_r in Hm.
+  unfold step. set (st1 := arrive (slot_state [] x)) in *.
+  pose proof (rad_batch_pos st1 HW HP HD ltac:(lia)) as Hb.
+  pose proof (rad_iteration st1 (s_now st1 + e_execute E128 (claim_view st1 (form_batch E128 st1))) HW HP HD)
+    as H1. cbv zeta in H1. destruct H1 as [(_ & _ & _ & Hk) _].
+  destruct (b_tokens (form_batch E128 st1) =? 0) eqn:Hz; [apply Nat.eqb_eq in Hz; lia|].
+  cbn [next]. rewrite project_work. lia.
+Qed.
+
+Lemma work_zero (x : joblist) : jl_inv x -> work x = 0 -> x = jl_empty.
+Proof.
+  destruct x as [w p d]. intros (Hw & Hp & Hd) H0. unfold work in H0; cbn [jl_waiting jl_prefilling jl_decoding] in *.
+  destruct w as [|[a b] w]; [|inversion Hw as [|? ? (_ & Ha & _) _]; cbn in Ha, H0; lia].
+  destruct p as [|[a b] p]; [|inversion Hp as [|? ? (_ & Ha & _) _]; cbn in Ha, H0; lia].
+  destruct d as [|[a b] d]; [reflexivity|inversion Hd as [|? ? (_ & Ha & _) _]; cbn in Ha, H0; lia].
+Qed.
+
+Fixpoint drain (n : nat) (x : joblist) : joblist :=
+  match n with
+  | O => x
+  | S n' => drain n' (slot E128 [] x)
+  end.
+
+Lemma drain_empty (n : nat) (x : joblist) : jl_inv x -> work x <= n -> drain n x = jl_empty.
+Proof.
+  revert x. induction n as [|n IH]; intros x Hx Hw; cbn [drain].
+  - apply work_zero; [exact Hx|lia].
+  - destruct (slot_step [] x Hx (Forall_nil _)) as (Hi & Hle & _).
+    apply IH; [exact Hi|]. cbn [tokens_of fold_right] in Hle.
+    destruct (Nat.eq_dec (work x) 0) as [H0|H0].
+    + lia.
+    + pose proof (slot_empty_serves x Hx ltac:(lia)). lia.
+Qed.
+
+Local Open Scope Q_scope.
+
+Fixpoint qpow (q : Q) (n : nat) : Q :=
+  match n with
+  | O => 1
+  | S n' => q * qpow q n'
+  end.
+
+(** Paths of the chain: [traj D x y k r], from [x] to [y] in [k] slots of probability [r]. *)
+Inductive traj (D : dist) : joblist -> joblist -> nat -> Q -> Prop :=
+  | traj_refl x : traj D x x 0 1
+  | traj_step x p a y k r :
+      In (p, a) D -> 0 < p -> traj D (slot E128 a x) y k r -> traj D x y (S k) (p * r)
+  | traj_eq x y k r r' : traj D x y k r -> r == r' -> traj D x y k r'.
+
+Lemma traj_snoc (D : dist) (x y : joblist) (k : nat) (r : Q) (p : Q) (a : list rtype) :
+  traj D x y k r -> In (p, a) D -> 0 < p -> traj D x (slot E128 a y) (S k) (r * p).
+Proof.
+  intros Ht Hin Hp. induction Ht as [x|x p' a' y k r Hin' Hp' Ht IH|x y k r r' Ht IH Heq].
+  - apply traj_eq with (p * 1); [apply (traj_step D x p a); [exact Hin|exact Hp|apply traj_refl]|ring].
+  - apply traj_eq with (p' * (r * p)); [apply (traj_step D x p' a'); assumption|ring].
+  - apply traj_eq with (r * p); [exact IH|rewrite Heq; reflexivity].
+Qed.
+
+Lemma traj_app (D : dist) (x y z : joblist) (k k' : nat) (r r' : Q) :
+  traj D x y k r -> traj D y z k' r' -> traj D x z (k + k') (r * r').
+Proof.
+  intros H1 H2. induction H1 as [x|x p a y k r Hin Hp Ht IH|x y k r r0 Ht IH Heq].
+  - apply traj_eq with r'; [exact H2|ring].
+  - apply traj_eq with (p * (r * r')); [apply (traj_step D x p a); auto|ring].
+  - apply traj_eq with (r * r'); [auto|rewrite Heq; reflexivity].
+Qed.
+
+Lemma traj_zero (D : dist) (x y : joblist) (k : nat) (r : Q) :
+  traj D x y k r -> k = 0%nat -> x = y /\ r == 1.
+Proof.
+  induction 1 as [x|x p a y k r _ _ _ _|x y k r r' Ht IH Heq]; intros Hk.
+  - split; reflexivity.
+  - discriminate.
+  - destruct (IH Hk) as [Hxy Hr]. split; [exact Hxy|rewrite <- Heq; exact Hr].
+Qed.
+
+Lemma qsum_entry {A : Type} (f : A -> Q) (l : list A) (e : A) :
+  In e l -> (forall a, In a l -> 0 <= f a) -> f e <= qsum f l.
+Proof.
+  induction l as [|a l IH]; intros He Hf; [destruct He|]. rewrite qsum_cons.
+  destruct He as [<-|He].
+  - assert (0 <= qsum f l) by (apply qsum_nonneg; intros; apply Hf; now right). lra.
+  - assert (0 <= f a) by (apply Hf; now left).
+    assert (f e <= qsum f l) by (apply IH; auto; intros; apply Hf; now right). lra.
+Qed.
+
+Lemma dist_entry_le (D : dist) (p : Q) (a : list rtype) : valid_dist D -> In (p, a) D -> p <= 1.
+Proof.
+  intros [HD H1] Hin. change (fold_right (fun pa acc => fst pa + acc) 0 D) with (qsum fst D) in H1.
+  rewrite <- H1. apply (qsum_entry fst D (p, a) Hin).
+  intros [p' a'] Hin'. rewrite Forall_forall in HD. destruct (HD _ Hin') as [Hp _]. cbn [fst] in *. lra.
+Qed.
+
+Lemma traj_prob (D : dist) (x y : joblist) (k : nat) (r : Q) :
+  valid_dist D -> traj D x y k r -> 0 < r /\ r <= 1.
+Proof.
+  intros HD. induction 1 as [x|x p a y k r Hin Hp Ht IH|x y k r r' Ht IH Heq].
+  - lra.
+  - pose proof (dist_entry_le D p a HD Hin). split; nra.
+  - rewrite <- Heq. exact IH.
+Qed.
+
+Lemma traj_drain (D : dist) (q : Q) : In (q, []) D -> 0 < q ->
+  forall n x, traj D x (drain n x) n (qpow q n).
+Proof.
+  intros Hin Hq n. induction n as [|n IH]; intros x; cbn [drain qpow]; [apply traj_refl|].
+  apply (traj_step D x q []); [exact Hin|exact Hq|apply IH].
+Qed.
+
+Lemma reachable_traj (D : dist) (s : joblist) :
+  reachable E128 D s -> exists k r, 0 < r /\ traj D jl_empty s k r.
+Proof.
+  induction 1 as [|x p a Hr IH Hin Hp].
+  - exists 0%nat, 1. split; [lra|apply traj_refl].
+  - destruct IH as (k & r & Hr0 & Ht). exists (S k), (r * p).
+    split; [nra|]. apply traj_snoc; assumption.
+Qed.
+
+Lemma chain_mass (D : dist) : valid_dist D -> forall x, qsum fst (chain E128 D x) == 1.
+Proof. intros [_ H1] x. unfold chain. rewrite qsum_map. exact H1. Qed.
+
+Lemma in_chain (D : dist) (x : joblist) (p : Q) (a : list rtype) :
+  In (p, a) D -> In (p, slot E128 a x) (chain E128 D x).
+Proof. intros Hin. unfold chain. apply (in_map (fun pa => (fst pa, slot E128 (snd pa) x)) D (p, a) Hin). Qed.
+
+Lemma traj_kill (D : dist) (A : joblist -> bool) (x y : joblist) (k : nat) (r : Q) :
+  valid_dist D -> traj D x y k r -> jl_inv x -> A y = true -> (1 <= k)%nat ->
+  kill joblist (chain E128 D) A k (fun _ => 1) x <= 1 - r.
+Proof.
+  intros HD. induction 1 as [x|x p a y k r Hin Hp Ht IH|x y k r r' Ht IH Heq]; intros Hx HA Hk.
+  - lia.
+  - pose proof (traj_prob D _ _ _ _ HD Ht) as Hr.
+    assert (Hx' : jl_inv (slot E128 a x)).
+    { destruct HD as [HD _]. rewrite Forall_forall in HD. destruct (HD _ Hin) as [_ Ha].
+      exact (proj1 (slot_step a x Hx Ha)). }
+    apply (kill_hit_entry joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x) A k x p r
+             (slot E128 a x) Hx (in_chain D x p a Hin)); [|lra].
+    destruct (A (slot E128 a x)) eqn:HA'; [left; reflexivity|right].
+    destruct k as [|k].
+    + destruct (traj_zero D _ _ _ _ Ht eq_refl) as [Hxy _]. rewrite Hxy in HA'. congruence.
+    + apply IH; [exact Hx'|exact HA|lia].
+  - pose proof (IH Hx HA Hk). lra.
+Qed.
+
+(** An empty slot has positive probability: every request brings at least 129 tokens. *)
+Lemma empty_slot (D : dist) : valid_dist D -> load D < inject_Z 128 -> exists q, In (q, []) D /\ 0 < q.
+Proof.
+  intros [HD H1] HL.
+  assert (H : (exists q, In (q, []) D /\ 0 < q) \/ 129 * qsum fst D <= load D).
+  { clear H1 HL. induction D as [|[p a] D IH].
+    - right. cbn. lra.
+    - inversion HD as [|? ? [Hp Ha] HD']; subst. destruct (IH HD') as [(q & Hq & Hq0)|Hle].
+      + left. exists q. split; [now right|exact Hq0].
+      + destruct a as [|t a].
+        * left. exists p. split; [now left|exact Hp].
+        * right. rewrite qsum_cons. unfold load. cbn [fold_right fst snd].
+          change (fold_right (fun pa acc => fst pa * inject_Z (Z.of_nat (tokens_of (snd pa))) + acc) 0 D)
+            with (load D).
+          inversion Ha as [|? ? [[k0 [Hk0 Hpt]] Hd] _]; subst.
+          assert (Ht : (129 <= tokens_of (t :: a))%nat) by (cbn [tokens_of fold_right]; lia).
+          assert (Hq : 129 <= inject_Z (Z.of_nat (tokens_of (t :: a))))
+            by (change 129 with (inject_Z 129); rewrite <- Zle_Qle; lia).
+          cbn [fst snd] in Hp. nra. }
+  destruct H as [H|H]; [exact H|]. exfalso.
+  change (fold_right (fun pa acc => fst pa + acc) 0 D) with (qsum fst D) in H1.
+  rewrite H1 in H. change (inject_Z 128) with 128 in HL. lra.
+Qed.
+
+Lemma pairs_eqb_refl (l : list (nat * nat)) : pairs_eqb l l = true.
+Proof.
+  unfold pairs_eqb. rewrite Nat.eqb_refl. cbn [andb].
+  induction l as [|[a b] l IH]; [reflexivity|]. cbn [combine forallb]. rewrite !Nat.eqb_refl, IH. reflexivity.
+Qed.
+
+Lemma jl_eqb_refl (s : joblist) : jl_eqb s s = true.
+Proof. unfold jl_eqb. rewrite !pairs_eqb_refl. reflexivity. Qed.
+
+(** [partial_return] is [hit_partial] of the singleton. *)
+Fixpoint pr_from (E : engine) (D : dist) (s : joblist) (n : nat) (x : joblist) : Q :=
+  match n with
+  | O => 0
+  | S n' => pr_from E D s n' x + avoid E D s n' x
+  end.
+
+Lemma partial_return_from (E : engine) (D : dist) (s : joblist) (n : nat) :
+  partial_return E D s n = pr_from E D s n s.
+Proof. induction n as [|n IH]; cbn [partial_return pr_from]; [reflexivity|]. rewrite IH. reflexivity. Qed.
+
+Lemma avoid_qsum (E : engine) (D : dist) (s : joblist) (k : nat) (x : joblist) :
+  avoid E D s (S k) x
+  = qsum (fun py => if jl_eqb (snd py) s then 0 else fst py * avoid E D s k (snd py)) (chain E D x).
+Proof. unfold chain. rewrite qsum_map. reflexivity. Qed.
+
+Lemma pr_front (E : engine) (D : dist) (s : joblist) (n : nat) (x : joblist) :
+  pr_from E D s (S n) x
+  == 1 + qsum (fun py => if jl_eqb (snd py) s then 0 else fst py * pr_from E D s n (snd py)) (chain E D x).
+Proof.
+  revert x. induction n as [|n IH]; intros x.
+  - cbn [pr_from avoid]. transitivity (1 + qsum (fun _ => 0) (chain E D x)).
+    + assert (Z0 : forall l : list (Q * joblist), qsum (fun _ => 0) l == 0)
+        by (induction l as [|a l IHl]; rewrite ?qsum_nil, ?qsum_cons; [reflexivity|rewrite IHl; ring]).
+      rewrite Z0. ring.
+    + apply Qplus_inj_l, qsum_eq. intros [p y] _. cbn [fst snd pr_from]. destruct (jl_eqb y s); ring.
+  - change (pr_from E D s (S (S n)) x) with (pr_from E D s (S n) x + avoid E D s (S n) x).
+    rewrite IH, avoid_qsum.
+    transitivity (1 + qsum (fun py => 1 * (if jl_eqb (snd py) s then 0 else fst py * pr_from E D s n (snd py))
+                             + 1 * (if jl_eqb (snd py) s then 0 else fst py * avoid E D s n (snd py))) (chain E D x)).
+    + rewrite qsum_lin. ring.
+    + apply Qplus_inj_l, qsum_eq. intros [p y] _. cbn [fst snd pr_from]. destruct (jl_eqb y s); ring.
+Qed.
+
+Lemma pr_hit (E : engine) (D : dist) (s : joblist) (n : nat) (x : joblist) :
+  pr_from E D s n x == hit_partial (chain E D) (fun y => jl_eqb y s) n x.
+Proof.
+  revert x. induction n as [|n IH]; intros x; [reflexivity|].
+  rewrite pr_front. cbn [hit_partial]. apply Qplus_inj_l, qsum_eq. intros [p y] _. cbn [fst snd].
+  destruct (jl_eqb y s); [reflexivity|]. rewrite IH. reflexivity.
+Qed.
+
+Lemma chain_expect_le (D : dist) (x : joblist) : valid_dist D -> jl_inv x ->
+  expect (chain E128 D) work_q x <= work_q x + load D.
+Proof.
+  intros [HD H1] Hx. rewrite chain_expect.
+  assert (Hle : qsum (fun pa => fst pa * nq (work (slot E128 (snd pa) x))) D
+                <= qsum (fun pa => fst pa * (nq (work x) + nq (tokens_of (snd pa)))) D).
+  { apply qsum_le. intros [p a] Hin. rewrite Forall_forall in HD. destruct (HD (p, a) Hin) as [Hp Ha].
+    cbn [fst snd] in *. destruct (slot_step a x Hx Ha) as (_ & Hd & _).
+    pose proof (nq_le_add _ 0 _ _ ltac:(rewrite Nat.add_0_r; exact Hd)) as Hq.
+    change (nq 0) with 0 in Hq. nra. }
+  pose proof (qsum_affine (nq (work x)) (fun pa => nq (tokens_of (snd pa))) D) as He.
+  change (fold_right (fun pa acc => fst pa + acc) 0 D) with (qsum fst D) in H1.
+  change (load D) with (qsum (fun pa => fst pa * nq (tokens_of (snd pa))) D).
+  change (work_q x) with (nq (work x)).
+  rewrite H1 in He. lra.
+Qed.
+
+Lemma small_hit_le (D : dist) : valid_dist D -> load D < 128 ->
+  forall m z, jl_inv z ->
+    hit_partial (chain E128 D) small m z <= / (128 - load D) * work_q z + (/ (128 - load D) * 65664) * 1.
+Proof.
+  intros HD HL m z Hz.
+  assert (He : 0 < 128 - load D) by lra.
+  destruct (foster_criterion_holds joblist (chain E128 D) small jl_inv work_q (128 - load D) (65536 + load D)
+              He (chain_ok D HD) (fun x _ => nq_nonneg (work x))
+              (fun x Hx Hs => chain_drift D x HD Hx Hs)
+              (fun x Hx Hs => chain_inside D x HD Hx Hs) z Hz m) as [Hout Hin].
+  assert (Hb : (128 - load D) * hit_partial (chain E128 D) small m z <= work_q z + 65664).
+  { pose proof (nq_nonneg (work z)) as H0. change (nq (work z)) with (work_q z) in H0.
+    destruct (small z) eqn:Hs; [pose proof (Hin eq_refl)|pose proof (Hout eq_refl)]; lra. }
+  set (h := hit_partial (chain E128 D) small m z) in *. set (e := 128 - load D) in *.
+  assert (Hie : 0 < / e) by (apply Qinv_lt_0_compat; exact He).
+  assert (Hinv : / e * e == 1) by (field; lra).
+  setoid_replace h with (/ e * (e * h)) by (rewrite Qmult_assoc, Hinv; ring).
+  nra.
+Qed.
+
+Theorem theorem2_one_node_holds : theorem2_one_node.
+Proof.
+  intros D HD HL s Hr. change (inject_Z 128) with 128 in HL.
+  set (A := fun y => jl_eqb y s).
+  set (eps := 128 - load D).
+  assert (He : 0 < eps) by (unfold eps; lra).
+  assert (HL0 : 0 <= load D).
+  { unfold load. destruct HD as [HD _]. clear -HD. induction D as [|[p a] D IH]; cbn [fold_right]; [lra|].
+    inversion HD as [|? ? [Hp _] HD']; subst. cbn [fst snd] in *. specialize (IH HD').
+    assert (0 <= inject_Z (Z.of_nat (tokens_of a))) by (change 0 with (inject_Z 0); rewrite <- Zle_Qle; lia).
+    change (fold_right (fun pa acc => fst pa * inject_Z (Z.of_nat (tokens_of (snd pa))) + acc) 0 D)
+      with (load D) in *. nra. }
+  destruct (reachable_traj D s Hr) as (k & r & Hr0 & Ht).
+  destruct (empty_slot D HD ltac:(change (inject_Z 128) with 128; lra)) as (q & Hq & Hq0).
+  set (T := (small_bound + k)%nat).
+  set (qp := qpow q small_bound).
+  destruct (traj_prob D _ _ _ _ HD (traj_drain D q Hq Hq0 small_bound jl_empty)) as [Hqp0 Hqp1].
+  fold qp in Hqp0, Hqp1.
+  destruct (traj_prob D _ _ _ _ HD Ht) as [_ Hr1].
+  set (delta := qp * r).
+  assert (Hd0 : 0 < delta) by (unfold delta; nra).
+  assert (Hd1 : delta <= 1) by (unfold delta; nra).
+  set (Tq := inject_Z (Z.of_nat T)).
+  assert (HTq : 0 <= Tq) by (unfold Tq; change 0 with (inject_Z 0); rewrite <- Zle_Qle; lia).
+  set (ie := / eps).
+  assert (Hie : 0 < ie) by (apply Qinv_lt_0_compat; exact He).
+  set (G := fun z => ie * work_q z + (ie * 65664) * 1).
+  set (Gb := ie * (65536 + Tq * load D) + ie * 65664).
+  assert (HcL : 0 <= Tq * load D) by nra.
+  assert (HGb : 0 <= Gb) by (unfold Gb; nra).
+  (* from the small set, [s] within [T] slots with probability at least [delta] *)
+  assert (Hkill : forall y, jl_inv y -> small y = true -> kill joblist (chain E128 D) A T (fun _ => 1) y <= 1 - delta).
+  { intros y Hy Hs. unfold small in Hs. apply Nat.ltb_lt in Hs.
+    pose proof (traj_drain D q Hq Hq0 small_bound y) as Hdr.
+    rewrite (drain_empty small_bound y Hy ltac:(lia)) in Hdr.
+    pose proof (traj_app D _ _ _ _ _ _ _ Hdr Ht) as Hyt.
+    apply (traj_kill D A y s T delta HD); [exact Hyt|exact Hy|apply jl_eqb_refl|unfold T, small_bound; lia]. }
+  (* after [T] slots from the small set, the expected time back to it *)
+  assert (HkG : forall y, jl_inv y -> small y = true -> kill joblist (chain E128 D) A T G y <= Gb).
+  { intros y Hy Hs. unfold small in Hs. apply Nat.ltb_lt in Hs.
+    pose proof (kill_lin joblist (chain E128 D) A T ie (ie * 65664) work_q (fun _ => 1) y) as E.
+    cbv beta in E. fold G in E.
+    pose proof (kill_lyapunov joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+                  A work_q (load D) HL0 (fun x _ => nq_nonneg (work x)) (fun x Hx => chain_expect_le D x HD Hx) T y Hy) as HV.
+    fold Tq in HV.
+    pose proof (kill_one_le joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x) A T y Hy) as H1.
+    assert (Hw : work_q y <= 65536)
+      by (unfold work_q; change 65536 with (inject_Z 65536); rewrite <- Zle_Qle; unfold small_bound in Hs; lia).
+    assert (HV' : kill joblist (chain E128 D) A T work_q y <= 65536 + Tq * load D) by lra.
+    set (c := Tq * load D) in *. unfold Gb. clearbody c.
+    set (kv := kill joblist (chain E128 D) A T work_q y) in *.
+    set (k1 := kill joblist (chain E128 D) A T (fun _ => 1) y) in *.
+    nra. }
+  assert (HG : forall m z, jl_inv z -> hit_partial (chain E128 D) small m z <= G z)
+    by (intros m z Hz; exact (small_hit_le D HD HL m z Hz)).
+  pose proof (hit_regenerate joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+                A small G T delta Gb ltac:(unfold T, small_bound; lia) Hd0 Hd1 HGb HG Hkill HkG) as Hreg.
+  set (M := / delta * (Tq + Gb)) in *.
+  assert (HM0 : 0 <= M) by (unfold M; apply Qmult_le_0_compat; [apply Qinv_le_0_compat|]; lra).
+  exists (G s + M). intros n.
+  rewrite partial_return_from, (pr_hit E128 D s n s).
+  pose proof (hit_via joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+                A small M n HM0 (fun m y _ Hy Hc => Hreg m y Hy Hc) s (reachable_inv D s HD Hr)) as Hv.
+  pose proof (HG n s (reachable_inv D s HD Hr)). fold A. lra.
 Qed.
