@@ -145,3 +145,18 @@ def test_large_constants_are_not_exported(rad_text: str) -> None:
     assert "the constant 'tlin' (4000000000) is above 5,000, the largest number exported" in (
         ex.reason
     )
+
+
+@needs_rocq
+def test_theorem2_one_node_proved_without_axioms() -> None:
+    # B4: the library's theorem has exactly the stated type and rests on nothing assumed
+    from serq.prove import coqc, library
+
+    text = (
+        "From Plow Require Import Serq.Theorem2 Serq.Theorem2proof.\n"
+        "Check (theorem2_one_node_holds : theorem2_one_node).\n"
+        "Print Assumptions theorem2_one_node_holds.\n"
+    )
+    rc, out, err = coqc(text, library())
+    assert rc == 0, out + err
+    assert "Closed under the global context" in out
