@@ -49,9 +49,9 @@ from plow.serve.engine import Engine, KVUsage
 from plow.serve.grammar import Grammar, GrammarError
 from plow.serve.metrics import ModelMetrics
 from plow.serve.prefill_cost import PrefillFit
-from plow.serve.sampling import Penalties, RequestSampler, TokenLogprob
+from plow.serve.sampling import Penalties, RequestSampler, TokenLogprob, prompt_logprobs
 from plow.serve.scheduler import Running, SchedulerState, TickPlan, Waiting, schedule
-from plow.serve.step import TickResult, execute
+from plow.serve.step import TickResult, execute, gives_prompt_logits
 
 log = logging.getLogger("plow.serve")
 
@@ -70,6 +70,8 @@ class GenerationEvent:
     error: str | None = None
     retry_after_s: int | None = None  # with "refused": when a retry could be admitted
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token of `token_ids`, when asked
+    # with the first token, when asked: the prompt tokens' logprobs from the second on
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass
@@ -114,6 +116,7 @@ class Request:
     penalties: Penalties = Penalties()
     logprobs: int | None = None  # None: no logprobs; k: the sampled token's and k alternatives
     grammar: Grammar | None = None  # a response_format / regex constraint (plow.serve.grammar)
+    prompt_logprobs: int | None = None  # None: none; k: every prompt token's and k alternatives
     # state owned by the dispatcher thread
     record: RequestRecord | None = None
     slot: int | None = None
@@ -124,6 +127,7 @@ class Request:
     cancelled: bool = False
     finished: bool = False
     last_token_t: float = 0.0
+    prompt_lps: list[TokenLogprob] = field(default_factory=list)
     work: Work | None = None  # predicted slot ticks and prefill (admission), set on submit
 
 
@@ -163,6 +167,8 @@ class Dispatcher:
         # a decode launch whose rows are all plain requests samples on the device when the
         # engine can (`plow.serve.step`); False: always logits rows, sampled here
         self.device_sampling = device_sampling
+        # the engine returns every prompt position's logits (`Request.prompt_logprobs`)
+        self.prompt_logits = gives_prompt_logits(engine)
         self.decode_text = decode
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -469,19 +475,32 @@ class Dispatcher:
         device = None
         if self.device_sampling and all(x is not None and x.plain for x in rows):
             device = [(x.params, x.rng) for x in rows if x is not None]
+        every = {a.request_id for a in plan.admit if owners[a.request_id].prompt_logprobs
+                 is not None}  # fmt: skip
         result = execute(self.engine, plan, prompts, device,
-                         on_prefill=lambda logits: self._prefilled(plan, logits, owners))
+                         on_prefill=lambda lg, rows: self._prefilled(plan, lg, owners, rows),
+                         every_row=every)  # fmt: skip
         self._update(plan, result, owners, t_start)
 
-    def _prefilled(self, plan: TickPlan, logits: np.ndarray, owners: dict[str, Request]) -> None:
+    def _prefilled(
+        self,
+        plan: TickPlan,
+        logits: np.ndarray,
+        owners: dict[str, Request],
+        every: dict[int, np.ndarray] | None = None,
+    ) -> None:
         """Update for the prefill launch, run before the decode launch: a request whose prompt
-        completed gets its first token without waiting for the others' decode."""
+        completed gets its first token without waiting for the others' decode. `every`: chunk
+        index -> every row's logits, for requests that asked for prompt logprobs."""
         tick = plan.tick
         if plan.prefill:
             self.metrics.prefill_launches.inc()
         now = time.monotonic()
-        for ch, row in zip(plan.prefill, logits, strict=True):
+        for i, (ch, row) in enumerate(zip(plan.prefill, logits, strict=True)):
             r = owners[ch.request_id]
+            if every and i in every and r.prompt_logprobs is not None:
+                nxt = r.prompt_ids[r.prefilled + 1 : r.prefilled + ch.length + 1]
+                r.prompt_lps += prompt_logprobs(every[i], nxt, r.prompt_logprobs)
             r.prefilled += ch.length
             assert r.record is not None
             r.record.prefill_ticks.append(tick)
@@ -578,13 +597,16 @@ class Dispatcher:
                 finish = "length"
         rec.completion_tokens = len(r.generated)
         lps = (lp,) if lp is not None else ()
+        plp = None
+        if r.prompt_logprobs is not None and len(r.generated) == 1:
+            plp = tuple(r.prompt_lps)
         if finish is None:
             self._send(r, GenerationEvent(
                 r.id, delta, (tok,), None, len(r.prompt_ids), len(r.generated), tick,
-                logprobs=lps,
+                logprobs=lps, prompt_logprobs=plp,
             ))  # fmt: skip
         else:
-            self._finish(r, finish, delta, tick, (tok,), logprobs=lps)
+            self._finish(r, finish, delta, tick, (tok,), logprobs=lps, prompt_logprobs=plp)
 
     def _finish(
         self,
@@ -596,6 +618,7 @@ class Dispatcher:
         error: str | None = None,
         retry_after_s: int | None = None,
         logprobs: tuple[TokenLogprob, ...] = (),
+        prompt_logprobs: tuple[TokenLogprob, ...] | None = None,
     ) -> None:
         if r.finished:
             return
@@ -624,7 +647,7 @@ class Dispatcher:
             m.finished(reason)
         self._send(r, GenerationEvent(
             r.id, delta, toks, reason, len(r.prompt_ids), len(r.generated), tick, error,
-            retry_after_s, logprobs,
+            retry_after_s, logprobs, prompt_logprobs,
         ))  # fmt: skip
 
     def _send(self, r: Request, ev: GenerationEvent) -> None:

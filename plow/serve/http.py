@@ -252,9 +252,55 @@ class ServedModel:
         return {
             "tokens": tokens,
             "token_logprobs": [x.logprob for x in lps],
-            "top_logprobs": [{self.piece(t): v for t, v in x.top} for x in lps],
+            "top_logprobs": [self._top_dict(x.top) for x in lps],
             "text_offset": offsets,
         }
+
+    def _top_dict(self, top: Sequence[tuple[int, float]]) -> dict[str, float]:
+        """Completions' `top_logprobs` entry: token text -> logprob; tokens that decode to the
+        same text (byte pieces of one character) keep the likeliest one's value."""
+        out: dict[str, float] = {}
+        for t, v in top:
+            out.setdefault(self.piece(t), v)
+        return out
+
+    def echo_logprobs(
+        self, ids: Sequence[int], plps: Sequence[TokenLogprob], k: int
+    ) -> dict[str, Any]:
+        """Completions' `logprobs` of an echoed prompt (OpenAI's): one entry per prompt token,
+        the first `None` (nothing precedes it), `text_offset` from 0."""
+        tokens = [self.piece(t) for t in ids]
+        offsets, at = [], 0
+        for t in tokens:
+            offsets.append(at)
+            at += len(t)
+        top: list[dict[str, float] | None] = [None]
+        top += [self._top_dict(x.top) for x in plps]
+        return {
+            "tokens": tokens,
+            "token_logprobs": [None] + [x.logprob for x in plps],
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }
+
+    def vllm_prompt_logprobs(
+        self, ids: Sequence[int], plps: Sequence[TokenLogprob]
+    ) -> list[dict[str, dict[str, Any]] | None]:
+        """vLLM's `prompt_logprobs`: per prompt token `None` (the first) or {token id: {logprob,
+        rank, decoded_token}} holding the prompt token and the top alternatives (rank 1..k)."""
+        out: list[dict[str, dict[str, Any]] | None] = [None]
+        for x in plps:
+            d = {
+                str(t): {"logprob": v, "rank": r, "decoded_token": self.piece(t)}
+                for r, (t, v) in enumerate(x.top, 1)
+            }
+            d.setdefault(
+                str(x.token),
+                {"logprob": x.logprob, "rank": x.rank, "decoded_token": self.piece(x.token)},
+            )
+            out.append(d)
+        assert len(out) == len(ids)
+        return out
 
     @property
     def engine(self) -> Engine:
@@ -705,6 +751,23 @@ class Server:
         return lp
 
     @staticmethod
+    def _prompt_logprobs(m: ServedModel, body: SamplingFields, echo: int | None) -> int | None:
+        """How many alternatives per prompt token (None: no prompt logprobs): vLLM's
+        `prompt_logprobs`, or completions' `echo` with `logprobs` (`echo`: that count). A
+        model whose engine cannot return every prompt position's logits refuses it."""
+        k = body.prompt_logprobs
+        if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
+            raise ApiError(400, f"prompt_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {k}",
+                           param="prompt_logprobs")  # fmt: skip
+        want = max(x for x in (k, echo) if x is not None) if (k, echo) != (None, None) else None
+        if want is not None and not getattr(m.client, "prompt_logits", False):
+            field_ = "prompt_logprobs" if k is not None else "logprobs"
+            raise ApiError(400, f"{field_}: model {m.name!r} cannot give the prompt's logprobs "
+                           "(its engine returns only the last prompt position's logits)",
+                           param=field_)  # fmt: skip
+        return want
+
+    @staticmethod
     def _penalties(body: SamplingFields) -> Penalties:
         try:
             return Penalties(
@@ -823,6 +886,7 @@ class Server:
         *,
         logprobs: int | None = None,
         grammars: Sequence[Grammar | None] = (),
+        prompt_logprobs: int | None = None,
     ) -> _Job:
         loop = asyncio.get_running_loop()
         penalties = self._penalties(body)
@@ -843,7 +907,7 @@ class Server:
             rid = m.client.new_id(prefix)
             req = GenRequest(
                 rid, ids, params[i], max_tokens, sink, tuple(stops), stop_ids, penalties,
-                logprobs, grammars[i] if grammars else None,
+                logprobs, grammars[i] if grammars else None, prompt_logprobs,
             )  # fmt: skip
             decision = m.client.submit(req)
             if not decision.admit:
@@ -862,9 +926,13 @@ class Server:
 
     async def _collect(
         self, job: _Job, n: int
-    ) -> tuple[list[str], list[GenerationEvent], list[list[TokenLogprob]]]:
+    ) -> tuple[
+        list[str], list[GenerationEvent], list[list[TokenLogprob]], list[list[TokenLogprob]]
+    ]:
+        """Each choice's text, last event, logprobs and prompt logprobs."""
         parts: list[list[str]] = [[] for _ in range(n)]
         lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
+        plps: list[list[TokenLogprob]] = [[] for _ in range(n)]
         last: list[GenerationEvent | None] = [None] * n
         try:
             async for i, ev in job.events():
@@ -872,13 +940,15 @@ class Server:
                     _raise_for(ev)
                 parts[i].append(ev.text)
                 lps[i].extend(ev.logprobs)
+                if ev.prompt_logprobs is not None:
+                    plps[i] = list(ev.prompt_logprobs)
                 if ev.finish_reason is not None:
                     last[i] = ev
         finally:
             job.close()
         done = [ev for ev in last if ev is not None]
         assert len(done) == n
-        return ["".join(p) for p in parts], done, lps
+        return ["".join(p) for p in parts], done, lps, plps
 
     async def _first(self, job: _Job) -> tuple[int, GenerationEvent]:
         """Wait for the job's first event before answering: a refusal or an error that comes
@@ -909,9 +979,8 @@ class Server:
         logprobs = self._logprobs(body, chat=False)
         if body.best_of not in (None, 1, body.n):
             raise ApiError(400, "best_of other than n is not supported", param="best_of")
-        if body.echo and logprobs is not None:
-            raise ApiError(400, "echo with logprobs (the prompt's logprobs) is not supported",
-                           param="logprobs")  # fmt: skip
+        echo_k = logprobs if body.echo else None
+        prompt_k = self._prompt_logprobs(m, body, echo_k)
         prompt: Any = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
             if len(prompt) != 1:
@@ -931,8 +1000,28 @@ class Server:
             echo = prompt if isinstance(prompt, str) else m.tokenizer.decode(ids)
         grammars = await self._grammars(m, body)
         job = self._submit(m, ids, body, max_tokens, "cmpl", http_request,
-                           logprobs=logprobs, grammars=grammars)  # fmt: skip
+                           logprobs=logprobs, grammars=grammars,
+                           prompt_logprobs=prompt_k)  # fmt: skip
         created = int(time.time())
+
+        def choice_logprobs(
+            plps: Sequence[TokenLogprob] | None, lps: Sequence[TokenLogprob], offset: int
+        ) -> dict[str, Any] | None:
+            """Completions' `logprobs` of a choice's part: the echoed prompt's (when `plps`
+            is given) followed by its tokens' from character `offset`."""
+            if logprobs is None:
+                return None
+            out = m.completion_logprobs(lps, offset)
+            if plps is not None and body.echo:
+                head = m.echo_logprobs(ids, plps, logprobs)
+                out = {key: head[key] + out[key] for key in out}
+            return out
+
+        def prompt_field(plps: Sequence[TokenLogprob] | None) -> dict[str, Any]:
+            if body.prompt_logprobs is None or plps is None:
+                return {}
+            return {"prompt_logprobs": m.vllm_prompt_logprobs(ids, plps)}
+
         base = {
             "id": job.request_ids[0],
             "object": "text_completion",
@@ -946,13 +1035,13 @@ class Server:
 
             async def gen() -> AsyncIterator[str]:
                 extra = {"usage": None} if include_usage else {}
-                if echo:
+                if echo and prompt_k is None:
                     for i in range(n):
                         choice = {"index": i, "text": echo, "logprobs": None,
                                   "finish_reason": None}  # fmt: skip
                         yield _sse({**base, "choices": [choice], **extra})
                 completion = 0
-                offsets = [0] * n
+                offsets = [len(echo) if body.echo else 0] * n
 
                 async def all_events() -> AsyncIterator[tuple[int, GenerationEvent]]:
                     yield first
@@ -963,6 +1052,11 @@ class Server:
                     if ev.finish_reason in ("refused", "error"):
                         yield _stream_error(ev)
                         break
+                    if ev.prompt_logprobs is not None:  # a choice's first event: its prompt
+                        lp = choice_logprobs(ev.prompt_logprobs, (), 0) if body.echo else None
+                        choice = {"index": i, "text": echo, "logprobs": lp,
+                                  "finish_reason": None, **prompt_field(ev.prompt_logprobs)}
+                        yield _sse({**base, "choices": [choice], **extra})
                     if ev.text or ev.logprobs or ev.finish_reason is not None:
                         lp = None
                         if logprobs is not None:
@@ -978,13 +1072,14 @@ class Server:
                 yield "data: [DONE]\n\n"
 
             return _ClosingStream(gen(), job.close)
-        texts, lasts, lps = await self._collect(job, n)
+        texts, lasts, lps, plps = await self._collect(job, n)
+        got = [plps[i] if prompt_k is not None else None for i in range(n)]
         return {
             **base,
             "choices": [
                 {"index": i, "text": echo + texts[i],
-                 "logprobs": m.completion_logprobs(lps[i]) if logprobs is not None else None,
-                 "finish_reason": lasts[i].finish_reason}
+                 "logprobs": choice_logprobs(got[i], lps[i], len(echo) if body.echo else 0),
+                 "finish_reason": lasts[i].finish_reason, **prompt_field(got[i])}
                 for i in range(n)
             ],
             "usage": self._usage(len(ids), sum(ev.completion_tokens for ev in lasts)),
@@ -1005,8 +1100,10 @@ class Server:
         ids = await self._chat_ids(m, body.messages, body.add_generation_prompt)
         max_tokens = self._check_prompt(m, ids, max_req, None)
         grammars = await self._grammars(m, body)
+        prompt_k = self._prompt_logprobs(m, body, None)
         job = self._submit(m, ids, body, max_tokens, "chatcmpl", http_request,
-                           logprobs=logprobs, grammars=grammars)  # fmt: skip
+                           logprobs=logprobs, grammars=grammars,
+                           prompt_logprobs=prompt_k)  # fmt: skip
         created = int(time.time())
         base = {"id": job.request_ids[0], "created": created, "model": m.name}
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -1032,6 +1129,10 @@ class Server:
                     if ev.finish_reason in ("refused", "error"):
                         yield _stream_error(ev)
                         break
+                    if ev.prompt_logprobs is not None and i == 0:  # vLLM: once, top level
+                        yield _sse({**chunk, "choices": [], **extra,
+                                    "prompt_logprobs": m.vllm_prompt_logprobs(
+                                        ids, ev.prompt_logprobs)})  # fmt: skip
                     if ev.text or ev.logprobs or ev.finish_reason is not None:
                         delta = {"content": ev.text} if ev.text else {}
                         lp = (
@@ -1049,9 +1150,14 @@ class Server:
                 yield "data: [DONE]\n\n"
 
             return _ClosingStream(gen(), job.close)
-        texts, lasts, lps = await self._collect(job, n)
+        texts, lasts, lps, plps = await self._collect(job, n)
+        prompt_part = (
+            {"prompt_logprobs": m.vllm_prompt_logprobs(ids, plps[0])} if prompt_k is not None
+            else {}
+        )  # fmt: skip
         return {
             **base,
+            **prompt_part,
             "object": "chat.completion",
             "choices": [{
                 "index": i,

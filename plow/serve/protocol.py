@@ -8,7 +8,8 @@ where it is parsed, naming the field.
 
 Unknown fields are ignored (clients send many optional ones); the fields below are the ones
 the server reads. vLLM extensions kept where the meaning is the same: `top_k` (-1 or 0 = off),
-`min_p`, `ignore_eos`, `stop_token_ids`, and the `/tokenize` and `/detokenize` bodies.
+`min_p`, `ignore_eos`, `stop_token_ids`, `prompt_logprobs`, and the `/tokenize` and
+`/detokenize` bodies.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class SamplingFields(BaseModel):
     repetition_penalty: float | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None  # vLLM's: {"json": schema} | {"regex": s}
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs, k alternatives
     user: Text | None = None
 
 

@@ -96,6 +96,7 @@ class TokenLogprob:
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int = 0  # 1 + how many tokens are more likely (0: not computed)
 
 
 def log_softmax(row: np.ndarray) -> np.ndarray:
@@ -171,3 +172,20 @@ class RequestSampler:
     def grammar_done(self) -> bool:
         """The grammar reached its end: nothing more may be generated."""
         return self.grammar is not None and self.grammar.done
+
+
+def prompt_logprobs(
+    rows: np.ndarray, next_tokens: Sequence[int], k: int
+) -> list[TokenLogprob]:
+    """The logprobs of the prompt tokens that follow `len(next_tokens)` positions: row `j` of
+    `rows` is the model's logits after position `j`, `next_tokens[j]` the prompt token at
+    position `j + 1`. Raw `log_softmax` (float64) of each row, as the generated tokens'
+    (no grammar mask: the prompt is not generated), with its rank and `k` top alternatives."""
+    out = []
+    for row, tok in zip(rows, next_tokens, strict=False):
+        lp = log_softmax(row)
+        v = lp[int(tok)]
+        out.append(
+            TokenLogprob(int(tok), float(v), top_logprobs(lp, k), int((lp > v).sum()) + 1)
+        )
+    return out

@@ -117,16 +117,33 @@ class CpuEngine:
         self.model.kv.reserve(s.table, s.length + 1)
         return RowInput(s.table, (s.length,), (int(tok),))
 
-    def add(self, slot: int, prompt_ids: Sequence[int]) -> None:
+    def add(self, slot: int, prompt_ids: Sequence[int], *, reuse_prefix: bool = True) -> None:
+        """`Engine.add`; `reuse_prefix=False` prefills every prompt position (a request that
+        wants the logits of its whole prompt, `prefill_all`)."""
         check_new_slot(slot, prompt_ids, self.max_batch, self.max_context, self._slots)
         table = self.model.kv.new_table()
-        reused = self.model.prefix.acquire(table, list(prompt_ids)) if self.use_prefix else 0
+        reuse = self.use_prefix and reuse_prefix
+        reused = self.model.prefix.acquire(table, list(prompt_ids)) if reuse else 0
         self.prefix_tokens_skipped += reused
         self._slots[slot] = _Slot(list(prompt_ids), table, 0, reused)
 
     def prefill(self, chunks: Sequence[PrefillChunk]) -> np.ndarray:
+        return self.prefill_all(chunks, ())[0]
+
+    def prefill_all(
+        self, chunks: Sequence[PrefillChunk], every_row: Sequence[int]
+    ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """`prefill`, and for each chunk index in `every_row` the logits of every position the
+        chunk covers ([length, V], row j the logits after the chunk's j-th token): the rows the
+        prefill rung's lm_head computes anyway. Positions the prefix cache held are not
+        computed (their rows stay NaN): add such a slot with `reuse_prefix=False`."""
         m = self.model
         out = np.zeros((len(chunks), self.vocab_size), dtype=np.float32)
+        keep = set(every_row)
+        rows_out: dict[int, np.ndarray] = {
+            i: np.full((chunks[i].length, self.vocab_size), np.nan, np.float32) for i in keep
+        }
+        first: dict[int, int] = {}  # chunk index -> its first position
         work: list[tuple[int, _Slot, int, int]] = []  # (chunk index, slot, start, stop)
         for i, c in enumerate(chunks):
             s = self._slot(c.slot)
@@ -136,6 +153,7 @@ class CpuEngine:
                     f"({len(s.prompt)})"
                 )
             stop = s.cursor + c.length
+            first[i] = s.cursor
             start = max(s.cursor, s.length)  # positions the prefix cache holds are skipped
             s.cursor = stop
             if start < stop:
@@ -151,8 +169,11 @@ class CpuEngine:
             m.write_inputs(plan, rows)
             m.dispatch(plan)
             logits = m.logits(plan)
+            every = m.arena.view("lm_head") if keep else None
             nxt = []
-            for r, ((i, s, _, b), (_, _, _, stop)) in enumerate(zip(step, head, strict=True)):
+            for r, ((i, s, a, b), (_, _, _, stop)) in enumerate(zip(step, head, strict=True)):
+                if every is not None and i in keep:
+                    rows_out[i][a - first[i] : b - first[i]] = every[r, : b - a]
                 s.length = b
                 if b == stop:
                     out[i] = logits[r]
@@ -164,7 +185,7 @@ class CpuEngine:
             if self.use_prefix and not s.registered and s.length == len(s.prompt):
                 m.prefix.register(s.table, s.prompt)
                 s.registered = True
-        return out
+        return out, rows_out
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         if len(slots) != len(tokens):
