@@ -6,6 +6,7 @@ From Plow Require Export Tiles Bounds Partition Partitionproof Tilesproof.
 From Plow Require Export Wire Wireproof.
 From Plow Require Export Counters Countersproof.
 From Plow Require Export Dataflow Dataflowproof.
+From Plow Require Export Flowsweep Flowsweepproof.
 From Plow Require Export Collapse.
 From Plow Require Export Passes Passesproof.
 From Plow Require Export Rewrites Rewritesproof Rewritescheck Rewritescheckproof.

@@ -4,8 +4,6 @@
 From Coq Require Extraction.
 From Coq Require Import NArith ZArith.
 From Plow Require Import All.
-(* Dataflow is not (yet) exported by All.v. *)
-From Plow Require Import Dataflow.
 
 Extraction Language OCaml.
 (* Coq's bool/option/list/prod/unit/sumbool become OCaml's own (ExtrOcamlBasic:
@@ -14,5 +12,5 @@ Extraction Language OCaml.
 From Coq Require Import ExtrOcamlBasic.
 (* [N.add]/[Z.add] make sure the number types that oracle/jnum.ml builds are
    extracted even before a checker uses them. *)
-Extraction "checkers.ml" is_accept N.add Z.add check_pages check_alloc check_tiling_plan check_checkpoint_b check_wire N.mul check_counters check_checkpoint_d check_checkpoint_d_flow
+Extraction "checkers.ml" is_accept N.add Z.add check_pages check_alloc check_tiling_plan check_checkpoint_b check_wire N.mul check_counters check_checkpoint_d check_checkpoint_d_flow check_checkpoint_d_sweep
   (* checkers: add each checkpoint's top-level checker here *).

@@ -10,10 +10,14 @@
          "keys": [int],                             (* per task, its program key *)
          "accesses": [ [ [lo, hi, write] ] ],       (* per task, byte ranges; write 1, read 0 *)
          "block": int,                              (* block size of the write index *)
-         "chains": [ [from, to, [int]] ] } }        (* witness chains (untrusted) *)
+         "chains": [ [from, to, [int]] ],           (* witness chains (untrusted, pairwise only) *)
+         "order": [int] } }                         (* optional: sweep order (untrusted) *)
    Checker: Plow.Counters.check_checkpoint_d (check_counters, then the scopes);
-   soundness: Plow.Countersproof.checkpoint_d_sound.  With "dataflow":
-   Plow.Dataflow.check_checkpoint_d_flow; soundness Plow.Dataflowproof.checkpoint_d_flow_sound. *)
+   soundness: Plow.Countersproof.checkpoint_d_sound.  With "dataflow" and "order" (what
+   plow verify sends): Plow.Flowsweep.check_checkpoint_d_sweep; soundness
+   Plow.Flowsweepproof.checkpoint_d_sweep_sound.  With "dataflow" and no "order" (hand-made
+   payloads): Plow.Dataflow.check_checkpoint_d_flow (pairwise); soundness
+   Plow.Dataflowproof.checkpoint_d_flow_sound. *)
 open Checkers
 
 type task = { name : string; worker : int; waits : int list; signals : int list }
@@ -49,12 +53,30 @@ let theorems_flow =
   [ "Plow.Dataflowproof.checkpoint_d_flow_sound"; "Plow.Dataflowproof.check_dataflow_sound";
     "Plow.Dataflowproof.hb_safety"; "Plow.Dataflowproof.dataflow_safety" ] @ theorems
 
+let theorems_sweep =
+  [ "Plow.Flowsweepproof.checkpoint_d_sweep_sound"; "Plow.Flowsweepproof.check_sweep_sound";
+    "Plow.Dataflowproof.hb_safety"; "Plow.Dataflowproof.dataflow_safety" ] @ theorems
+
+(* One binary number per distinct integer: a whole plan has ~1.5M accesses but only a few
+   thousand distinct byte offsets, and a 35-bit [N] is ~35 constructors. Sharing changes
+   no value (the numbers are immutable). *)
+let shared : (int, n) Hashtbl.t = Hashtbl.create 4096
+
+let n_shared what j =
+  let i = Jnum.to_int what j in
+  match Hashtbl.find_opt shared i with
+  | Some n -> n
+  | None ->
+      let n = Jnum.n_of_int i in
+      Hashtbl.add shared i n;
+      n
+
 let read_access j =
   match j with
   | `List [ lo; hi; w ] ->
       let w = Jnum.to_int "accesses" w in
       if w <> 0 && w <> 1 then Verdict.bad "field \"accesses\": write flag %d is not 0 or 1" w;
-      ((Jnum.to_n "accesses" lo, Jnum.to_n "accesses" hi), w = 1)
+      ((n_shared "accesses" lo, n_shared "accesses" hi), w = 1)
   | _ -> Verdict.bad "field \"accesses\": an access is [lo, hi, write]"
 
 let read_chain j =
@@ -63,10 +85,23 @@ let read_chain j =
   | _ -> Verdict.bad "field \"chains\": a chain is [from, to, [tasks in between]]"
 
 let read_dataflow j =
-  { df_keys = nl (ints "keys" (Jnum.field "keys" j));
+  { df_keys = map (n_shared "keys") (Jnum.list_field "keys" j);
     df_acc = map (fun l -> map read_access (Jnum.to_list "accesses" l)) (Jnum.list_field "accesses" j);
     df_block = Jnum.n_field "block" j;
-    df_chains = map read_chain (Jnum.list_field "chains" j) }
+    df_chains =
+      (match j with
+       | `Assoc kv -> (match List.assoc_opt "chains" kv with
+                      | None | Some `Null -> []
+                      | Some c -> map read_chain (Jnum.to_list "chains" c))
+       | _ -> []) }
+
+let read_order j =
+  match j with
+  | `Assoc kv -> (
+      match List.assoc_opt "order" kv with
+      | None | Some `Null -> None
+      | Some o -> Some (map (n_shared "order") (Jnum.to_list "order" o)))
+  | _ -> None
 
 let check (payload : Yojson.Safe.t) : Verdict.t =
   let tasks = Array.of_list (map read_task (Jnum.list_field "tasks" payload)) in
@@ -115,7 +150,7 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
     | `Assoc kv -> (
         match List.assoc_opt "dataflow" kv with
         | None | Some `Null -> None
-        | Some j -> Some (read_dataflow j))
+        | Some j -> Some (read_dataflow j, read_order j))
     | _ -> None
   in
   let proto_reason e =
@@ -169,12 +204,27 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
            queue order or chain of them orders the two"
           (task_on (i u)) (task_on (i t)) (i lo) (i hi)
   in
+  let sweep_reason e =
+    match e with
+    | SErr_flow e -> flow_reason e
+    | SErr_missing t -> Printf.sprintf "dataflow order: %s is not in the sweep order" (task (i t))
+    | SErr_order (u, t, lo, hi) ->
+        Printf.sprintf
+          "dataflow order: %s is swept before %s but comes later in program order (they share \
+           arena bytes [%d, %d), one writing): the order is not a topological order of the data flow"
+          (task_on (i u)) (task_on (i t)) (i lo) (i hi)
+  in
   match flow with
   | None -> (
       match check_checkpoint_d plan scopes (Jnum.n_of_int wpg) with
       | Accept -> { accepted = true; reason = None; theorems }
       | Reject e -> { accepted = false; reason = Some (proto_reason e); theorems = [] })
-  | Some d -> (
+  | Some (d, Some order) -> (
+      match check_checkpoint_d_sweep plan scopes (Jnum.n_of_int wpg) d order with
+      | Accept -> { accepted = true; reason = None; theorems = theorems_sweep }
+      | Reject (DSProto e) -> { accepted = false; reason = Some (proto_reason e); theorems = [] }
+      | Reject (DSFlow e) -> { accepted = false; reason = Some (sweep_reason e); theorems = [] })
+  | Some (d, None) -> (
       match check_checkpoint_d_flow plan scopes (Jnum.n_of_int wpg) d with
       | Accept -> { accepted = true; reason = None; theorems = theorems_flow }
       | Reject (DProto e) -> { accepted = false; reason = Some (proto_reason e); theorems = [] }

@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -95,10 +95,6 @@ from plow.target import Target, load_target, shipped_targets
 from plow.target.model import dtype_bytes, rate_class
 
 CHECKPOINTS = ("B", "C", "D", "E", "F")
-# D derives its dependencies from data flow up to this many tasks (the Python derivation of
-# the accesses and witness chains is not yet fast enough for the 12B plans); above it D
-# certifies the schedule file's edges and the row says so.
-DATAFLOW_MAX_TASKS = 2_000
 SCOPE_NAMES = ("cta", "device", "system")  # wire scope codes 0, 1, 2
 
 
@@ -1342,21 +1338,20 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             if isinstance(g, str):
                 return Row("D", name, "reject", (), g)
             if len(g.names) <= D_ORACLE_MAX_TASKS:
+                # every plan size: dependencies from data flow, by the oracle's sweep
                 payload = g.payload_dict()
-                big = len(g.names) > DATAFLOW_MAX_TASKS
-                if not isinstance(grouped, str) and not big:
-                    flow = dataflow_from_packets(decoded, grouped, ot, sf, g)
-                    if isinstance(flow, str):
-                        return Row("D", name, "reject", (), flow)
-                    payload["dataflow"] = flow
+                if isinstance(grouped, str):
+                    return Row("D", name, "reject", (), f"cannot read the tasks: {grouped}")
+                flow = dataflow_from_packets(decoded, grouped, ot, sf, g)
+                if isinstance(flow, str):
+                    return Row("D", name, "reject", (), flow)
+                payload["dataflow"] = flow
                 row = _row("D", name, run_checkpoint("D", payload, timeout_s=600))
-                if big and not row.rejected:
-                    note = (
-                        f"edges from the schedule file: data flow not derived above "
-                        f"{DATAFLOW_MAX_TASKS} tasks ({len(g.names)})"
-                    )
-                    return replace(row, reason=note)
-                return row
+                if row.rejected:
+                    return row
+                n_acc = sum(len(a) for a in cast(list[list[Any]], flow["accesses"]))
+                why = f"data flow: {len(g.names)} tasks, {n_acc} accesses swept"
+                return replace(row, reason=why)
             err = check_counters_python(g)
             note = f"checked in Python: {len(g.names)} tasks > {D_ORACLE_MAX_TASKS} (oracle limit)"
             return Row("D", name, "reject" if err else "accept (python)", (), err or note)

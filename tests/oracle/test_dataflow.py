@@ -1,10 +1,12 @@
-"""Checkpoint D from data flow (C10, Plow.Dataflow): the oracle derives the dependencies from
-the tasks' arena reads and writes, not from the schedule's edge list.
+"""Checkpoint D from data flow (C10, Plow.Dataflow, Plow.Flowsweep): the oracle derives the
+dependencies from the tasks' arena reads and writes, not from the schedule's edge list.
 
-Small hand-made payloads pin the checker's verdicts; semantic mutations of a real tiny bundle
-(hashes re-forged, plan re-emitted) show that a dropped wait with its matching edge — which the
-edge-list check accepts — is now rejected naming the two tasks and the bytes; and two compiles
-of one checkpoint (two processes) give byte-identical certificates."""
+Small hand-made payloads pin the verdicts of the pairwise checker (no `order`) and of the sweep
+(`order`, what `plow verify` sends at every plan size); semantic mutations of a real tiny
+bundle (hashes re-forged, plan re-emitted) show that a dropped wait with its matching edge —
+which the edge-list check accepts — is rejected by the sweep naming the two tasks and the
+bytes; a whole Qwen3-30B-A3B plan is swept (slow); and two compiles of one checkpoint (two
+processes) give byte-identical certificates."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from plow.emit.verify import (
 )
 from plow.emit.wire import decode_plan
 from plow.oracle import run_checkpoint
-from plow.oracle.payloads.dataflow import BLOCK, dataflow_payload
+from plow.oracle.payloads.dataflow import BLOCK, dataflow_payload, sweep_order
 from plow.profile import CompileProfile
 from plow.target import load_target
 from tests.emit.bundle_edit import copy_bundle, edit_rung, rungs
@@ -119,7 +121,74 @@ def test_write_after_read_ordered_through_a_chain() -> None:
     assert not run_checkpoint("D", war_plan([[0, 2, []]])).accepted
 
 
-def test_builder_finds_the_chain() -> None:
+def swept(p: dict[str, Any], order: list[int] | None = None) -> dict[str, Any]:
+    """The payload for the sweep: the builder's topological order (or `order`), no chains."""
+    tasks = p["tasks"]
+    flow = dict(p["dataflow"])
+    flow.pop("chains")
+    flow["order"] = (
+        sweep_order([t["waits"] for t in tasks], [t["signals"] for t in tasks], p["queues"])
+        if order is None
+        else order
+    )
+    return {**p, "dataflow": flow}
+
+
+SWEEP = "Plow.Flowsweepproof.checkpoint_d_sweep_sound"
+
+
+def test_sweep_read_after_write_needs_a_wait() -> None:
+    ok = plan([0, 1], [[], [0]], [[0], []], [1], [5, 9], [[[0, 16, 1]], [[8, 12, 0]]])
+    cert = run_checkpoint("D", swept(ok))
+    assert cert.accepted and SWEEP in cert.theorems
+    bad = plan([0, 1], [[], []], [[], []], [], [5, 9], [[[0, 16, 1]], [[8, 12, 0]]])
+    reason = run_checkpoint("D", swept(bad)).reason or ""
+    assert "task 0 (t0)" in reason and "task 1 (t1)" in reason and "bytes [8, 12)" in reason
+    assert "must precede" in reason
+
+
+def test_sweep_orders_through_other_tasks_without_chains() -> None:
+    # write after read ordered only through t1: the clocks find it, no chain is sent
+    assert run_checkpoint("D", swept(war_plan(None))).accepted
+    # t1 no longer waits for t0: nothing orders t0's read before t2's write
+    p = war_plan(None)
+    p["tasks"][1]["waits"] = []
+    reason = run_checkpoint("D", swept(p)).reason or ""
+    assert "task 0 (t0)" in reason and "task 2 (t2)" in reason and "bytes [0, 8)" in reason
+
+
+def test_sweep_overwritten_bytes_ordered_through_the_last_writer() -> None:
+    # t0 writes [0, 16), t1 (after t0) overwrites [0, 4), t2 (after t1 only) reads [0, 8):
+    # t2 meets t1's entry and what is left of t0's; both happen before it
+    p = plan(
+        [0, 1, 2],
+        [[], [0], [1]],
+        [[0], [1], []],
+        [1, 1],
+        [1, 5, 9],
+        [[[0, 16, 1]], [[0, 4, 1]], [[0, 8, 0]]],
+    )
+    assert run_checkpoint("D", swept(p)).accepted
+    # t2 waits for nothing: unordered with t1 (the entry it meets first)
+    p["tasks"][2]["waits"] = []
+    assert not run_checkpoint("D", swept(p)).accepted
+
+
+def test_sweep_same_stage_conflict_is_a_race() -> None:
+    p = plan([0, 1], [[], []], [[], []], [], [5, 5], [[[0, 16, 1]], [[12, 20, 1]]])
+    reason = run_checkpoint("D", swept(p)).reason or ""
+    assert reason.startswith("race:") and "bytes [12, 16)" in reason
+
+
+def test_sweep_order_is_checked() -> None:
+    ok = plan([0, 1], [[], [0]], [[0], []], [1], [5, 9], [[[0, 16, 1]], [[8, 12, 0]]])
+    reason = run_checkpoint("D", swept(ok, [0])).reason or ""
+    assert "task 1 (t1) is not in the sweep order" in reason
+    reason = run_checkpoint("D", swept(ok, [1, 0])).reason or ""
+    assert "task 1 (t1)" in reason and "swept before task 0 (t0)" in reason
+
+
+def test_builder_sends_an_order_not_chains() -> None:
     p = war_plan(None)
     tasks = p["tasks"]
     accs = [[tuple(a) for a in acc] for acc in p["dataflow"]["accesses"]]
@@ -130,8 +199,9 @@ def test_builder_finds_the_chain() -> None:
         [t["signals"] for t in tasks],
         p["queues"],
     )
-    assert p["dataflow"]["chains"] == [[0, 2, [1]]]
-    assert run_checkpoint("D", p).accepted
+    assert p["dataflow"]["order"] == [0, 1, 2] and "chains" not in p["dataflow"]
+    cert = run_checkpoint("D", p)
+    assert cert.accepted and SWEEP in cert.theorems
 
 
 def test_range_across_a_block_is_refused() -> None:
@@ -166,7 +236,8 @@ def test_unmutated_bundle_certified_from_data_flow(h200_bundle: Path) -> None:
     rep = verify_bundle(h200_bundle)
     assert rep.accepted, [(r.checkpoint, r.reason) for r in rep.rows if r.rejected]
     d = [r for r in rep.rows if r.checkpoint == "D"]
-    assert d and all("Plow.Dataflowproof.checkpoint_d_flow_sound" in r.theorems for r in d)
+    assert d and all(SWEEP in r.theorems for r in d)
+    assert all("accesses swept" in r.reason for r in d)
 
 
 def _drop_candidate(sched: dict[str, Any]) -> tuple[int, int]:
@@ -237,19 +308,25 @@ def test_schedule_edges_play_no_part(h200_bundle: Path, tmp_path: Path) -> None:
     rep = verify_bundle(b)
     assert rep.accepted, [(r.checkpoint, r.reason) for r in rep.rows if r.rejected]
     assert flow(b) == flow(h200_bundle)
-    assert flow(b)["chains"]  # write-after-read pairs of arena reuse, ordered through chains
+    assert sorted(flow(b)["order"]) == list(range(len(flow(b)["keys"])))
 
 
-def test_above_the_limit_the_row_says_edges_were_certified(
-    h200_bundle: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import plow.emit.verify as verify
-
-    monkeypatch.setattr(verify, "DATAFLOW_MAX_TASKS", 0)
-    d = [r for r in verify_bundle(h200_bundle).rows if r.checkpoint == "D"]
-    assert d and all(r.verdict == "accept" for r in d)
-    assert all("data flow not derived above 0 tasks" in r.reason for r in d)
-    assert not any("Plow.Dataflowproof.checkpoint_d_flow_sound" in r.theorems for r in d)
+@pytest.mark.slow
+def test_whole_moe_plan_swept_from_data_flow(tmp_path: Path) -> None:
+    """Qwen3-30B-A3B decode on h200 (~45,000 tasks): D derives the dependencies from data
+    flow at this size too (no fallback to the schedule file's edges)."""
+    root = Path(__file__).resolve().parents[2]
+    out = compile_bundle(
+        root / "tests/data/configs/qwen3-30b-a3b",
+        tmp_path / "q",
+        load_target("h200"),
+        CompileProfile(decode_batches=(1,), prefill_seqs=()),
+        plan_only=True,
+    ).out
+    d = [r for r in verify_bundle(out, checkpoints=("D",)).rows if r.checkpoint == "D"]
+    assert d and all(r.verdict == "accept" and SWEEP in r.theorems for r in d)
+    tasks = int(d[0].reason.split(" tasks")[0].split()[-1])
+    assert tasks > 20_000, d[0].reason
 
 
 def test_swapped_wait_thresholds_rejected(h200_bundle: Path, tmp_path: Path) -> None:

@@ -1,9 +1,11 @@
 """Checkpoint D from data flow (C10): what every task reads and writes, as arena byte ranges.
 
-The oracle (`Plow.Dataflow.check_checkpoint_d_flow`) derives the dependencies itself from the
-`dataflow` part of a D payload: two tasks conflict when they touch a common byte and one of
-them writes it; every conflicting pair must be ordered by the counter protocol (a wait, queue
-order, or a chain of them) in program order. Nothing here reads the scheduler's edge list:
+The oracle (`Plow.Flowsweep.check_checkpoint_d_sweep`) derives the dependencies itself from
+the `dataflow` part of a D payload: two tasks conflict when they touch a common byte and one
+of them writes it; every conflicting pair must be ordered by the counter protocol's
+happens-before (waits and queue order, transitively) in program order. It sweeps the tasks in
+a topological order (`sweep_order`) with a frontier per address block and a vector clock per
+task, so every plan size is checked the same way. Nothing here reads the scheduler's edge list:
 the accesses come from the op table (kind, operands, shapes, axes, attributes), the task's op,
 stage and unit range (from its packets) and the arena offsets (the schedule file's arena map).
 
@@ -50,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plow.emit.files import OpEntry, OpTable
@@ -466,73 +468,53 @@ def task_accesses(
     return result
 
 
-def witness_chains(
-    n: int,
+def sweep_order(
     waits: Sequence[Sequence[int]],
     signals: Sequence[Sequence[int]],
     queues: Sequence[Sequence[int]],
-    pairs: Iterable[tuple[int, int]],
-) -> list[list[object]]:
-    """For each (u, t), a chain of direct links u -> x1 -> ... -> t (breadth first over gates
-    and queue order); pairs with no chain are left out (the oracle then rejects them)."""
+) -> list[int]:
+    """A topological order of the counter protocol's must-precede (Kahn's algorithm: a task
+    is next once it heads its worker's queue and every counter it waits on has had all its
+    signallers). The oracle sweeps in this order; it is an untrusted witness (any order is
+    sound, a non-topological one only rejects). Tasks left over (a cycle, a task in no
+    queue) go last, in index order."""
+    n = len(waits)
+    left: dict[int, int] = {}
+    for si in signals:
+        for c in set(si):
+            left[c] = left.get(c, 0) + 1
     waiters: dict[int, list[int]] = {}
-    for b, ws in enumerate(waits):
-        for c in dict.fromkeys(ws):
-            waiters.setdefault(c, []).append(b)
-    nxt: dict[int, int] = {}
-    for q in queues:
-        for a, b in zip(q, q[1:], strict=False):
-            nxt[a] = b
-    by_src: dict[int, list[int]] = {}
-    for u, t in pairs:
-        by_src.setdefault(u, []).append(t)
-    out: list[list[object]] = []
-    for u, ts in by_src.items():
-        parent: dict[int, int] = {u: -1}
-        seen_c: set[int] = set()
-        want = set(ts)
-        dq = deque([u])
-        while dq and want:
-            a = dq.popleft()
-            succ: list[int] = []
-            for c in dict.fromkeys(signals[a]):
-                if c not in seen_c:
-                    seen_c.add(c)
-                    succ.extend(waiters.get(c, ()))
-            if a in nxt:
-                succ.append(nxt[a])
-            for b in succ:
-                if b not in parent:
-                    parent[b] = a
-                    want.discard(b)
-                    dq.append(b)
-        for t in ts:
-            if t not in parent:
-                continue
-            path: list[int] = []
-            x = parent[t]
-            while x != u:
-                path.append(x)
-                x = parent[x]
-            out.append([u, t, path[::-1]])
-    return out
-
-
-def conflict_pairs(keys: Sequence[int], accs: Sequence[Sequence[Access]]) -> list[tuple[int, int]]:
-    """The conflicting pairs (earlier key first) that the oracle will look at: an access
-    against the writes of its block (the oracle's own enumeration)."""
-    index: dict[int, list[tuple[int, int, int]]] = {}
-    for u, acc in enumerate(accs):
-        for lo, hi, w in acc:
-            if w:
-                index.setdefault(lo // BLOCK, []).append((u, lo, hi))
-    out: set[tuple[int, int]] = set()
-    for t, acc in enumerate(accs):
-        for lo, hi, _ in acc:
-            for u, wlo, whi in index.get(lo // BLOCK, ()):
-                if u != t and lo < whi and wlo < hi and keys[u] != keys[t]:
-                    out.add((u, t) if keys[u] < keys[t] else (t, u))
-    return sorted(out)
+    pending = [0] * n
+    for t, wa in enumerate(waits):
+        for c in set(wa):
+            waiters.setdefault(c, []).append(t)
+            pending[t] += 1
+    where: dict[int, tuple[int, int]] = {}
+    for w, q in enumerate(queues):
+        for i, t in enumerate(q):
+            where[t] = (w, i)
+    head = [0] * len(queues)
+    ready = deque(q[0] for q in queues if q and pending[q[0]] == 0)
+    order: list[int] = []
+    done = [False] * n
+    while ready:
+        t = ready.popleft()
+        done[t] = True
+        order.append(t)
+        for c in set(signals[t]):
+            left[c] -= 1
+            if left[c] == 0:
+                for x in waiters.get(c, ()):
+                    pending[x] -= 1
+                    if pending[x] == 0 and x in where and head[where[x][0]] == where[x][1]:
+                        ready.append(x)
+        w, i = where[t]
+        head[w] = i + 1
+        q = queues[w]
+        if i + 1 < len(q) and pending[q[i + 1]] == 0:
+            ready.append(q[i + 1])
+    order.extend(t for t in range(n) if not done[t])
+    return order
 
 
 def dataflow_payload(
@@ -542,24 +524,12 @@ def dataflow_payload(
     signals: Sequence[Sequence[int]],
     queues: Sequence[Sequence[int]],
 ) -> dict[str, object]:
-    """The `dataflow` field of a D payload; chains only for pairs not ordered directly."""
-    wsets = [set(w) for w in waits]
-    where: dict[int, tuple[int, int]] = {}
-    for wk, q in enumerate(queues):
-        for i, x in enumerate(q):
-            where[x] = (wk, i)
-
-    def direct(u: int, t: int) -> bool:
-        if wsets[t].intersection(signals[u]):
-            return True
-        pu, pt = where.get(u), where.get(t)
-        return pu is not None and pt is not None and pu[0] == pt[0] and pu[1] < pt[1]
-
-    need = [(u, t) for u, t in conflict_pairs(keys, accs) if not direct(u, t)]
-    chains = witness_chains(len(keys), waits, signals, queues, need)
+    """The `dataflow` field of a D payload for the oracle's sweep (`Plow.Flowsweep`): keys,
+    accesses, block size and the sweep order; no pairs and no chains (the oracle finds the
+    conflicts and decides their order itself)."""
     return {
         "keys": list(keys),
         "accesses": [[list(a) for a in acc] for acc in accs],
         "block": BLOCK,
-        "chains": chains,
+        "order": sweep_order(waits, signals, queues),
     }
