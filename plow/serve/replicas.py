@@ -321,7 +321,8 @@ class Ingress:
                 {"error": {"message": f"no replica answered: {e}", "type": "service_unavailable"}},
                 status_code=503,
             )
-        self.counts[(replica, prefix_label(text))] += 1
+        if path in FORWARDED[:2]:
+            self.counts[(replica, prefix_label(text))] += 1
         headers = {k.decode(): v.decode() for k, v in start.get("headers", [])}
         headers = {k: v for k, v in headers.items() if k.lower() != "content-length"}
         headers["x-plow-replica"] = replica
@@ -397,13 +398,16 @@ def build_app(
     load: dict[str, Any],
     server: dict[str, Any] | None = None,
     *,
-    imbalance: float = 8.0,
+    imbalance: float | None = None,
     retries: int = 3,
     replica_cpus: float = 1.0,
     max_ongoing_requests: int | None = None,
+    router: str = "prefix",
 ) -> Any:
     """The Serve application: ``replicas`` engines of ``model`` (``load``: the keyword arguments
-    of `load_served_model`; ``server``: those of `Server`) behind the ingress."""
+    of `load_served_model`; ``server``: those of `Server`) behind the ingress. ``router``:
+    ``prefix`` (Ray's prefix-affinity router) or ``pow2`` (Ray's default, prefix-blind power of
+    two choices: what the benchmark compares against)."""
     from ray import serve
 
     # Ray's public name, ray.serve.llm.request_router, imports all of ray.serve.llm (ray[llm]:
@@ -414,11 +418,14 @@ def build_app(
     from ray.serve.config import RequestRouterConfig
 
     slots = int(load.get("max_num_seqs", 8))
-    router: Any = {
-        "request_router_class": PrefixCacheAffinityRouter,
-        "request_router_kwargs": {"imbalanced_threshold": imbalance},
-        "request_routing_stats_period_s": 1,
-    }
+    if router not in ("prefix", "pow2"):
+        raise ValueError(f"router must be prefix or pow2, not {router!r}")
+    config: Any = {"request_routing_stats_period_s": 1}
+    if router == "prefix":
+        config["request_router_class"] = PrefixCacheAffinityRouter
+        # queues differing by more than a full batch (the slots): balance load, not prefixes
+        limit = float(slots) if imbalance is None else imbalance
+        config["request_router_kwargs"] = {"imbalanced_threshold": limit}
     deployment: Any = serve.deployment(
         EngineReplica,
         name=ENGINE,
@@ -427,7 +434,7 @@ def build_app(
         max_ongoing_requests=max_ongoing_requests or 4 * slots,
         health_check_period_s=2,
         graceful_shutdown_timeout_s=5,
-        request_router_config=RequestRouterConfig(**router),
+        request_router_config=RequestRouterConfig(**config),
     )
     engine = deployment.bind(str(model), load, server or {})
     return _ingress_class().bind(engine, retries)
@@ -444,4 +451,12 @@ def serve_replicas(
     if not ray.is_initialized():
         ray.init(address=address, namespace=APP_NAME, log_to_driver=False)
     serve.start(http_options={"host": host, "port": port})
-    return serve.run(app, name=APP_NAME, route_prefix="/", blocking=blocking)
+    if not blocking:
+        return serve.run(app, name=APP_NAME, route_prefix="/")
+    try:
+        serve.run(app, name=APP_NAME, route_prefix="/", blocking=True)
+    except KeyboardInterrupt:  # Ctrl-C: stop the replicas, not only this process
+        pass
+    finally:
+        serve.shutdown()
+    return None
