@@ -27,6 +27,7 @@ charge and then the candidate order, so the choice is deterministic. docs/tiling
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable
@@ -52,6 +53,19 @@ class TilingOptions:
     max_tile_kv: int = 4096
     max_tile_elementwise: int = 16384
     k_splits: tuple[int, ...] = (1, 2, 4)
+    # every rung of a bundle reduces a row in the same order: an op's reduction axis takes the
+    # steps the tiler picks for one row (`_Tiler.reference_steps`), whatever the bucket
+    rung_invariant: bool = True
+
+
+# the reduction axis of each op kind whose tiles may split it (partials merged in step order)
+REDUCTION_AXIS = {
+    OpKind.linear: 2,
+    OpKind.lm_head: 2,
+    OpKind.attention: 1,
+    OpKind.rmsnorm: 1,
+    OpKind.sample: 1,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +116,16 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 class _Tiler:
-    def __init__(self, graph: OpGraph, target: Target, options: TilingOptions) -> None:
+    def __init__(
+        self,
+        graph: OpGraph,
+        target: Target,
+        options: TilingOptions,
+        one_row: tuple[int, int] | None = None,
+    ) -> None:
         self.graph = graph
+        self.one_row = one_row  # (batch, tokens) of the graph, seen as one row (one token)
+        self._reference: _Tiler | None = None
         self.target = target
         self.opt = options
         weights = [t for t in graph.tensors.values() if t.role is TensorRole.weight]
@@ -122,7 +144,42 @@ class _Tiler:
         self.cmin = target.min_tile.cols
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return self.graph.tensor(name).shape
+        t = self.graph.tensor(name)
+        if self.one_row is None or t.role is TensorRole.weight:
+            return t.shape
+        b, n = self.one_row  # the same tensor in a one-row, one-token bucket
+        s = t.shape
+        if t.role in (TensorRole.cache, TensorRole.state):
+            return (1, *s[1:]) if s and s[0] == b else s
+        if len(s) >= 2 and s[:2] == (b, n):
+            return (1, 1, *s[2:])
+        return (1,) if s == (b,) else s
+
+    def reference_steps(self, op: Op, axis: int) -> int | None:
+        """The steps of `op`'s reduction `axis` that the tiler picks for the op at one row of
+        one token (decode batch 1): a rule that does not depend on the bucket, so every rung
+        splits a row's reduction the same way (None: the graph has no `ids` input to scale)."""
+        if self._reference is None:
+            if "ids" not in self.graph.tensors or len(self.graph.tensor("ids").shape) != 2:
+                return None
+            b, n = self.graph.tensor("ids").shape
+            self._reference = _Tiler(self.graph, self.target, self.opt, (b, n))
+        ref = self._reference
+        sp = ref.space(op)
+        cands = ref.candidates(sp, ref.cost_model(sp))
+        feasible = [i for i, c in enumerate(cands) if c.feasible]
+        if not feasible:
+            return None
+        best = min(feasible, key=lambda i: (cands[i].time_ns, cands[i].charged_cost, i))
+        return cands[best].steps[axis]
+
+    def cost_model(self, sp: _Space) -> CostModel:
+        return CostModel(
+            workers=self.target.workers,
+            bandwidth=self.target.bandwidth_bytes_per_s,
+            peak=self.target.peak_flops_per_s[sp.rate],  # type: ignore[index]
+            tile_overhead_ns=self.target.tile_overhead_ns,
+        )
 
     # -- index spaces -------------------------------------------------------------------
     def space(self, op: Op) -> _Space:
@@ -531,13 +588,7 @@ class _Tiler:
 
     def tile_op(self, op: Op) -> TiledOp:
         sp = self.space(op)
-        cm = CostModel(
-            workers=self.target.workers,
-            bandwidth=self.target.bandwidth_bytes_per_s,
-            peak=self.target.peak_flops_per_s[sp.rate],  # type: ignore[index]
-            tile_overhead_ns=self.target.tile_overhead_ns,
-        )
-        cands = self.candidates(sp, cm)
+        cands = self.candidates(sp, self.cost_model(sp))
         feasible = [i for i, c in enumerate(cands) if c.feasible]
         if not feasible:
             from plow.errors import PlanRejected
@@ -547,6 +598,17 @@ class _Tiler:
                 f"op {op.name!r}",
                 f"no tiling fits on-chip memory of target {self.target.name}: {smallest.note}",
             )
+        axis = REDUCTION_AXIS.get(op.kind)
+        if self.opt.rung_invariant and axis is not None:
+            steps = self.reference_steps(op, axis)
+            same = [i for i in feasible if cands[i].steps[axis] == steps]
+            # none: the bucket's extent differs from the one-row reference's (a sliding
+            # window's keys grow with the tokens of a prefill row) and offers no such split
+            if same and len(same) < len(feasible):
+                note = f"rung invariance: {steps} {sp.axes[axis].name} steps (the one-row choice)"
+                for i in set(feasible) - set(same):
+                    cands[i] = dataclasses.replace(cands[i], feasible=False, note=note)
+                feasible = same
         best = min(feasible, key=lambda i: (cands[i].time_ns, cands[i].charged_cost, i))
         choice = cands[best]
         axes = tuple(
