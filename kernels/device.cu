@@ -496,6 +496,10 @@ __device__ void tile_elements_cta(const Ctx& c, const PlowOp& op, const Range* r
     switch (op.kind) {
       case PLOW_EMBEDDING: plow::tile_embedding(c, op, s); break;
       case PLOW_ROPE: plow::tile_rope(c, op, s); break;
+      case PLOW_RESIDUAL_ADD:  // with a scale (Gemma 4's layer_scalar): kernels/gemma4.h
+        if (op.w0 != nullptr) plow::tile_residual_scaled(c, op, s);
+        else plow::tile_elementwise(c, op, s);
+        break;
       default: plow::tile_elementwise(c, op, s); break;
     }
   }
@@ -578,6 +582,12 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       // routed experts (kernels/moe.h), the tile's elements spread over the CTA
       case plow::PLOW_ROUTER:
       case plow::PLOW_EXPERT_LINEAR: work += tile_moe_cta(c, op, r, step); break;
+      // Mamba-2 (kernels/ssm.h): one thread runs the tile's recurrence (correct, not fast)
+      case plow::PLOW_SSM_CONV:
+      case plow::PLOW_SSM_SCAN:
+      case plow::PLOW_SSM_NORM:
+        if (threadIdx.x == 0) plow::ssm_tile(c, op, r);
+        break;
       default: break;  // the loader refuses other kinds
     }
   }
