@@ -6,6 +6,8 @@ accepted request (the ingress retries it on the other)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 import threading
 import time
@@ -15,8 +17,6 @@ import httpx
 import pytest
 
 from plow.serve.metrics import parse_metrics
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 A = "The quick brown fox jumps over the lazy dog, and then"
 B = "Lorem ipsum dolor sit amet, consectetur adipiscing elit"
@@ -43,6 +43,90 @@ def _per_replica(url: str) -> dict[tuple[str, str], float]:
     return out
 
 
+def test_prompt_text_routes_on_prompt_or_messages() -> None:
+    from plow.serve.replicas import prompt_text
+
+    c = "/v1/completions"
+    assert prompt_text(c, json.dumps({"prompt": "abc"}).encode()) == "abc"
+    assert prompt_text(c, json.dumps({"prompt": ["xy", "z"]}).encode()) == "xy"
+    chat = json.dumps(
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            ]
+        }
+    )
+    assert prompt_text("/v1/chat/completions", chat.encode()) == "be briefhi"
+    # not JSON, or nothing to route on: the path (never an empty text)
+    assert prompt_text(c, b"{nope") == c
+    assert prompt_text(c, json.dumps({"prompt": ""}).encode()) == c
+
+
+def test_relabel_adds_the_replica_and_keeps_help_once() -> None:
+    from plow.serve.replicas import relabel
+
+    text = '# HELP x_total things\n# TYPE x_total counter\nx_total{model_name="m"} 3.0\ny 1.0\n'
+    seen: set[str] = set()
+    a = relabel(text, "r1", seen)
+    b = relabel(text, "r2", seen)
+    assert a == [
+        "# HELP x_total things",
+        "# TYPE x_total counter",
+        'x_total{replica="r1",model_name="m"} 3.0',
+        'y{replica="r1"} 1.0',
+    ]
+    assert b == ['x_total{replica="r2",model_name="m"} 3.0', 'y{replica="r2"} 1.0']
+    merged = parse_metrics("\n".join(a + b))
+    assert merged['x_total{replica="r2",model_name="m"}'] == 3.0
+
+
+def test_asgi_call_streams_and_disconnects() -> None:
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    from plow.serve.replicas import Routed, _asgi
+
+    app = FastAPI()
+    closed: list[bool] = []
+
+    @app.post("/echo")
+    async def echo(body: dict[str, int]) -> dict[str, int]:
+        return {"n": body["n"] + 1}
+
+    @app.get("/count")
+    async def count() -> StreamingResponse:
+        async def gen():  # type: ignore[no-untyped-def]
+            try:
+                for i in range(1000):
+                    yield f"{i}\n"
+                    await asyncio.sleep(0.001)
+            finally:
+                closed.append(True)
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    async def main() -> tuple[list[dict[str, object]], list[bytes]]:
+        hdr = [(b"content-type", b"application/json")]
+        msgs = [m async for m in _asgi(app, Routed("POST", "/echo", b'{"n": 41}', hdr))]
+        got: list[bytes] = []
+        stream = _asgi(app, Routed("GET", "/count", b"", []))
+        async for m in stream:
+            if m.get("body"):
+                got.append(m["body"])  # type: ignore[arg-type]
+            if len(got) == 3:
+                break
+        await stream.aclose()  # the client goes away: the app's generator is closed
+        return msgs, got
+
+    msgs, got = asyncio.run(main())
+    assert msgs[0]["type"] == "http.response.start" and msgs[0]["status"] == 200
+    assert json.loads(b"".join(m.get("body", b"") for m in msgs[1:])) == {"n": 42}  # type: ignore[arg-type]
+    assert got == [b"0\n", b"1\n", b"2\n"] and closed == [True]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_two_replicas_prefix_affinity_and_a_killed_replica(tiny_bundle_dir: Path) -> None:
     ray = pytest.importorskip("ray")
     from ray import serve
@@ -53,10 +137,8 @@ def test_two_replicas_prefix_affinity_and_a_killed_replica(tiny_bundle_dir: Path
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace=rp.APP_NAME)
     try:
         port = _port()
-        load = {"name": "tiny", "max_num_seqs": 4, "max_num_batched_tokens": 64,
-                "executor": "cpu"}  # fmt: skip
-        rp.serve_replicas(rp.build_app(tiny_bundle_dir, 2, load), "127.0.0.1", port,
-                          blocking=False)  # fmt: skip
+        load = {"name": "tiny", "max_num_seqs": 4, "max_num_batched_tokens": 64, "executor": "cpu"}
+        rp.serve_replicas(rp.build_app(tiny_bundle_dir, 2, load), "127.0.0.1", port, blocking=False)
         url = f"http://127.0.0.1:{port}"
         started = time.monotonic() - t0
 
@@ -78,8 +160,14 @@ def test_two_replicas_prefix_affinity_and_a_killed_replica(tiny_bundle_dir: Path
         deadline = time.monotonic() + 10
         while True:
             m = parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
-            done = {r: sum(v for k, v in m.items() if k.startswith("vllm:request_success_total")
-                           and f'replica="{r}"' in k) for r in (ra, rb)}  # fmt: skip
+            done = {
+                r: sum(
+                    v
+                    for k, v in m.items()
+                    if k.startswith("vllm:request_success_total") and f'replica="{r}"' in k
+                )
+                for r in (ra, rb)
+            }
             if done == {ra: 5.0, rb: 5.0} or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
@@ -124,8 +212,10 @@ def test_two_replicas_prefix_affinity_and_a_killed_replica(tiny_bundle_dir: Path
         # some were sent again, and every one of them was answered by the survivor
         assert retried >= 1 and answered_by_a < 8
         assert m["plow:replica_failed_total"] == 0
-        print(f"replicas: started in {started:.1f} s, {retried:g} retried, "
-              f"{answered_by_a} answered by the killed replica before it died")  # fmt: skip
+        print(
+            f"replicas: started in {started:.1f} s, {retried:g} retried, "
+            f"{answered_by_a} answered by the killed replica before it died"
+        )
     finally:
         serve.shutdown()
         ray.shutdown()
