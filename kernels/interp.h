@@ -7,6 +7,7 @@
 #include "tiles.h"
 #include "moe.h"
 #include "gemma4.h"
+#include "ssm.h"
 
 namespace plow {
 
@@ -67,6 +68,9 @@ PLOW_HD static int64_t run_tile(const Ctx& c, const PlowOp& op, const Range* r, 
     case PLOW_SAMPLE: tile_sample(c, op, r, step); break;
     case PLOW_ROUTER: tile_router(c, op, r); break;
     case PLOW_EXPERT_LINEAR: return tile_expert(c, op, r, step);
+    case PLOW_SSM_CONV:
+    case PLOW_SSM_SCAN:
+    case PLOW_SSM_NORM: ssm_tile(c, op, r); break;  // kernels/ssm.h (Mamba-2)
     default: break;  // the loader refuses other kinds
   }
   return 0;

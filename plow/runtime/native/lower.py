@@ -27,7 +27,7 @@ from plow.emit.wire import read_plan
 from plow.errors import PlowError
 from plow.runtime.cpu.arena import Arena
 from plow.runtime.cpu.kernels import _view2
-from plow.runtime.cpu.plan import PAGE_TABLE, OpEntry, Plan
+from plow.runtime.cpu.plan import PAGE_TABLE, STATE_SLOT, OpEntry, Plan
 from plow.runtime.native.library import (
     ABI_VERSION,
     DTYPE_BF16,
@@ -42,6 +42,8 @@ from plow.schedule.regions import partial_name
 
 # Routed experts' kinds (kernels/moe.h `PlowMoeKind`), beside library.KINDS.
 MOE_KINDS = {"router": 10, "expert_linear": 11}
+# Mamba-2's kinds (kernels/ssm.h `PlowSsmKind`).
+SSM_KINDS = {"ssm_conv": 20, "ssm_scan": 21, "ssm_norm": 22}
 
 
 @dataclass
@@ -92,7 +94,11 @@ def lower(
     opcode = {o.name: int(o.opcode) for o in ot.ops}
     base = arena.kv_words
 
+    state = arena.state_shape.offsets()  # Mamba-2's recurrent state: after the kv pool
+
     def word(name: str) -> int:
+        if name in state:
+            return arena.kv_shape.words + state[name][0]
         return base + plan.layout.slot(name).offset
 
     merges = _merge_tables(plan, records)
@@ -128,6 +134,53 @@ def lower(
     return low
 
 
+def _lower_ssm(
+    o: PlowOp,
+    op: OpEntry,
+    plan: Plan,
+    weights: Mapping[str, np.ndarray],
+    weight: Any,
+    word: Any,
+    low: Lowered,
+) -> None:
+    shape = plan.graph.tensor
+    k = op.kind
+    if k == "ssm_norm":
+        y, proj = shape(op.inputs[0]).shape, shape(op.inputs[1]).shape
+        o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.inputs[1]), word(op.outputs[0])
+        o.d[0], o.d[1], o.d[2] = y[-1], proj[-1], int(op.attrs["group"])
+        o.f[0] = float(op.attrs["eps"])
+        o.w0, o.w0_dtype = weight(op.inputs[2])
+        return
+    state, pos = op.inputs[-2], op.inputs[-1]
+    o.t[2], o.t[3], o.t[4] = word(state), word(pos), word(STATE_SLOT)
+    if k == "ssm_conv":
+        b, t, p = shape(op.inputs[0]).shape
+        o.t[0], o.t[1] = word(op.inputs[0]), word(op.outputs[0])
+        o.d[0], o.d[1], o.d[2] = b, t, p
+        o.d[3], o.d[4], o.d[5] = (int(op.attrs[a]) for a in ("channels", "kernel", "offset"))
+        if o.d[4] > 64:
+            raise PlowError(op.name, f"conv kernel {o.d[4]} exceeds the native kernel's 64 taps")
+        o.w0, o.w0_dtype = weight(op.inputs[1])
+        if len(op.inputs) == 5:
+            o.w1, o.w1_dtype = weight(op.inputs[2])
+        return
+    xbc, proj = shape(op.inputs[0]).shape, shape(op.inputs[1]).shape
+    o.t[0], o.t[1], o.t[5] = word(op.inputs[0]), word(op.inputs[1]), word(op.outputs[0])
+    o.d[0], o.d[1], o.d[2], o.d[3] = xbc[0], xbc[1], xbc[2], proj[2]
+    o.d[4], o.d[5], o.d[6], o.d[7] = (
+        int(op.attrs[a]) for a in ("heads", "head_dim", "state_size", "groups")
+    )
+    if int(op.attrs["dt_offset"]) != o.d[4] * o.d[5] + o.d[2]:
+        raise PlowError(op.name, "dt columns are not in_proj's last heads columns")
+    hi = op.attrs.get("dt_max")
+    o.f[0], o.f[1] = float(op.attrs["dt_min"]), float("inf") if hi is None else float(hi)
+    params = [np.asarray(weights[n], dtype=np.float32) for n in op.inputs[2:5]]
+    table = np.ascontiguousarray(np.concatenate(params), dtype=np.float32)
+    low.keep.append(table)
+    o.table = table.ctypes.data
+
+
 def _merge_tables(plan: Plan, records: np.ndarray) -> dict[int, np.ndarray]:
     """Per split op, its merge units [n, 8] (3 ranges + output columns) in the records'
     numbering: a merge packet's units are units `row_start ..` of its op."""
@@ -161,7 +214,7 @@ def _lower_op(
     merge: np.ndarray | None,
     low: Lowered,
 ) -> None:
-    kind = KINDS.get(op.kind, MOE_KINDS.get(op.kind))
+    kind = KINDS.get(op.kind, MOE_KINDS.get(op.kind, SSM_KINDS.get(op.kind)))
     if kind is None:
         raise PlowError(op.name, f"op kind {op.kind!r} is not supported by the native executor")
     o.kind = kind
@@ -258,6 +311,8 @@ def _lower_op(
         o.d[6] = wn // 2 if gate_up else k_in
         o.d[7] = 0 if op.attrs.get("activation", "silu") == "silu" else 1
         o.w0, o.w0_dtype = weight(op.inputs[2])
+    elif k in SSM_KINDS:  # kernels/ssm.h; the state tensors are in the arena's state region
+        _lower_ssm(o, op, plan, weights, weight, word, low)
     elif k == "sample":
         b, t, v = shape(op.inputs[0]).shape
         o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.inputs[1]), word(op.outputs[0])
