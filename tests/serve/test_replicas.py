@@ -220,3 +220,20 @@ def test_two_replicas_prefix_affinity_and_a_killed_replica(tiny_bundle_dir: Path
         serve.shutdown()
         ray.shutdown()
     assert time.monotonic() - t0 < 150
+
+
+def test_replicas_flag_errors_are_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from plow.cli import app
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    res = CliRunner().invoke(app, ["serve", str(a), str(b), "--replicas", "2"])
+    assert res.exit_code == 2
+    assert res.output.strip().splitlines() == ["plow: --replicas: serves one model, got 2"]
+    res = CliRunner().invoke(app, ["serve", str(tmp_path / "nope"), "--replicas", "2"])
+    assert res.exit_code == 2 and "not a checkpoint directory" in res.output
+    res = CliRunner().invoke(app, ["serve", str(a), "--replicas", "0"])
+    assert res.exit_code == 2 and "--replicas" in res.output
