@@ -13,6 +13,7 @@ import csv
 import itertools
 import math
 import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -181,6 +182,21 @@ def map_processes(tasks: Sequence[Task], jobs: int | None = None) -> list[dict[s
         return list(pool.map(run_task, tasks, chunksize=max(1, len(tasks) // (4 * workers))))
 
 
+def check_address(address: str | None) -> None:
+    """A ``HOST:PORT`` (or ``ray://HOST:PORT``) that takes no connection is an error at once
+    (Ray itself would retry for minutes); ``auto`` and ``local`` are Ray's to resolve."""
+    if address is None or address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, _, port = hostport.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise SerqError(f"--ray {address}: expected auto, local, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except OSError as err:
+        raise SerqError(f"--ray {address}: cannot connect ({err.strerror or err})") from None
+
+
 def map_ray(tasks: Sequence[Task], address: str | None) -> list[dict[str, Any]]:
     """Run the tasks as Ray tasks (one CPU each), results in task order.
 
@@ -188,6 +204,7 @@ def map_ray(tasks: Sequence[Task], address: str | None) -> list[dict[str, Any]]:
     (``auto``: the cluster started by ``ray start`` on this machine; ``local``: a new
     single-machine one; ``HOST:PORT`` or ``ray://HOST:PORT``: a cluster) and disconnects after.
     """
+    check_address(address)
     try:
         import ray
     except ImportError:

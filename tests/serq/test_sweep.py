@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import socket
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,29 @@ def test_bad_ranges_and_seeds(
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and str(rad_path) in lines[0], res.output
     assert not (tmp_path / "o").exists()
+
+
+def test_unreachable_ray_address_is_one_line(rad_path: Path, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    for address, message in ((f"127.0.0.1:{port}", "cannot connect"), ("nowhere", "expected")):
+        res = CliRunner().invoke(
+            app,
+            [
+                "sweep",
+                str(rad_path),
+                "--set",
+                "rate=0.00001",
+                "--ray",
+                address,
+                "--out",
+                str(tmp_path / "o"),
+            ],
+        )
+        assert res.exit_code == 2, res.output
+        (line,) = res.output.strip().splitlines()
+        assert f"--ray {address}: {message}" in line
 
 
 def test_parse_range_values() -> None:
