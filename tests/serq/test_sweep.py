@@ -175,7 +175,9 @@ def test_parse_range_values() -> None:
 
 
 @pytest.mark.slow
-def test_sweep_on_local_ray_equals_processes(rad_path: Path, expected: dict) -> None:
+def test_sweep_on_local_ray_equals_processes(
+    rad_path: Path, tmp_path: Path, expected: dict
+) -> None:
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -183,8 +185,32 @@ def test_sweep_on_local_ray_equals_processes(rad_path: Path, expected: dict) -> 
         seeds = sw.parse_seeds(SEEDS)
         on_ray = sw.run_sweep(rad_path, ranges, seeds, HORIZON, ray_address="")
         procs = sw.run_sweep(rad_path, ranges, seeds, HORIZON, jobs=2)
+        # the command, on the Ray session this process holds (`--ray auto` joins it)
+        out = tmp_path / "ray"
+        args = [
+            "sweep",
+            str(rad_path),
+            "--set",
+            RATES,
+            "--seeds",
+            SEEDS,
+            "--horizon",
+            str(HORIZON),
+            "--ray",
+            "auto",
+            "--out",
+            str(out),
+        ]
+        res = CliRunner().invoke(app, args)
     finally:
         ray.shutdown()
+    assert res.exit_code == 0, res.output
+    with (out / "sweep.csv").open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [(float(r["rate"]), int(r["seed"]), int(r["arrivals"])) for r in rows] == [
+        (r["rate"], r["seed"], r["arrivals"]) for r in procs.rows
+    ]
+    assert (out / "sweep.png").stat().st_size > 10_000 and (out / "sweep_points.csv").is_file()
     strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in on_ray.rows]
     assert strip == [{k: v for k, v in r.items() if k != "wall_s"} for r in procs.rows]
     assert on_ray.points == procs.points
