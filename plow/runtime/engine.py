@@ -61,6 +61,9 @@ class KVUsage:
     pages_used: int
     pages_total: int
     page_size: int
+    # recurrent-state slots (Mamba-2) held by requests / in the arena; 0 / 0 without state
+    state_slots_used: int = 0
+    state_slots_total: int = 0
 
     @property
     def fraction(self) -> float:

@@ -209,6 +209,11 @@ class Dispatcher:
             "Key-value pages in the pool.",
             lambda: self._kv.pages_total,
         )
+        m.gauge(
+            "plow:recurrent_state_slots_used",
+            "Recurrent-state slots (Mamba-2) held by requests; freed when one finishes or drops.",
+            lambda: self._kv.state_slots_used,
+        )
         if admission is not None:
             m.gauge(
                 "plow:admission_decode_tick_seconds",
@@ -475,8 +480,10 @@ class Dispatcher:
         device = None
         if self.device_sampling and all(x is not None and x.plain for x in rows):
             device = [(x.params, x.rng) for x in rows if x is not None]
-        every = {a.request_id for a in plan.admit if owners[a.request_id].prompt_logprobs
-                 is not None}  # fmt: skip
+        # requests that asked for prompt logprobs and are still being prefilled (a long
+        # prompt's chunks run in later ticks than its admission)
+        every = {r.id for r in owners.values()
+                 if r.prompt_logprobs is not None and r.prefilled < len(r.prompt_ids)}  # fmt: skip
         result = execute(self.engine, plan, prompts, device,
                          on_prefill=lambda lg, rows: self._prefilled(plan, lg, owners, rows),
                          every_row=every)  # fmt: skip

@@ -188,8 +188,10 @@ def test_freed_request_frees_its_state_slot_and_prefix_cache_is_off(ckpt_dir: Pa
     tok = int(np.argmax(eng.prefill([PrefillChunk(0, len(long))])[0]))
     eng.decode([0], [tok])  # the engine offers the prompt's blocks to the prefix cache here
     assert kv.free_state_slots == {1, 2, 3}
+    assert (eng.kv_usage().state_slots_used, eng.kv_usage().state_slots_total) == (1, 4)
     eng.free(0)
     assert kv.free_state_slots == {0, 1, 2, 3}
+    assert eng.kv_usage().state_slots_used == 0  # what plow serve's metric reports
     eng.add(2, long)  # the same prompt again: nothing may be skipped (no state snapshot)
     assert eng.prefix_tokens_skipped == 0
 

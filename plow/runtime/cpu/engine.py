@@ -239,7 +239,9 @@ class CpuEngine:
     def kv_usage(self) -> KVUsage:
         pool = self.model.kv.pool
         used = pool.num_blocks - pool.num_empty - pool.num_evictable
-        return KVUsage(used, pool.num_blocks, self.model.block_size)
+        free, total = self.model.kv.free_state_slots, self.model.arena.state_shape.slots
+        held = total - len(free) if free is not None else 0
+        return KVUsage(used, pool.num_blocks, self.model.block_size, held, total if free else 0)
 
     def positions(self, slot: int) -> int:
         return self._slot(slot).length
