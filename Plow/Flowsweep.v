@@ -132,22 +132,30 @@ Definition pieces (a : access) (f : entry) : list entry :=
 Definition trim (a : access) (l : list entry) : list entry := flat_map (pieces a) l.
 
 (** Sweep the accesses [l] of task [t]. *)
-Fixpoint sweep_accs (km : trie N) (pm : trie (N * N)) (vt : vclock) (t kt : N)
-  (l : list access) (fm : trie frontier) : sum sweep_error (trie frontier) :=
+(** [first_err f l], also counting the elements looked at (added to [n]). *)
+Fixpoint scan {A E : Type} (f : A -> option E) (l : list A) (n : N) : sum E N :=
   match l with
-  | [] => inr fm
+  | [] => inr n
+  | x :: l' => match f x with Some e => inl e | None => scan f l' (N.succ n) end
+  end.
+
+(** Sweep the accesses [l] of task [t]; [n] counts the frontier entries compared. *)
+Fixpoint sweep_accs (km : trie N) (pm : trie (N * N)) (vt : vclock) (t kt : N)
+  (l : list access) (fm : trie frontier) (n : N) : sum sweep_error (trie frontier * N) :=
+  match l with
+  | [] => inr (fm, n)
   | a :: l' =>
       let k := blk (acc_lo a) in
       let fr := get fm ([], []) k in
-      match first_err (check_entry km pm vt t kt a) (fst fr) with
-      | Some e => inl e
-      | None =>
-          match (if acc_write a then first_err (check_entry km pm vt t kt a) (snd fr) else None) with
-          | Some e => inl e
-          | None =>
+      match scan (check_entry km pm vt t kt a) (fst fr) n with
+      | inl e => inl e
+      | inr n1 =>
+          match (if acc_write a then scan (check_entry km pm vt t kt a) (snd fr) n1 else inr n1) with
+          | inl e => inl e
+          | inr n2 =>
               let fr' := if acc_write a then ((t, a) :: trim a (fst fr), trim a (snd fr))
                          else (fst fr, (t, a) :: snd fr) in
-              sweep_accs km pm vt t kt l' (tadd (nkey k) fr' fm)
+              sweep_accs km pm vt t kt l' (tadd (nkey k) fr' fm) n2
           end
       end
   end.
@@ -162,20 +170,20 @@ Definition sig_clocks (vt : vclock) (cv : trie vclock) (cs : list N) : trie vclo
   fold_left (fun m c => tadd (nkey c) (tjoin (get m Leaf c) vt) m) cs cv.
 
 Fixpoint sweep_tasks (km : trie N) (pm : trie (N * N)) (wtm sgm : trie (list N))
-  (accm : trie (list access)) (order : list N) (s : sstate) : option sweep_error :=
+  (accm : trie (list access)) (order : list N) (s : sstate) (n : N) : sum sweep_error N :=
   match order with
-  | [] => None
+  | [] => inr n
   | t :: order' =>
       let vt := clock_of wtm pm (ss_cv s) (ss_wv s) t in
-      match sweep_accs km pm vt t (get km 0 t) (get accm [] t) (ss_front s) with
-      | inl e => Some e
-      | inr fm =>
+      match sweep_accs km pm vt t (get km 0 t) (get accm [] t) (ss_front s) n with
+      | inl e => inl e
+      | inr (fm, n') =>
           let wv := match tfind (nkey t) pm with
                     | Some (w, _) => tadd (nkey w) (t, vt) (ss_wv s)
                     | None => ss_wv s
                     end in
           sweep_tasks km pm wtm sgm accm order'
-            (mk_sstate fm (sig_clocks vt (ss_cv s) (get sgm [] t)) wv)
+            (mk_sstate fm (sig_clocks vt (ss_cv s) (get sgm [] t)) wv) n'
       end
   end.
 
@@ -188,24 +196,27 @@ Definition check_missing (d : dflow) (order : list N) : option sweep_error :=
   find_errN (fun t _ => match tfind (nkey t) om with Some _ => None | None => Some (SErr_missing t) end)
     0 (df_acc d).
 
-(** The data-flow check by the sweep; [df_block] and [df_chains] play no part (the sweep's
-    blocks are [blk]'s). *)
-Definition check_sweep (p : cplan) (d : dflow) (order : list N) : option sweep_error :=
+(** The data-flow check by the sweep, with the number of frontier entries compared;
+    [df_block] and [df_chains] play no part (the sweep's blocks are [blk]'s). *)
+Definition sweep_count (p : cplan) (d : dflow) (order : list N) : sum sweep_error N :=
   let n := lengthN (cp_signals p) in
   let nk := lengthN (df_keys d) in
   let na := lengthN (df_acc d) in
-  if negb ((nk =? n) && (na =? n)) then Some (SErr_flow (DErr_lengths n nk na))
+  if negb ((nk =? n) && (na =? n)) then inl (SErr_flow (DErr_lengths n nk na))
   else match check_sranges d with
-       | Some e => Some (SErr_flow e)
+       | Some e => inl (SErr_flow e)
        | None =>
            match check_missing d order with
-           | Some e => Some e
+           | Some e => inl e
            | None =>
                sweep_tasks (index_map (df_keys d)) (pos_map (cp_queues p))
                  (index_map (cp_waits p)) (index_map (cp_signals p)) (index_map (df_acc d))
-                 order (mk_sstate Leaf Leaf Leaf)
+                 order (mk_sstate Leaf Leaf Leaf) 0
            end
        end.
+
+Definition check_sweep (p : cplan) (d : dflow) (order : list N) : option sweep_error :=
+  match sweep_count p d order with inl e => Some e | inr _ => None end.
 
 (** Checkpoint D from data flow by the sweep: the counter protocol and scopes
     ([check_checkpoint_d]), then [check_sweep]. *)
@@ -218,4 +229,16 @@ Definition check_checkpoint_d_sweep (p : cplan) (scopes : list N) (wpg : N) (d :
   match check_checkpoint_d p scopes wpg with
   | Reject e => Reject (DSProto e)
   | Accept => match check_sweep p d order with None => Accept | Some e => Reject (DSFlow e) end
+  end.
+
+(** What the oracle runs: the same verdict (one sweep), and on accept the number of frontier
+    entries compared ([Flowsweepproof.checkpoint_d_sweep_counted_verdict]). *)
+Definition check_checkpoint_d_sweep_counted (p : cplan) (scopes : list N) (wpg : N) (d : dflow)
+  (order : list N) : verdict ds_error * N :=
+  match check_checkpoint_d p scopes wpg with
+  | Reject e => (Reject (DSProto e), 0)
+  | Accept => match sweep_count p d order with
+              | inl e => (Reject (DSFlow e), 0)
+              | inr n => (Accept, n)
+              end
   end.

@@ -201,12 +201,12 @@ Definition finv (E : list entry) (fm : trie frontier) : Prop :=
   forall u ea x, In (u, ea) E -> inr_ x ea -> witness fm x u ea.
 
 Lemma check_entry_ok vt t a L : tgood t vt ->
-  first_err (check_entry km pm vt t (get km 0 t) a) L = None ->
+  (forall f, In f L -> check_entry km pm vt t (get km 0 t) a f = None) ->
   forall v fa x, In (v, fa) L -> v <> t -> inr_ x a -> inr_ x fa ->
   (acc_write a = true \/ acc_write fa = true) -> reach v t.
 Proof.
   intros Hvt H v fa x Hin Hne Ha Hf Hw.
-  pose proof (first_err_none _ _ H _ Hin) as Hc. unfold check_entry in Hc.
+  pose proof (H _ Hin) as Hc. unfold check_entry in Hc.
   destruct (N.eqb_spec v t) as [|_]; [contradiction|].
   assert (Ho : (overlaps a fa && (acc_write a || acc_write fa))%bool = true).
   { unfold overlaps, inr_ in *. apply andb_true_intro. split.
@@ -252,8 +252,9 @@ Lemma sweep_one vt t a E fm :
   srange_ok a = true -> tgood t vt -> finv E fm ->
   let k := blk (acc_lo a) in
   let fr := get fm ([], []) k in
-  first_err (check_entry km pm vt t (get km 0 t) a) (fst fr) = None ->
-  (if acc_write a then first_err (check_entry km pm vt t (get km 0 t) a) (snd fr) else None) = None ->
+  (forall f, In f (fst fr) -> check_entry km pm vt t (get km 0 t) a f = None) ->
+  (if acc_write a then (forall f, In f (snd fr) -> check_entry km pm vt t (get km 0 t) a f = None)
+   else True) ->
   (forall u ea x, In (u, ea) E -> u <> t -> inr_ x ea -> inr_ x a ->
      (acc_write ea = true \/ acc_write a = true) -> reach u t) /\
   finv (E ++ [(t, a)])
@@ -272,7 +273,7 @@ Proof.
     + eapply reach_trans; [exact Huv|]. destruct Hcase as [[Hfw Hi]|[Hre Hi]].
       * eapply check_entry_ok; eauto.
       * destruct Hc as [Hc|Hc]; [congruence|]. rewrite Hc in Hrd.
-        eapply check_entry_ok; eauto.
+        exact (check_entry_ok vt t a _ Hvt Hrd v fa x Hi Hvt' Ha Hfa (or_introl Hc)).
   - intros u ea x Hin Hea. apply in_app_or in Hin.
     destruct (N.eq_dec (blk x) k) as [Ek|Nk].
     + unfold witness. rewrite Ek, get_tadd_eq.
@@ -307,23 +308,36 @@ Proof.
       * inversion He; subst u ea. exfalso. apply Nk, Hblk, Hea.
 Qed.
 
+Lemma scan_ok {A E} (f : A -> option E) l : forall n m, scan f l n = inr m ->
+  forall x, In x l -> f x = None.
+Proof.
+  induction l as [|y l IH]; intros n m H x Hx; [destruct Hx|]. simpl in H.
+  destruct (f y) eqn:Ef; [discriminate|]. destruct Hx as [<-|Hx]; [exact Ef|]. eapply IH; eauto.
+Qed.
+
 (** All accesses of task [t]. *)
-Lemma sweep_accs_ok vt t : tgood t vt -> forall l E fm fm',
+Lemma sweep_accs_ok vt t : tgood t vt -> forall l E fm fm' n n',
   (forall a, In a l -> srange_ok a = true) -> finv E fm ->
-  sweep_accs km pm vt t (get km 0 t) l fm = inr fm' ->
+  sweep_accs km pm vt t (get km 0 t) l fm n = inr (fm', n') ->
   finv (E ++ map (pair t) l) fm' /\
   (forall a, In a l -> forall u ea x, In (u, ea) E -> u <> t -> inr_ x ea -> inr_ x a ->
      (acc_write ea = true \/ acc_write a = true) -> reach u t).
 Proof.
-  intros Hvt l. induction l as [|a l IH]; intros E fm fm' Hr Hinv H; simpl in H.
+  intros Hvt l. induction l as [|a l IH]; intros E fm fm' n n' Hr Hinv H; simpl in H.
   - inversion H; subst. rewrite app_nil_r. split; [exact Hinv | intros a []].
-  - destruct (first_err (check_entry km pm vt t (get km 0 t) a) (fst (get fm ([], []) (blk (acc_lo a)))))
-      eqn:E1; [discriminate|].
+  - destruct (scan (check_entry km pm vt t (get km 0 t) a) (fst (get fm ([], []) (blk (acc_lo a)))) n)
+      as [e|n1] eqn:E1; [discriminate|].
     destruct (if acc_write a then
-                first_err (check_entry km pm vt t (get km 0 t) a) (snd (get fm ([], []) (blk (acc_lo a))))
-              else None) eqn:E2; [discriminate|].
-    destruct (sweep_one vt t a E fm (Hr a (or_introl eq_refl)) Hvt Hinv E1 E2) as [G1 I1].
-    destruct (IH (E ++ [(t, a)]) _ fm' (fun a' Ha' => Hr a' (or_intror Ha')) I1 H) as [I2 G2].
+                scan (check_entry km pm vt t (get km 0 t) a) (snd (get fm ([], []) (blk (acc_lo a)))) n1
+              else inr n1) as [e|n2] eqn:E2; [discriminate|].
+    assert (Hrd : if acc_write a then
+                    (forall f, In f (snd (get fm ([], []) (blk (acc_lo a)))) ->
+                       check_entry km pm vt t (get km 0 t) a f = None)
+                  else True).
+    { revert E2. destruct (acc_write a); intros E2; [eapply scan_ok; exact E2 | exact I]. }
+    destruct (sweep_one vt t a E fm (Hr a (or_introl eq_refl)) Hvt Hinv (scan_ok _ _ _ _ E1) Hrd)
+      as [G1 I1].
+    destruct (IH (E ++ [(t, a)]) _ fm' _ _ (fun a' Ha' => Hr a' (or_intror Ha')) I1 H) as [I2 G2].
     split.
     + rewrite <- app_assoc in I2. exact I2.
     + intros a' [<-|Ha'] u ea x Hin; [apply G1; exact Hin|].
@@ -343,16 +357,16 @@ Proof.
 Qed.
 
 Lemma sweep_tasks_ok : (forall t a, In a (acc_of d t) -> srange_ok a = true) ->
-  forall order done s, state_good s -> finv (events done) (ss_front s) -> ord done ->
-  sweep_tasks km pm wtm sgm accm order s = None -> ord (done ++ order).
+  forall order done s n m, state_good s -> finv (events done) (ss_front s) -> ord done ->
+  sweep_tasks km pm wtm sgm accm order s n = inr m -> ord (done ++ order).
 Proof.
-  intros Hr order. induction order as [|t order IH]; intros done s Hs Hinv Hord H; simpl in H.
+  intros Hr order. induction order as [|t order IH]; intros done s n m Hs Hinv Hord H; simpl in H.
   - rewrite app_nil_r. exact Hord.
   - destruct (sweep_accs km pm (clock_of wtm pm (ss_cv s) (ss_wv s) t) t (get km 0 t)
-                (get accm [] t) (ss_front s)) as [e|fm] eqn:Es; [discriminate|].
+                (get accm [] t) (ss_front s) n) as [e|[fm n']] eqn:Es; [discriminate|].
     pose proof (clock_good s t Hs) as Hvt.
     unfold accm in Es. rewrite get_index_map in Es. fold (acc_of d t) in Es.
-    destruct (sweep_accs_ok _ t Hvt (acc_of d t) (events done) (ss_front s) fm (Hr t) Hinv Es)
+    destruct (sweep_accs_ok _ t Hvt (acc_of d t) (events done) (ss_front s) fm n n' (Hr t) Hinv Es)
       as [Hinv' Hg].
     assert (Hnew : forall u, In u done -> conflict d u t -> hb p u t /\ key u < key t).
     { intros u Hu [Hne [a [b [Ha [Hb' [Hw [x [Hxa Hxb]]]]]]]].
@@ -413,12 +427,13 @@ Qed.
 Theorem check_sweep_sound p d order :
   check_sweep p d order = None -> dataflow_hypotheses p d.
 Proof.
-  unfold check_sweep.
+  unfold check_sweep. destruct (sweep_count p d order) as [e|m] eqn:H; [discriminate|]. intros _.
+  unfold sweep_count in H.
   destruct (negb _) eqn:E1; [discriminate|].
   destruct (check_sranges d) eqn:Hr; [discriminate|].
-  destruct (check_missing d order) eqn:Hm; [discriminate|]. intros H.
+  destruct (check_missing d order) eqn:Hm; [discriminate|].
   pose proof (sweep_tasks_ok p d (fun t a Ha => check_sranges_ok d t a Hr Ha) order []
-    (mk_sstate Leaf Leaf Leaf)) as S.
+    (mk_sstate Leaf Leaf Leaf) 0 m) as S.
   assert (Ho : ord p d order).
   { apply S; [| | | exact H].
     - split; simpl; intros; rewrite tfind_leaf in *; discriminate.
@@ -447,4 +462,13 @@ Proof.
   unfold d_protocol_sound.
   split; [exact E|]. split; [exact Hh|]. split; [exact Hs|]. split; [exact Hd|].
   apply dataflow_safety; auto.
+Qed.
+
+(** The function the oracle runs gives [check_checkpoint_d_sweep]'s verdict. *)
+Theorem checkpoint_d_sweep_counted_verdict p sc wpg d order :
+  fst (check_checkpoint_d_sweep_counted p sc wpg d order) = check_checkpoint_d_sweep p sc wpg d order.
+Proof.
+  unfold check_checkpoint_d_sweep_counted, check_checkpoint_d_sweep, check_sweep.
+  destruct (check_checkpoint_d p sc wpg); [|reflexivity].
+  destruct (sweep_count p d order); reflexivity.
 Qed.

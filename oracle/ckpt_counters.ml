@@ -55,6 +55,7 @@ let theorems_flow =
 
 let theorems_sweep =
   [ "Plow.Flowsweepproof.checkpoint_d_sweep_sound"; "Plow.Flowsweepproof.check_sweep_sound";
+    "Plow.Flowsweepproof.checkpoint_d_sweep_counted_verdict";
     "Plow.Dataflowproof.hb_safety"; "Plow.Dataflowproof.dataflow_safety" ] @ theorems
 
 (* One binary number per distinct integer: a whole plan has ~1.5M accesses but only a few
@@ -220,10 +221,13 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
       | Accept -> { accepted = true; reason = None; theorems }
       | Reject e -> { accepted = false; reason = Some (proto_reason e); theorems = [] })
   | Some (d, Some order) -> (
-      match check_checkpoint_d_sweep plan scopes (Jnum.n_of_int wpg) d order with
-      | Accept -> { accepted = true; reason = None; theorems = theorems_sweep }
-      | Reject (DSProto e) -> { accepted = false; reason = Some (proto_reason e); theorems = [] }
-      | Reject (DSFlow e) -> { accepted = false; reason = Some (sweep_reason e); theorems = [] })
+      match check_checkpoint_d_sweep_counted plan scopes (Jnum.n_of_int wpg) d order with
+      | (Accept, n) ->
+          let accesses = List.fold_left (fun k l -> k + List.length l) 0 d.df_acc in
+          Verdict.stats := [ ("accesses", accesses); ("comparisons", i n) ];
+          { accepted = true; reason = None; theorems = theorems_sweep }
+      | (Reject (DSProto e), _) -> { accepted = false; reason = Some (proto_reason e); theorems = [] }
+      | (Reject (DSFlow e), _) -> { accepted = false; reason = Some (sweep_reason e); theorems = [] })
   | Some (d, None) -> (
       match check_checkpoint_d_flow plan scopes (Jnum.n_of_int wpg) d with
       | Accept -> { accepted = true; reason = None; theorems = theorems_flow }

@@ -34,10 +34,16 @@ let () =
                 (String.concat ", " (List.map fst checkers))
     | Some check ->
         let v = check payload in
+        let stats =
+          match !Verdict.stats with
+          | [] -> []
+          | kv -> [ ("stats", `Assoc (List.map (fun (k, n) -> (k, `Int n)) kv)) ]
+        in
         emit ~checkpoint:!checkpoint
-          [ ("verdict", `String (if v.accepted then "accept" else "reject"));
-            ("reason", (match v.reason with None -> `Null | Some r -> `String r));
-            ("theorems", `List (List.map (fun s -> `String s) v.theorems)) ];
+          ([ ("verdict", `String (if v.accepted then "accept" else "reject"));
+             ("reason", (match v.reason with None -> `Null | Some r -> `String r));
+             ("theorems", `List (List.map (fun s -> `String s) v.theorems)) ]
+           @ stats);
         exit (if v.accepted then 0 else 1)
   with
   | Yojson.Json_error msg ->

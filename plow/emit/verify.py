@@ -1349,8 +1349,12 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
                 row = _row("D", name, run_checkpoint("D", payload, timeout_s=600))
                 if row.rejected:
                     return row
+                st = (row.certificate.stats if row.certificate else None) or {}
                 n_acc = sum(len(a) for a in cast(list[list[Any]], flow["accesses"]))
-                why = f"data flow: {len(g.names)} tasks, {n_acc} accesses swept"
+                why = (
+                    f"data flow: {len(g.names)} tasks, {st.get('accesses', n_acc)} accesses "
+                    f"swept, {st.get('comparisons', '?')} frontier entries compared"
+                )
                 return replace(row, reason=why)
             err = check_counters_python(g)
             note = f"checked in Python: {len(g.names)} tasks > {D_ORACLE_MAX_TASKS} (oracle limit)"

@@ -31,6 +31,9 @@ class Certificate(BaseModel):
     # The bundle the payload was derived from (`plow.emit.verify.bundle_digest`); None for a
     # payload checked outside a bundle (the compiler's in-memory checks, tests).
     bundle_sha256: str | None = None
+    # Counts the checker reports beside its verdict (D's sweep: `accesses`, `comparisons`,
+    # the frontier entries compared); diagnostics, not part of the verdict.
+    stats: dict[str, int] | None = None
 
     @property
     def accepted(self) -> bool:

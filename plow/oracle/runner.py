@@ -91,4 +91,5 @@ def run_checkpoint(
         theorems=list(answer.get("theorems", [])),
         payload_sha256=hashlib.sha256(data).hexdigest(),
         oracle_version=str(answer.get("oracle_version", "unknown")),
+        stats=answer.get("stats"),
     )

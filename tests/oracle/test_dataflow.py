@@ -141,6 +141,8 @@ def test_sweep_read_after_write_needs_a_wait() -> None:
     ok = plan([0, 1], [[], [0]], [[0], []], [1], [5, 9], [[[0, 16, 1]], [[8, 12, 0]]])
     cert = run_checkpoint("D", swept(ok))
     assert cert.accepted and SWEEP in cert.theorems
+    # t1's read meets one frontier entry (t0's write)
+    assert cert.stats == {"accesses": 2, "comparisons": 1}
     bad = plan([0, 1], [[], []], [[], []], [], [5, 9], [[[0, 16, 1]], [[8, 12, 0]]])
     reason = run_checkpoint("D", swept(bad)).reason or ""
     assert "task 0 (t0)" in reason and "task 1 (t1)" in reason and "bytes [8, 12)" in reason
@@ -237,7 +239,8 @@ def test_unmutated_bundle_certified_from_data_flow(h200_bundle: Path) -> None:
     assert rep.accepted, [(r.checkpoint, r.reason) for r in rep.rows if r.rejected]
     d = [r for r in rep.rows if r.checkpoint == "D"]
     assert d and all(SWEEP in r.theorems for r in d)
-    assert all("accesses swept" in r.reason for r in d)
+    assert all("accesses swept" in r.reason and "frontier entries compared" in r.reason for r in d)
+    assert all(r.certificate and r.certificate.stats for r in d)
 
 
 def _drop_candidate(sched: dict[str, Any]) -> tuple[int, int]:
