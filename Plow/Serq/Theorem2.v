@@ -1,11 +1,12 @@
 (** * Theorem 2 of Bari et al. (B4, B5): statements
 
-    Stated on the step semantics of [Step.v].  [theorem2_one_node] (B4) is proved in
-    [Theorem2proof.v] ([theorem2_one_node_holds]), with its Foster-Lyapunov part stated
-    here as [foster_criterion] and [theorem2_one_node_small_set].  [theorem2_nodes_per_node]
-    (B5's per-node part) is NOT proved, and no file assumes it; [serq prove] uses none of
-    them.  B6 (compound Poisson arrivals) is not stated: its arrival law has infinite
-    support, and its expected return time needs a real-valued expectation over it.
+    Stated on the step semantics of [Step.v].  [theorem2_one_node] (B4) and
+    [theorem2_nodes_per_node] (B5's per-node part) are proved in [Theorem2proof.v]
+    ([theorem2_one_node_holds], [theorem2_nodes_per_node_holds]), with B4's
+    Foster-Lyapunov part stated here as [foster_criterion] and
+    [theorem2_one_node_small_set]; [serq prove] uses none of them.  B5's joint part and B6
+    (compound Poisson arrivals) are not stated: B6's arrival law has infinite support, and
+    its expected return time needs a real-valued expectation over it.
 
     The model, as the seed's account of the Lean proofs describes it.  Time is slotted: in a
     slot, the slot's list of requests arrives (drawn from a finite distribution over lists

@@ -1,4 +1,5 @@
-(** * Theorem 2 of Bari et al., B4, proved: [theorem2_one_node_holds]
+(** * Theorem 2 of Bari et al., B4 and B5's per-node part, proved: [theorem2_one_node_holds],
+    [theorem2_nodes_per_node_holds]
 
     One RAD node with 128-token tiles ([Theorem2.E128]), a finite slot-arrival distribution
     with rational probabilities, [L < 128]: every reachable state of the job-list chain is
@@ -30,7 +31,12 @@
       ([traj_kill]), and by the Markov property at time [T] ([hit_split]) and at the
       first return to the small set ([hit_via]) the expected return time to [s] is at most
       [work(s) / (128 - L) + const + (T + const) / delta], at every horizon;
-    - [pr_hit]: [Theorem2.partial_return] is [hit_partial] of the singleton [{s}]. *)
+    - [pr_hit]: [Theorem2.partial_return] is [hit_partial] of the singleton [{s}];
+    - B5's per-node part ([theorem2_nodes_per_node_holds]): the distribution a node sees under
+      uniform independent routing to [g] nodes ([Theorem2.route]) is a slot distribution
+      (probabilities [>= 0], zero for [g = 1], summing to 1) whose load is [L / g]
+      ([route_valid]), and the proof of B4 ([one_node_general]) needs only probabilities
+      [>= 0].  B5's joint part is not stated, and not proved. *)
 From Coq Require Import List Bool Arith Lia QArith Lqa.
 From Plow Require Import Serq.Step Serq.Stepproof Serq.Rad Serq.Radproof Serq.Theorem2.
 Import ListNotations.
@@ -473,7 +479,17 @@ Proof.
     intros Hs. specialize (Hbig ltac:(lia)). lia.
 Qed.
 
-Lemma reachable_inv (D : dist) (s : joblist) : valid_dist D -> reachable E128 D s -> jl_inv s.
+Definition valid_dist0 (D : dist) : Prop :=
+  Forall (fun pa => (0 <= fst pa)%Q /\ Forall valid_type (snd pa)) D
+  /\ (fold_right (fun pa acc => fst pa + acc) 0 D == 1)%Q.
+
+Lemma valid_dist_0 (D : dist) : valid_dist D -> valid_dist0 D.
+Proof.
+  intros [H1 H2]. split; [|exact H2]. eapply Forall_impl; [|exact H1].
+  intros pa [Hp Ha]. split; [apply Qlt_le_weak; exact Hp|exact Ha].
+Qed.
+
+Lemma reachable_inv (D : dist) (s : joblist) : valid_dist0 D -> reachable E128 D s -> jl_inv s.
 Proof.
   intros [HD _] Hr. induction Hr as [|x p a Hr IH Hin Hp].
   - unfold jl_inv, jl_empty; cbn. repeat split; constructor.
@@ -508,7 +524,7 @@ Proof.
   induction D as [|pa D IH]; rewrite ?qsum_nil, ?qsum_cons; [lra|]. rewrite IH. ring.
 Qed.
 
-Lemma chain_ok (D : dist) : valid_dist D ->
+Lemma chain_ok (D : dist) : valid_dist0 D ->
   forall x, jl_inv x -> forall py, In py (chain E128 D x) -> 0 <= fst py /\ jl_inv (snd py).
 Proof.
   intros [HD _] x Hx py Hin. unfold chain in Hin. apply in_map_iff in Hin as [[p a] [<- Hin]].
@@ -520,7 +536,7 @@ Lemma chain_expect (D : dist) (x : joblist) :
   expect (chain E128 D) work_q x = qsum (fun pa => fst pa * nq (work (slot E128 (snd pa) x))) D.
 Proof. unfold expect, chain. rewrite qsum_map. reflexivity. Qed.
 
-Lemma chain_drift (D : dist) (x : joblist) : valid_dist D -> jl_inv x -> small x = false ->
+Lemma chain_drift (D : dist) (x : joblist) : valid_dist0 D -> jl_inv x -> small x = false ->
   expect (chain E128 D) work_q x + (inject_Z 128 - load D) <= work_q x.
 Proof.
   intros [HD H1] Hx Hs. unfold small in Hs. apply Nat.ltb_ge in Hs.
@@ -537,7 +553,7 @@ Proof.
   rewrite H1 in He. lra.
 Qed.
 
-Lemma chain_inside (D : dist) (x : joblist) : valid_dist D -> jl_inv x -> small x = true ->
+Lemma chain_inside (D : dist) (x : joblist) : valid_dist0 D -> jl_inv x -> small x = true ->
   expect (chain E128 D) work_q x <= 65536 + load D.
 Proof.
   intros [HD H1] Hx Hs. unfold small, small_bound in Hs. apply Nat.ltb_lt in Hs.
@@ -557,7 +573,7 @@ Qed.
 
 Theorem theorem2_one_node_small_set_holds : theorem2_one_node_small_set.
 Proof.
-  intros D HD HL s Hr n.
+  intros D HD' HL s Hr n. pose proof (valid_dist_0 D HD') as HD.
   assert (Hi : jl_inv s) by exact (reachable_inv D s HD Hr).
   change (inject_Z 128) with 128 in *.
   assert (He : 0 < 128 - load D) by lra.
@@ -924,7 +940,7 @@ Proof.
     assert (f e <= qsum f l) by (apply IH; auto; intros; apply Hf; now right). lra.
 Qed.
 
-Lemma dist_entry_le (D : dist) (p : Q) (a : list rtype) : valid_dist D -> In (p, a) D -> p <= 1.
+Lemma dist_entry_le (D : dist) (p : Q) (a : list rtype) : valid_dist0 D -> In (p, a) D -> p <= 1.
 Proof.
   intros [HD H1] Hin. change (fold_right (fun pa acc => fst pa + acc) 0 D) with (qsum fst D) in H1.
   rewrite <- H1. apply (qsum_entry fst D (p, a) Hin).
@@ -932,7 +948,7 @@ Proof.
 Qed.
 
 Lemma traj_prob (D : dist) (x y : joblist) (k : nat) (r : Q) :
-  valid_dist D -> traj D x y k r -> 0 < r /\ r <= 1.
+  valid_dist0 D -> traj D x y k r -> 0 < r /\ r <= 1.
 Proof.
   intros HD. induction 1 as [x|x p a y k r Hin Hp Ht IH|x y k r r' Ht IH Heq].
   - lra.
@@ -956,7 +972,7 @@ Proof.
     split; [nra|]. apply traj_snoc; assumption.
 Qed.
 
-Lemma chain_mass (D : dist) : valid_dist D -> forall x, qsum fst (chain E128 D x) == 1.
+Lemma chain_mass (D : dist) : valid_dist0 D -> forall x, qsum fst (chain E128 D x) == 1.
 Proof. intros [_ H1] x. unfold chain. rewrite qsum_map. exact H1. Qed.
 
 Lemma in_chain (D : dist) (x : joblist) (p : Q) (a : list rtype) :
@@ -964,7 +980,7 @@ Lemma in_chain (D : dist) (x : joblist) (p : Q) (a : list rtype) :
 Proof. intros Hin. unfold chain. apply (in_map (fun pa => (fst pa, slot E128 (snd pa) x)) D (p, a) Hin). Qed.
 
 Lemma traj_kill (D : dist) (A : joblist -> bool) (x y : joblist) (k : nat) (r : Q) :
-  valid_dist D -> traj D x y k r -> jl_inv x -> A y = true -> (1 <= k)%nat ->
+  valid_dist0 D -> traj D x y k r -> jl_inv x -> A y = true -> (1 <= k)%nat ->
   kill joblist (chain E128 D) A k (fun _ => 1) x <= 1 - r.
 Proof.
   intros HD. induction 1 as [x|x p a y k r Hin Hp Ht IH|x y k r r' Ht IH Heq]; intros Hx HA Hk.
@@ -983,7 +999,7 @@ Proof.
 Qed.
 
 (** An empty slot has positive probability: every request brings at least 129 tokens. *)
-Lemma empty_slot (D : dist) : valid_dist D -> load D < inject_Z 128 -> exists q, In (q, []) D /\ 0 < q.
+Lemma empty_slot (D : dist) : valid_dist0 D -> load D < inject_Z 128 -> exists q, In (q, []) D /\ 0 < q.
 Proof.
   intros [HD H1] HL.
   assert (H : (exists q, In (q, []) D /\ 0 < q) \/ 129 * qsum fst D <= load D).
@@ -992,7 +1008,12 @@ Proof.
     - inversion HD as [|? ? [Hp Ha] HD']; subst. destruct (IH HD') as [(q & Hq & Hq0)|Hle].
       + left. exists q. split; [now right|exact Hq0].
       + destruct a as [|t a].
-        * left. exists p. split; [now left|exact Hp].
+        * destruct (Qlt_le_dec 0 p) as [Hp0|Hp0].
+          -- left. exists p. split; [now left|exact Hp0].
+          -- right. rewrite qsum_cons. unfold load. cbn [fold_right fst snd].
+             change (fold_right (fun pa acc => fst pa * inject_Z (Z.of_nat (tokens_of (snd pa))) + acc) 0 D)
+               with (load D).
+             cbn [tokens_of fold_right]. change (inject_Z (Z.of_nat 0)) with 0. cbn [fst snd] in Hp. nra.
         * right. rewrite qsum_cons. unfold load. cbn [fold_right fst snd].
           change (fold_right (fun pa acc => fst pa * inject_Z (Z.of_nat (tokens_of (snd pa))) + acc) 0 D)
             with (load D).
@@ -1057,7 +1078,7 @@ Proof.
   destruct (jl_eqb y s); [reflexivity|]. rewrite IH. reflexivity.
 Qed.
 
-Lemma chain_expect_le (D : dist) (x : joblist) : valid_dist D -> jl_inv x ->
+Lemma chain_expect_le (D : dist) (x : joblist) : valid_dist0 D -> jl_inv x ->
   expect (chain E128 D) work_q x <= work_q x + load D.
 Proof.
   intros [HD H1] Hx. rewrite chain_expect.
@@ -1074,7 +1095,7 @@ Proof.
   rewrite H1 in He. lra.
 Qed.
 
-Lemma small_hit_le (D : dist) : valid_dist D -> load D < 128 ->
+Lemma small_hit_le (D : dist) : valid_dist0 D -> load D < 128 ->
   forall m z, jl_inv z ->
     hit_partial (chain E128 D) small m z <= / (128 - load D) * work_q z + (/ (128 - load D) * 65664) * 1.
 Proof.
@@ -1094,9 +1115,10 @@ Proof.
   nra.
 Qed.
 
-Theorem theorem2_one_node_holds : theorem2_one_node.
+Lemma one_node_general (D : dist) : valid_dist0 D -> load D < 128 ->
+  forall s, reachable E128 D s -> positive_recurrent E128 D s.
 Proof.
-  intros D HD HL s Hr. change (inject_Z 128) with 128 in HL.
+  intros HD HL s Hr.
   set (A := fun y => jl_eqb y s).
   set (eps := 128 - load D).
   assert (He : 0 < eps) by (unfold eps; lra).
@@ -1158,4 +1180,82 @@ Proof.
   pose proof (hit_via joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
                 A small M n HM0 (fun m y _ Hy Hc => Hreg m y Hy Hc) s (reachable_inv D s HD Hr)) as Hv.
   pose proof (HG n s (reachable_inv D s HD Hr)). fold A. lra.
+Qed.
+
+Theorem theorem2_one_node_holds : theorem2_one_node.
+Proof. intros D HD HL. apply one_node_general; [apply valid_dist_0; exact HD|exact HL]. Qed.
+
+(** ** B5, the per-node part: the routed distribution is a slot distribution with [L / g] *)
+
+Lemma qsum_app {A : Type} (f : A -> Q) (l m : list A) : qsum f (l ++ m) == qsum f l + qsum f m.
+Proof. induction l as [|a l IH]; cbn [app]; rewrite ?qsum_nil, ?qsum_cons; [ring|]. rewrite IH. ring. Qed.
+
+Lemma qsum_flat_map {A B : Type} (f : B -> Q) (h : A -> list B) (l : list A) :
+  qsum f (flat_map h l) == qsum (fun a => qsum f (h a)) l.
+Proof. induction l as [|a l IH]; cbn [flat_map]; rewrite ?qsum_nil, ?qsum_cons; [reflexivity|]. rewrite qsum_app, IH. reflexivity. Qed.
+
+Lemma qsum_scale {A : Type} (c : Q) (f : A -> Q) (l : list A) : qsum (fun a => c * f a) l == c * qsum f l.
+Proof. induction l as [|a l IH]; rewrite ?qsum_nil, ?qsum_cons; [ring|]. rewrite IH. ring. Qed.
+
+Lemma nq_add (m n : nat) : nq (m + n) == nq m + nq n.
+Proof. unfold nq. rewrite Nat2Z.inj_add, inject_Z_plus. reflexivity. Qed.
+
+Lemma inv_g_bounds (g : positive) : 0 < (1 # g) /\ (1 # g) <= 1.
+Proof. split; unfold Qlt, Qle; cbn; lia. Qed.
+
+Lemma route_list_ok (g : positive) (a : list rtype) :
+  Forall valid_type a ->
+  Forall (fun pr => 0 <= fst pr /\ Forall valid_type (snd pr)) (route_list g a)
+  /\ qsum fst (route_list g a) == 1
+  /\ qsum (fun pr => fst pr * nq (tokens_of (snd pr))) (route_list g a) == (1 # g) * nq (tokens_of a).
+Proof.
+  destruct (inv_g_bounds g) as [Hg0 Hg1].
+  induction 1 as [|t a Ht Ha (IH1 & IH2 & IH3)].
+  - cbn [route_list]. split; [constructor; [split; [cbn; lra|constructor]|constructor]|].
+    rewrite !qsum_cons, !qsum_nil. cbn [fst snd tokens_of fold_right]. change (nq 0) with 0. split; ring.
+  - cbn [route_list]. split; [|split].
+    + apply Forall_forall. intros x Hx. apply in_flat_map in Hx as [pr [Hin Hx]].
+      rewrite Forall_forall in IH1. destruct (IH1 pr Hin) as [Hp Hv].
+      destruct Hx as [<-|[<-|[]]]; cbn [fst snd]; split; try nra; [constructor; assumption|exact Hv].
+    + rewrite qsum_flat_map. rewrite <- IH2. apply qsum_eq. intros pr _.
+      rewrite !qsum_cons, qsum_nil. cbn [fst snd]. ring.
+    + rewrite qsum_flat_map.
+      transitivity (qsum (fun pr => ((1 # g) * nq (fst t + snd t)) * fst pr + 1 * (fst pr * nq (tokens_of (snd pr))))
+                      (route_list g a)).
+      * apply qsum_eq. intros pr _. rewrite !qsum_cons, qsum_nil. cbn [fst snd tokens_of fold_right].
+        fold (tokens_of (snd pr)). rewrite nq_add. ring.
+      * rewrite qsum_lin, IH2, IH3. cbn [tokens_of fold_right]. fold (tokens_of a). rewrite (nq_add (fst t + snd t)). ring.
+Qed.
+
+Lemma route_valid (g : positive) (D : dist) :
+  valid_dist D -> valid_dist0 (route g D) /\ load (route g D) == (1 # g) * load D.
+Proof.
+  intros [HD H1]. change (fold_right (fun pa acc => fst pa + acc) 0 D) with (qsum fst D) in H1.
+  unfold route. split; [split|].
+  - apply Forall_forall. intros x Hx. apply in_flat_map in Hx as [[p a] [Hin Hx]].
+    apply in_map_iff in Hx as [pr [<- Hpr]]. rewrite Forall_forall in HD. destruct (HD _ Hin) as [Hp Ha].
+    cbn [fst snd] in *. destruct (route_list_ok g a Ha) as (Hr & _ & _). rewrite Forall_forall in Hr.
+    destruct (Hr pr Hpr) as [Hp' Hv]. split; [nra|exact Hv].
+  - change (fold_right (fun pa acc => fst pa + acc) 0 _) with (qsum fst (flat_map (fun pa => map (fun pr => (fst pa * fst pr, snd pr)) (route_list g (snd pa))) D)).
+    rewrite qsum_flat_map, <- H1. apply qsum_eq. intros [p a] Hin. rewrite qsum_map. cbn [fst snd].
+    rewrite Forall_forall in HD. destruct (HD _ Hin) as [_ Ha]. destruct (route_list_ok g a Ha) as (_ & Hs & _).
+    rewrite (qsum_scale p fst), Hs. ring.
+  - change (load (flat_map (fun pa => map (fun pr => (fst pa * fst pr, snd pr)) (route_list g (snd pa))) D))
+      with (qsum (fun pa => fst pa * nq (tokens_of (snd pa))) (flat_map (fun pa => map (fun pr => (fst pa * fst pr, snd pr)) (route_list g (snd pa))) D)).
+    change (load D) with (qsum (fun pa => fst pa * nq (tokens_of (snd pa))) D).
+    rewrite qsum_flat_map, <- qsum_scale. apply qsum_eq. intros [p a] Hin. rewrite qsum_map. cbn [fst snd].
+    rewrite Forall_forall in HD. destruct (HD _ Hin) as [_ Ha]. destruct (route_list_ok g a Ha) as (_ & _ & Ht).
+    transitivity (qsum (fun pr => p * (fst pr * nq (tokens_of (snd pr)))) (route_list g a)).
+    + apply qsum_eq. intros pr _. ring.
+    + rewrite qsum_scale, Ht. ring.
+Qed.
+
+Theorem theorem2_nodes_per_node_holds : theorem2_nodes_per_node.
+Proof.
+  intros g D HD HL s Hr. destruct (route_valid g D HD) as [HD' HLr].
+  apply one_node_general; [exact HD'| |exact Hr].
+  destruct (inv_g_bounds g) as [Hg0 _].
+  assert (Hgg : (1 # g) * inject_Z (Z.pos g) == 1) by (unfold Qeq; cbn; lia).
+  rewrite inject_Z_mult in HL. change (inject_Z 128) with 128 in HL.
+  rewrite HLr. nra.
 Qed.
