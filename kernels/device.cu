@@ -582,6 +582,12 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       // routed experts (kernels/moe.h), the tile's elements spread over the CTA
       case plow::PLOW_ROUTER:
       case plow::PLOW_EXPERT_LINEAR: work += tile_moe_cta(c, op, r, step); break;
+      // Mamba-2 (kernels/ssm.h): one thread runs the tile's recurrence (correct, not fast)
+      case plow::PLOW_SSM_CONV:
+      case plow::PLOW_SSM_SCAN:
+      case plow::PLOW_SSM_NORM:
+        if (threadIdx.x == 0) plow::ssm_tile(c, op, r);
+        break;
       default: break;  // the loader refuses other kinds
     }
   }
