@@ -39,7 +39,7 @@ from plow.runtime.cpu.engine import generate_request
 from plow.runtime.cpu.generate import GenerationStats
 from plow.runtime.cpu.machine import DispatchStats
 from plow.runtime.cpu.model import CpuModel, RowDevice
-from plow.runtime.cpu.plan import PAGE_TABLE, Plan
+from plow.runtime.cpu.plan import PAGE_TABLE, STATE_SLOT, Plan
 from plow.runtime.cuda import abi
 from plow.runtime.cuda.driver import CudaUnavailable, Device, device
 from plow.runtime.cuda.image import DeviceImage, build_image
@@ -315,7 +315,8 @@ class CudaMachine:
         base = self._ensure_arena()
         self._ensure_scratch(st.image)
         host = int(arena.buf.ctypes.data)
-        for name in HOST_WRITES:
+        state = (STATE_SLOT,) if STATE_SLOT in plan.layout.slots else ()  # Mamba-2's rows
+        for name in HOST_WRITES + state:
             off, n = self._slot(plan, name)
             dev.htod(base + off, host + off, n)
         dev.memset(st.op_work, max(1, st.image.n_ops) * 8)
