@@ -226,6 +226,10 @@ def write_md(data: dict[str, Any], path: Path) -> None:
                      + " / ".join(f"{m[q]:.1f}" for q in ("p50", "p90", "p99")) + " | "
                      + " / ".join(f"{p[q]:.1f}" for q in ("p50", "p90", "p99")) + " | "
                      + " / ".join(f"{e[q]:+.0f}" for q in ("p50", "p90", "p99")) + " |")  # fmt: skip
+    worst = max(abs(e) for run in data["runs"] for row in run["metrics"].values()
+                for e in row["error_pct"].values())  # fmt: skip
+    L += ["", f"Goal: every error within 10% (Vidur reports < 9%) — "
+          f"{'met' if worst <= 10 else 'NOT met'} in this run (largest |error| {worst:.0f}%)."]
     L += ["", "## Limits", "",
           "- Valid only on a quiet machine: the measured side times a real server.",
           "- Each load sends at most 200 requests and at most about 80 s of arrivals (fewer "
