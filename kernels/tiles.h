@@ -430,6 +430,10 @@ struct KvWalk {
     slot = kp % bs;
     ptr = kv_row(c, layer, kind, table[kp / bs], kv, slot);
   }
+  // the next four rows (keys or values) in key order
+  PLOW_HD void take4(const float** p) {
+    for (int i = 0; i < 4; ++i, next()) p[i] = ptr;
+  }
   PLOW_HD void next() {
     ++kp;
     if (kp >= p_min) {
@@ -526,15 +530,9 @@ PLOW_SIMD static void attend_rows(KvWalk& kw, KvWalk& vw, const float* const* qv
                                   float* acc, float* m, float* l) {
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
-    const float* k0 = kw.ptr;
-    kw.next();
-    const float* k1 = kw.ptr;
-    kw.next();
-    const float* k2 = kw.ptr;
-    kw.next();
-    const float* k3 = kw.ptr;
-    kw.next();
-    for (int64_t i = 0; i < R; ++i) qk_dot4(qv[i], k0, k1, k2, k3, D, sc + i * n + j);
+    const float* k[4];
+    kw.take4(k);
+    for (int64_t i = 0; i < R; ++i) qk_dot4(qv[i], k[0], k[1], k[2], k[3], D, sc + i * n + j);
   }
   for (; j < n; ++j, kw.next())
     for (int64_t i = 0; i < R; ++i) sc[i * n + j] = qk_dot(qv[i], kw.ptr, D);
@@ -566,14 +564,9 @@ PLOW_SIMD static void attend_rows(KvWalk& kw, KvWalk& vw, const float* const* qv
     l[i] = qk_tree(ls);
   }
   for (j = 0; j + 4 <= n; j += 4) {
-    const float* v0 = vw.ptr;
-    vw.next();
-    const float* v1 = vw.ptr;
-    vw.next();
-    const float* v2 = vw.ptr;
-    vw.next();
-    const float* v3 = vw.ptr;
-    vw.next();
+    const float* v[4];
+    vw.take4(v);
+    const float *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3];
     for (int64_t i = 0; i < R; ++i) {
       const float* w = sc + i * n + j;
       const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
