@@ -7,7 +7,7 @@ and sent ``--requests`` streamed completions, ``--concurrency`` at a time, whose
 of ``--prefixes`` shared prefixes plus a distinct suffix. Per request the client records the
 time to the first SSE chunk (TTFT), the end, and the replica that answered (`x-plow-replica`).
 A request is a prefix *hit* when its replica had already answered a request with the same prefix
-(what a replica-local prefix cache could reuse); the first request of a prefix on a replica is a
+(what that replica's prefix cache reuses); the first request of a prefix on a replica is a
 miss, so perfect affinity scores 1 - prefixes / requests.
 
 On this 2-core machine, shared with other jobs, two replicas compete for the same two cores as
