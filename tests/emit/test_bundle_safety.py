@@ -119,6 +119,10 @@ _KILL_AT_WRITE = textwrap.dedent(
     from plow.target import load_target
 
     src, out, sig = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    # as from a terminal, whatever launched the tests: a background or nohup'd job inherits
+    # SIGINT / SIGHUP ignored, and a compile rightly leaves an ignored signal ignored
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def on_stage(name, bucket, phase):
         if name == "write" and phase == "done":  # the partial directory is full
