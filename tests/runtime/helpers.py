@@ -7,6 +7,15 @@ import numpy as np
 from plow.runtime.cpu import CpuModel, RowDevice, RowInput
 from plow.runtime.sampler import SamplingParams
 
+# The four prompts the families' greedy and logit gates decode (32 tokens each); the last is
+# longer than the Gemma fixtures' sliding window (8), so the window is exercised.
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A counter is a small integer in memory",
+    "Café, naïve, façade: 0 1 2 3",
+    "The decode step reads every weight once. On a machine with little memory bandwidth",
+]
+
 
 def prefill_logits(m: CpuModel, ids: list[int], chunk: int = 16) -> np.ndarray:
     """The last prompt token's logits after prefilling `ids` in chunks of `chunk` tokens into a

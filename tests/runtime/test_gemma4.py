@@ -30,15 +30,9 @@ from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
 from plow.testing.fixtures import GEMMA4_TINY, make_tiny_gemma4
-from tests.runtime.helpers import prefill_logits
+from tests.runtime.helpers import PROMPTS, prefill_logits
 
 NEW = 32
-PROMPTS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "A counter is a small integer in memory",
-    "Café, naïve, façade: 0 1 2 3",
-    "The decode step reads every weight once. On a machine with little memory bandwidth",
-]
 PROFILE = CompileProfile(name="g4", decode_batches=(1, 8), prefill_seqs=(16,), context=96)
 DATA = Path(__file__).resolve().parents[1] / "data"
 

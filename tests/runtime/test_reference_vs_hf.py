@@ -13,14 +13,8 @@ import transformers
 
 from plow.checkpoint import load_checkpoint
 from plow.runtime.reference import forward_logits, generate_greedy
+from tests.runtime.helpers import PROMPTS
 
-PROMPTS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "A counter is a small integer in memory",
-    "Café, naïve, façade: 0 1 2 3",
-    # longer than the Gemma fixture's sliding window (8), so the window is exercised
-    "The decode step reads every weight once. On a machine with little memory bandwidth",
-]
 VARIANTS = ["llama", "llama_tied_sharded", "qwen3", "gemma3"]
 
 
