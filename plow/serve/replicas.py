@@ -437,7 +437,11 @@ def build_app(
         request_router_config=RequestRouterConfig(**config),
     )
     engine = deployment.bind(str(model), load, server or {})
-    return _ingress_class().bind(engine, retries)
+    # the ingress holds every request the engines may hold, and room beyond for /metrics and
+    # health probes: Serve's default cap (5) would queue the whole service behind five requests
+    per_engine = max_ongoing_requests or 4 * slots
+    ingress = _ingress_class().options(max_ongoing_requests=replicas * per_engine + 16)
+    return ingress.bind(engine, retries)
 
 
 def serve_replicas(
