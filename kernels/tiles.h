@@ -160,6 +160,55 @@ PLOW_SIMD static void dot4_bf16(const float* x, int64_t ldx, const uint16_t* w, 
   dot4_halves(x, ldx, Bf16Row{w}, n, y);
 }
 
+#if defined(PLOW_X86_BLOCKS)
+// Four rows of x against three weight rows (fp32 or bf16, n a multiple of 32): y[r * 3 + o],
+// each with exactly dot_f32's order and tree. The 32 lanes go in four groups of 8 (one AVX2
+// register): group g of all twelve (row, output) pairs is accumulated in one pass, so the
+// twelve accumulators stay in registers and a weight load feeds four fmas, an x load three
+// (dot4's 16-lane passes: one x load per fma). The groups are then folded as lanes_sum's first
+// two levels fold them — lane l + 16 into l, then l + 8 into l: (g0 + g2) + (g1 + g3) — and
+// the last three levels run inside the group. Each pass reads its quarter of every 128-byte
+// run of a row, so a line is fetched from memory once. Host AVX2 builds only; the portable
+// path is dot4 (same bits).
+__attribute__((target("avx2,fma"))) static inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+__attribute__((target("avx2,fma"))) static inline __m256 load8(const uint16_t* p) {
+  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));  // bf16_lane, eight at once
+}
+
+template <class W>
+__attribute__((target("avx2,fma"))) static void dot4x3_avx2(const float* x, int64_t ldx,
+                                                             const W* w, int64_t ldw, int64_t n,
+                                                             float* y) {
+  __m256 fold[2][12];
+  for (int g = 0; g < 4; ++g) {
+    __m256 a[12];
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_setzero_ps();
+    const W *w0 = w + g * 8, *w1 = w0 + ldw, *w2 = w1 + ldw;
+    const float* xg = x + g * 8;
+    for (int64_t k = 0; k < n; k += 32) {
+      const __m256 v0 = load8(w0 + k), v1 = load8(w1 + k), v2 = load8(w2 + k);
+      for (int r = 0; r < 4; ++r) {
+        const __m256 xr = _mm256_loadu_ps(xg + r * ldx + k);
+        a[r * 3 + 0] = _mm256_fmadd_ps(xr, v0, a[r * 3 + 0]);
+        a[r * 3 + 1] = _mm256_fmadd_ps(xr, v1, a[r * 3 + 1]);
+        a[r * 3 + 2] = _mm256_fmadd_ps(xr, v2, a[r * 3 + 2]);
+      }
+    }
+    for (int i = 0; i < 12; ++i)
+      fold[g & 1][i] = g < 2 ? a[i] : _mm256_add_ps(fold[g & 1][i], a[i]);
+  }
+  for (int i = 0; i < 12; ++i) {  // lanes_sum's last three levels, inside the group
+    const __m256 t = _mm256_add_ps(fold[0][i], fold[1][i]);
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    y[i] = _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+  }
+}
+#endif
+
 PLOW_HD static inline float dot_w(const float* x, const void* w, int32_t dt, int64_t off,
                                   int64_t n) {
   if (dt == PLOW_BF16) return dot_bf16(x, static_cast<const uint16_t*>(w) + off, n);
@@ -341,8 +390,34 @@ PLOW_HD static void tile_linear(const Ctx& c, const PlowOp& op, const Range* r, 
     return;
   }
 #endif
+  int64_t n_done = r[1].a;  // outputs below it are written
+#if defined(PLOW_X86_BLOCKS)
+  if (plow_has_avx2 && kn % 32 == 0 && r[0].b - r[0].a >= 4 &&
+      (op.w0_dtype == PLOW_F32 || op.w0_dtype == PLOW_BF16)) {
+    const int64_t mq = r[0].a + (r[0].b - r[0].a) / 4 * 4;
+    for (; n_done + 3 <= r[1].b; n_done += 3) {
+      const int64_t n = n_done, off = n * K + k0;
+      float y12[12];
+      for (int64_t m = r[0].a; m < mq; m += 4) {
+        if (op.w0_dtype == PLOW_F32)
+          dot4x3_avx2(x + m * K + k0, K, static_cast<const float*>(op.w0) + off, K, kn, y12);
+        else
+          dot4x3_avx2(x + m * K + k0, K, static_cast<const uint16_t*>(op.w0) + off, K, kn, y12);
+        for (int i = 0; i < 4; ++i)
+          for (int o = 0; o < 3; ++o)
+            dst[(m + i) * N + n + o] =
+                step >= 0 ? y12[i * 3 + o] : epilogue(op, y12[i * 3 + o], n + o);
+      }
+      for (int64_t m = mq; m < r[0].b; ++m)
+        for (int64_t o = 0; o < 3; ++o) {
+          const float y = dot_w(x + m * K + k0, op.w0, op.w0_dtype, off + o * K, kn);
+          dst[m * N + n + o] = step >= 0 ? y : epilogue(op, y, n + o);
+        }
+    }
+  }
+#endif
   // weight row n is read once from memory and reused from cache for every row m
-  for (int64_t n = r[1].a; n < r[1].b; ++n) {
+  for (int64_t n = n_done; n < r[1].b; ++n) {
     int64_t m = r[0].a;
     float y4[4];
     for (; m + 4 <= r[0].b; m += 4) {
