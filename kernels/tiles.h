@@ -365,14 +365,40 @@ PLOW_HD static void tile_linear(const Ctx& c, const PlowOp& op, const Range* r, 
   // Several rows against GGML blocks: decode each weight row once into fp32 and run the fp32
   // dots on it (dot_blocks is dot_f32 over the decoded values, so the bits are the same).
   if (is_blocked(op.w0_dtype) && r[0].b - r[0].a >= 4 && kn <= 8192) {
-    float wrow[8192];
+    float wrow[3 * 8192];
     const uint8_t* wb = static_cast<const uint8_t*>(op.w0);
-    for (int64_t n = r[1].a; n < r[1].b; ++n) {
+    const auto decode_row = [&](int64_t n, float* out) {
       const int64_t off = n * K + k0;
       int64_t k = 0;
       if (off % 32 == 0)
-        for (; k + 32 <= kn; k += 32) decode_block(wb, op.w0_dtype, (off + k) / 32, wrow + k);
-      for (; k < kn; ++k) wrow[k] = block_weight(wb, op.w0_dtype, off + k);
+        for (; k + 32 <= kn; k += 32) decode_block(wb, op.w0_dtype, (off + k) / 32, out + k);
+      for (; k < kn; ++k) out[k] = block_weight(wb, op.w0_dtype, off + k);
+    };
+    int64_t n_done = r[1].a;
+#if defined(PLOW_X86_BLOCKS)
+    if (plow_has_avx2 && kn % 32 == 0) {  // three decoded rows at a time through dot4x3
+      const int64_t mq = r[0].a + (r[0].b - r[0].a) / 4 * 4;
+      for (; n_done + 3 <= r[1].b; n_done += 3) {
+        const int64_t n = n_done;
+        for (int o = 0; o < 3; ++o) decode_row(n + o, wrow + o * kn);
+        float y12[12];
+        for (int64_t m = r[0].a; m < mq; m += 4) {
+          dot4x3_avx2(x + m * K + k0, K, wrow, kn, kn, y12);
+          for (int i = 0; i < 4; ++i)
+            for (int o = 0; o < 3; ++o)
+              dst[(m + i) * N + n + o] =
+                  step >= 0 ? y12[i * 3 + o] : epilogue(op, y12[i * 3 + o], n + o);
+        }
+        for (int64_t m = mq; m < r[0].b; ++m)
+          for (int o = 0; o < 3; ++o) {
+            const float y = dot_f32(x + m * K + k0, wrow + o * kn, kn);
+            dst[m * N + n + o] = step >= 0 ? y : epilogue(op, y, n + o);
+          }
+      }
+    }
+#endif
+    for (int64_t n = n_done; n < r[1].b; ++n) {
+      decode_row(n, wrow);
       int64_t m = r[0].a;
       float y4[4];
       for (; m + 4 <= r[0].b; m += 4) {
