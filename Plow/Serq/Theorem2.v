@@ -4,9 +4,9 @@
     [theorem2_nodes_per_node] (B5's per-node part) are proved in [Theorem2proof.v]
     ([theorem2_one_node_holds], [theorem2_nodes_per_node_holds]), with B4's
     Foster-Lyapunov part stated here as [foster_criterion] and
-    [theorem2_one_node_small_set]; [serq prove] uses none of them.  B5's joint part and B6
-    (compound Poisson arrivals) are not stated: B6's arrival law has infinite support, and
-    its expected return time needs a real-valued expectation over it.
+    [theorem2_one_node_small_set]; [serq prove] uses none of them.  B6 (compound Poisson
+    arrivals, [theorem2_compound]) is stated below for countable laws with rational weights,
+    and proved ([theorem2_compound_holds]).
 
     The model, as the seed's account of the Lean proofs describes it.  Time is slotted: in a
     slot, the slot's list of requests arrives (drawn from a finite distribution over lists
@@ -206,3 +206,36 @@ Definition theorem2_nodes_per_node : Prop :=
 (** The joint part of B5 (with a positive probability of an empty slot, the joint chain
     returns to every engine empty in bounded expected time, uniformly over empty starting
     machines) is not stated here. *)
+
+(** ** B6: compound Poisson arrivals, one node
+
+    A slot lasts one full-tile iteration, [tlin + tnl * 128 = 4640] µs, so under a compound
+    Poisson stream of rate [lam] per µs the slot's request list has infinitely many possible
+    values: a Poisson([4640 lam]) number of requests, each of an independent type, and the
+    expected tokens per slot is [L = 4640 lam E[vp + vd]].  A countable slot law is an
+    enumeration of (probability, request list); its [N]-prefix is a finite [dist].
+
+    Compound Poisson's weights [e^-m m^n / n!] are not rational, and this library has no
+    real numbers.  The statement is therefore about every countable law with rational
+    weights whose prefixes have mass at most 1 (a sub-probability: it need not sum to 1)
+    and expected tokens at most [L < 128], and it bounds the expected return time to the
+    empty engine by one [M] for every prefix and every horizon.  The prefix's
+    [partial_return] is the expected return time restricted to the paths whose slots take
+    their lists among the first [N] values, so [M] bounds the law's own expected return time
+    (monotone convergence, all terms being non-negative).  Every rational sub-law below a
+    real law (weights at most the real weights) meets the hypotheses with the same [L], so
+    [M] bounds the compound Poisson law's expected return time too; that last limit (from
+    rational sub-laws to real weights) is the one step of B6 not carried out in Rocq. *)
+Definition cdist : Type := nat -> Q * list rtype.
+
+Definition cprefix (P : cdist) (N : nat) : dist := map P (seq 0 N).
+
+Definition valid_cdist (P : cdist) : Prop :=
+  (forall k, 0 <= fst (P k) /\ Forall valid_type (snd (P k)))
+  /\ (forall N, fold_right (fun pa acc => fst pa + acc) 0 (cprefix P N) <= 1).
+
+Definition theorem2_compound : Prop :=
+  forall (P : cdist) (L : Q), valid_cdist P -> (forall N, load (cprefix P N) <= L) ->
+  L < inject_Z 128 ->
+  exists M : Q, forall N n, partial_return E128 (cprefix P N) jl_empty n <= M.
+

@@ -1,5 +1,5 @@
-(** * Theorem 2 of Bari et al., B4 and B5's per-node part, proved: [theorem2_one_node_holds],
-    [theorem2_nodes_per_node_holds]
+(** * Theorem 2 of Bari et al., B4, B5's per-node part and B6, proved: [theorem2_one_node_holds],
+    [theorem2_nodes_per_node_holds], [theorem2_compound_holds]
 
     One RAD node with 128-token tiles ([Theorem2.E128]), a finite slot-arrival distribution
     with rational probabilities, [L < 128]: every reachable state of the job-list chain is
@@ -36,7 +36,15 @@
       uniform independent routing to [g] nodes ([Theorem2.route]) is a slot distribution
       (probabilities [>= 0], zero for [g = 1], summing to 1) whose load is [L / g]
       ([route_valid]), and the proof of B4 ([one_node_general]) needs only probabilities
-      [>= 0].  B5's joint part is not stated, and not proved. *)
+      [>= 0].  B5's joint part is not stated, and not proved;
+    - B6 ([theorem2_compound_holds]): a prefix of a countable slot law is dominated
+      ([dominated], [partial_return_dominated]) by the distribution that keeps its requesting
+      entries and puts the rest of the mass on one empty slot ([complete]); that one has mass
+      1, load at most [L] and an empty slot of probability at least [1 - L / 129]
+      ([complete_valid]), and B4's proof, with its constants made explicit
+      ([one_node_empty_bound]: only lower bounds on [128 - L] and on the empty slot's
+      probability and an upper bound on [L] enter it), bounds its expected return time to
+      the empty job list by one [M] for every prefix. *)
 From Coq Require Import List Bool Arith Lia QArith Lqa.
 From Plow Require Import Serq.Step Serq.Stepproof Serq.Rad Serq.Radproof Serq.Theorem2.
 Import ListNotations.
@@ -1258,4 +1266,260 @@ Proof.
   assert (Hgg : (1 # g) * inject_Z (Z.pos g) == 1) by (unfold Qeq; cbn; lia).
   rewrite inject_Z_mult in HL. change (inject_Z 128) with 128 in HL.
   rewrite HLr. nra.
+Qed.
+
+(** ** B6: countable slot laws *)
+
+Lemma avoid_qsum_dist (E : engine) (D : dist) (s : joblist) (k : nat) (x : joblist) :
+  avoid E D s (S k) x
+  == qsum (fun pa => fst pa * (if jl_eqb (slot E (snd pa) x) s then 0 else avoid E D s k (slot E (snd pa) x))) D.
+Proof.
+  cbn [avoid]. generalize (avoid E D s k). intros h. induction D as [|[p a] D IH];
+    cbn [fold_right]; rewrite ?qsum_nil, ?qsum_cons; [reflexivity|].
+  rewrite IH. cbn [fst snd]. destruct (jl_eqb (slot E a x) s); ring.
+Qed.
+
+Lemma avoid_nonneg (E : engine) (D : dist) (s : joblist) :
+  Forall (fun pa => 0 <= fst pa) D -> forall k x, 0 <= avoid E D s k x.
+Proof.
+  intros HD k. induction k as [|k IH]; intros x; [cbn [avoid]; lra|].
+  rewrite avoid_qsum_dist. apply qsum_nonneg. intros [p a] Hin. rewrite Forall_forall in HD.
+  pose proof (HD _ Hin) as Hp. cbn [fst snd] in *.
+  destruct (jl_eqb (slot E a x) s); [lra|]. pose proof (IH (slot E a x)). nra.
+Qed.
+
+(** [D'] dominates [D] when it gives every non-negative function of the slot's list at least
+    the expectation [D] gives it. *)
+Definition dominated (D D' : dist) : Prop :=
+  forall f : list rtype -> Q, (forall a, 0 <= f a) ->
+    qsum (fun pa => fst pa * f (snd pa)) D <= qsum (fun pa => fst pa * f (snd pa)) D'.
+
+Lemma avoid_dominated (E : engine) (D D' : dist) (s : joblist) :
+  Forall (fun pa => 0 <= fst pa) D -> Forall (fun pa => 0 <= fst pa) D' -> dominated D D' ->
+  forall k x, avoid E D s k x <= avoid E D' s k x.
+Proof.
+  intros HD HD' Hdom k. induction k as [|k IH]; intros x; [cbn [avoid]; lra|].
+  rewrite !avoid_qsum_dist.
+  apply Qle_trans with
+    (qsum (fun pa => fst pa * (if jl_eqb (slot E (snd pa) x) s then 0 else avoid E D' s k (slot E (snd pa) x))) D).
+  - apply qsum_le. intros [p a] Hin. rewrite Forall_forall in HD. pose proof (HD _ Hin) as Hp.
+    cbn [fst snd] in *. destruct (jl_eqb (slot E a x) s); [lra|]. pose proof (IH (slot E a x)). nra.
+  - apply (Hdom (fun a => if jl_eqb (slot E a x) s then 0 else avoid E D' s k (slot E a x))).
+    intros a. destruct (jl_eqb (slot E a x) s); [lra|]. apply avoid_nonneg. exact HD'.
+Qed.
+
+Lemma partial_return_dominated (E : engine) (D D' : dist) (s : joblist) :
+  Forall (fun pa => 0 <= fst pa) D -> Forall (fun pa => 0 <= fst pa) D' -> dominated D D' ->
+  forall n, partial_return E D s n <= partial_return E D' s n.
+Proof.
+  intros HD HD' Hdom n. induction n as [|n IH]; cbn [partial_return]; [lra|].
+  pose proof (avoid_dominated E D D' s HD HD' Hdom n s). lra.
+Qed.
+
+(** A prefix, completed to a distribution: its requesting entries, then one empty slot with
+    the rest of the mass. *)
+Definition nonempty (pa : Q * list rtype) : bool := match snd pa with [] => false | _ => true end.
+
+Definition complete (D : dist) : dist :=
+  filter nonempty D ++ [(1 - qsum fst (filter nonempty D), [])].
+
+Lemma qsum_split {A : Type} (b : A -> bool) (f : A -> Q) (l : list A) :
+  qsum f l == qsum f (filter b l) + qsum f (filter (fun a => negb (b a)) l).
+Proof.
+  induction l as [|a l IH]; cbn [filter]; rewrite ?qsum_nil; [ring|].
+  destruct (b a); cbn [negb]; rewrite !qsum_cons, IH; ring.
+Qed.
+
+Lemma qsum_empties (f : list rtype -> Q) (D : dist) :
+  qsum (fun pa => fst pa * f (snd pa)) (filter (fun pa => negb (nonempty pa)) D)
+  == qsum fst (filter (fun pa => negb (nonempty pa)) D) * f [].
+Proof.
+  induction D as [|[p a] D IH]; cbn [filter]; rewrite ?qsum_nil; [ring|].
+  destruct a as [|t a]; cbn [nonempty negb fst snd]; [rewrite !qsum_cons, IH; cbn [fst snd]; ring|exact IH].
+Qed.
+
+Lemma complete_dominates (D : dist) :
+  Forall (fun pa => 0 <= fst pa) D -> qsum fst D <= 1 -> dominated D (complete D).
+Proof.
+  intros HD H1 f Hf. unfold complete. rewrite qsum_app, qsum_cons, qsum_nil.
+  rewrite (qsum_split nonempty (fun pa => fst pa * f (snd pa)) D), qsum_empties.
+  rewrite (qsum_split nonempty fst D) in H1. cbn [fst snd].
+  assert (0 <= qsum fst (filter (fun pa => negb (nonempty pa)) D)).
+  { apply qsum_nonneg. intros pa Hin. apply filter_In in Hin as [Hin _].
+    rewrite Forall_forall in HD. exact (HD _ Hin). }
+  pose proof (Hf []). nra.
+Qed.
+
+Lemma load_qsum (D : dist) : load D = qsum (fun pa => fst pa * nq (tokens_of (snd pa))) D.
+Proof. reflexivity. Qed.
+
+Lemma complete_valid (D : dist) :
+  Forall (fun pa => 0 <= fst pa /\ Forall valid_type (snd pa)) D -> qsum fst D <= 1 ->
+  valid_dist0 (complete D) /\ load (complete D) <= load D
+  /\ 129 * qsum fst (filter nonempty D) <= load D.
+Proof.
+  intros HD H1.
+  assert (HDp : Forall (fun pa => 0 <= fst pa) D) by (eapply Forall_impl; [|exact HD]; intros pa []; assumption).
+  assert (Hne : 0 <= qsum fst (filter (fun pa => negb (nonempty pa)) D)).
+  { apply qsum_nonneg. intros pa Hin. apply filter_In in Hin as [Hin _].
+    rewrite Forall_forall in HDp. exact (HDp _ Hin). }
+  assert (Hsplit := qsum_split nonempty fst D).
+  assert (Hl : load D == load (filter nonempty D)).
+  { rewrite !load_qsum, (qsum_split nonempty (fun pa => fst pa * nq (tokens_of (snd pa))) D).
+    rewrite (qsum_empties (fun a => nq (tokens_of a)) D).
+    cbv beta. cbn [tokens_of fold_right]. change (nq 0) with 0. rewrite (load_qsum (filter nonempty D)). ring. }
+  assert (H129 : 129 * qsum fst (filter nonempty D) <= load (filter nonempty D)).
+  { rewrite load_qsum, <- qsum_scale. apply qsum_le. intros [p a] Hin.
+    apply filter_In in Hin as [Hin Hn]. rewrite Forall_forall in HD. destruct (HD _ Hin) as [Hp Ha].
+    cbn [fst snd nonempty] in *. destruct a as [|t a]; [discriminate|].
+    inversion Ha as [|? ? [[k0 [Hk0 Hpt]] Hd] _]; subst.
+    assert (Ht : (129 <= tokens_of (t :: a))%nat) by (cbn [tokens_of fold_right]; lia).
+    assert (129 <= nq (tokens_of (t :: a))) by (unfold nq; change 129 with (inject_Z 129); rewrite <- Zle_Qle; lia).
+    nra. }
+  split; [split|split].
+  - apply Forall_app. split.
+    + apply Forall_forall. intros pa Hin. apply filter_In in Hin as [Hin _]. rewrite Forall_forall in HD. exact (HD _ Hin).
+    + constructor; [|constructor]. cbn [fst snd]. split; [lra|constructor].
+  - change (fold_right (fun pa acc => fst pa + acc) 0 (complete D)) with (qsum fst (complete D)).
+    unfold complete. rewrite qsum_app, qsum_cons, qsum_nil. cbn [fst]. ring.
+  - unfold complete. rewrite load_qsum, qsum_app, qsum_cons, qsum_nil, <- load_qsum, Hl. cbn [fst snd tokens_of fold_right].
+    change (nq 0) with 0. lra.
+  - rewrite Hl. exact H129.
+Qed.
+
+(** *** B4's bound at the empty job list, explicit: only a lower bound [eps] on [128 - L],
+    an upper bound [Lb] on [L] and a lower bound [q0] on an empty slot's probability enter it. *)
+
+Lemma qpow_pos (q : Q) (n : nat) : 0 < q -> 0 < qpow q n.
+Proof. intros Hq. induction n as [|n IH]; cbn [qpow]; [lra|nra]. Qed.
+
+Lemma qpow_mono (q0 q : Q) (n : nat) : 0 <= q0 -> q0 <= q -> qpow q0 n <= qpow q n.
+Proof.
+  intros H0 H1. induction n as [|n IH]; cbn [qpow]; [lra|].
+  assert (0 <= qpow q0 n) by (clear IH; induction n as [|n IHn]; cbn [qpow]; [lra|nra]).
+  nra.
+Qed.
+
+Lemma small_hit_le_eps (D : dist) (eps : Q) : valid_dist0 D -> 0 < eps -> eps <= 128 - load D ->
+  forall m z, jl_inv z ->
+    hit_partial (chain E128 D) small m z <= / eps * work_q z + (/ eps * 65664) * 1.
+Proof.
+  intros HD He Heps m z Hz.
+  assert (Hdr : forall x, jl_inv x -> small x = false -> expect (chain E128 D) work_q x + eps <= work_q x).
+  { intros x Hx Hs. pose proof (chain_drift D x HD Hx Hs) as H0. change (inject_Z 128) with 128 in H0. lra. }
+  destruct (foster_criterion_holds joblist (chain E128 D) small jl_inv work_q eps (65536 + load D)
+              He (chain_ok D HD) (fun x _ => nq_nonneg (work x)) Hdr
+              (fun x Hx Hs => chain_inside D x HD Hx Hs) z Hz m) as [Hout Hin].
+  assert (Hb : eps * hit_partial (chain E128 D) small m z <= work_q z + 65664).
+  { pose proof (nq_nonneg (work z)) as H0. change (nq (work z)) with (work_q z) in H0.
+    destruct (small z) eqn:Hs; [pose proof (Hin eq_refl)|pose proof (Hout eq_refl)]; lra. }
+  set (h := hit_partial (chain E128 D) small m z) in *.
+  assert (Hie : 0 < / eps) by (apply Qinv_lt_0_compat; exact He).
+  assert (Hinv : / eps * eps == 1) by (field; lra).
+  setoid_replace h with (/ eps * (eps * h)) by (rewrite Qmult_assoc, Hinv; ring).
+  nra.
+Qed.
+
+Definition empty_bound (eps Lb q0 : Q) : Q :=
+  / eps * 65664
+  + / qpow q0 small_bound
+    * (inject_Z (Z.of_nat small_bound)
+       + (/ eps * (65536 + inject_Z (Z.of_nat small_bound) * Lb) + / eps * 65664)).
+
+Lemma jl_inv_empty : jl_inv jl_empty.
+Proof. unfold jl_inv, jl_empty; cbn. repeat split; constructor. Qed.
+
+Lemma one_node_empty_bound (D : dist) (q q0 eps Lb : Q) :
+  valid_dist0 D -> In (q, []) D -> 0 < q0 -> q0 <= q -> 0 < eps -> eps <= 128 - load D ->
+  load D <= Lb ->
+  forall n, partial_return E128 D jl_empty n <= empty_bound eps Lb q0.
+Proof.
+  intros HD Hq Hq00 Hq0q He Heps HLb.
+  set (A := fun y => jl_eqb y jl_empty).
+  assert (Hq0 : 0 < q) by lra.
+  assert (HL0 : 0 <= load D).
+  { unfold load. destruct HD as [HD _]. clear -HD. induction D as [|[p a] D IH]; cbn [fold_right]; [lra|].
+    inversion HD as [|? ? [Hp _] HD']; subst. cbn [fst snd] in *. specialize (IH HD').
+    assert (0 <= inject_Z (Z.of_nat (tokens_of a))) by (change 0 with (inject_Z 0); rewrite <- Zle_Qle; lia).
+    change (fold_right (fun pa acc => fst pa * inject_Z (Z.of_nat (tokens_of (snd pa))) + acc) 0 D)
+      with (load D) in *. nra. }
+  assert (HLb0 : 0 <= Lb) by lra.
+  set (T := small_bound).
+  set (qp := qpow q small_bound).
+  destruct (traj_prob D _ _ _ _ HD (traj_drain D q Hq Hq0 small_bound jl_empty)) as [Hqp0 Hqp1].
+  fold qp in Hqp0, Hqp1.
+  set (delta := qpow q0 small_bound).
+  assert (Hd0 : 0 < delta) by (apply qpow_pos; exact Hq00).
+  assert (Hdq : delta <= qp) by (apply qpow_mono; lra).
+  assert (Hd1 : delta <= 1) by lra.
+  set (Tq := inject_Z (Z.of_nat T)).
+  assert (HTq : 0 <= Tq) by (unfold Tq; change 0 with (inject_Z 0); rewrite <- Zle_Qle; lia).
+  set (ie := / eps).
+  assert (Hie : 0 < ie) by (apply Qinv_lt_0_compat; exact He).
+  set (G := fun z => ie * work_q z + (ie * 65664) * 1).
+  set (Gb := ie * (65536 + Tq * Lb) + ie * 65664).
+  assert (HcL : 0 <= Tq * Lb) by nra.
+  assert (HGb : 0 <= Gb) by (unfold Gb; nra).
+  assert (Hkill : forall y, jl_inv y -> small y = true -> kill joblist (chain E128 D) A T (fun _ => 1) y <= 1 - delta).
+  { intros y Hy Hs. unfold small in Hs. apply Nat.ltb_lt in Hs.
+    pose proof (traj_drain D q Hq Hq0 small_bound y) as Hdr.
+    rewrite (drain_empty small_bound y Hy ltac:(lia)) in Hdr. fold qp in Hdr.
+    pose proof (traj_kill D A y jl_empty T qp HD Hdr Hy (jl_eqb_refl jl_empty) ltac:(unfold T, small_bound; lia)).
+    lra. }
+  assert (HkG : forall y, jl_inv y -> small y = true -> kill joblist (chain E128 D) A T G y <= Gb).
+  { intros y Hy Hs. unfold small in Hs. apply Nat.ltb_lt in Hs.
+    pose proof (kill_lin joblist (chain E128 D) A T ie (ie * 65664) work_q (fun _ => 1) y) as E.
+    cbv beta in E. fold G in E.
+    assert (Hexp : forall x, jl_inv x -> expect (chain E128 D) work_q x <= work_q x + Lb).
+    { intros x Hx. pose proof (chain_expect_le D x HD Hx). lra. }
+    pose proof (kill_lyapunov joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+                  A work_q Lb HLb0 (fun x _ => nq_nonneg (work x)) Hexp T y Hy) as HV.
+    fold Tq in HV.
+    pose proof (kill_one_le joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x) A T y Hy) as H1.
+    assert (Hw : work_q y <= 65536)
+      by (unfold work_q; change 65536 with (inject_Z 65536); rewrite <- Zle_Qle; unfold small_bound in Hs; lia).
+    assert (HV' : kill joblist (chain E128 D) A T work_q y <= 65536 + Tq * Lb) by lra.
+    set (c := Tq * Lb) in *. unfold Gb. clearbody c.
+    set (kv := kill joblist (chain E128 D) A T work_q y) in *.
+    set (k1 := kill joblist (chain E128 D) A T (fun _ => 1) y) in *.
+    nra. }
+  assert (HG : forall m z, jl_inv z -> hit_partial (chain E128 D) small m z <= G z)
+    by (intros m z Hz; exact (small_hit_le_eps D eps HD He Heps m z Hz)).
+  pose proof (hit_regenerate joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+                A small G T delta Gb ltac:(unfold T, small_bound; lia) Hd0 Hd1 HGb HG Hkill HkG) as Hreg.
+  set (M := / delta * (Tq + Gb)) in *.
+  assert (HM0 : 0 <= M) by (unfold M; apply Qmult_le_0_compat; [apply Qinv_le_0_compat|]; lra).
+  intros n.
+  rewrite partial_return_from, (pr_hit E128 D jl_empty n jl_empty).
+  pose proof (hit_via joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+                A small M n HM0 (fun m y _ Hy Hc => Hreg m y Hy Hc) jl_empty jl_inv_empty) as Hv.
+  pose proof (HG n jl_empty jl_inv_empty) as Hge. fold A.
+  assert (Hw0 : work_q jl_empty == 0) by reflexivity.
+  unfold G in Hge. rewrite Hw0 in Hge.
+  unfold empty_bound. fold delta T Tq ie Gb M. lra.
+Qed.
+
+(** *** B6 *)
+
+Theorem theorem2_compound_holds : theorem2_compound.
+Proof.
+  intros P L [Hk Hm] HL HL128. change (inject_Z 128) with 128 in HL128.
+  set (eps := 128 - L). set (q0 := 1 - (1 # 129) * L).
+  exists (empty_bound eps L q0). intros N n.
+  set (D := cprefix P N).
+  assert (HD : Forall (fun pa => 0 <= fst pa /\ Forall valid_type (snd pa)) D).
+  { apply Forall_forall. intros pa Hin. unfold D, cprefix in Hin. apply in_map_iff in Hin as [k [<- _]]. apply Hk. }
+  assert (HDp : Forall (fun pa => 0 <= fst pa) D) by (eapply Forall_impl; [|exact HD]; intros pa []; assumption).
+  assert (H1 : qsum fst D <= 1) by exact (Hm N).
+  pose proof (HL N) as HLN. fold D in HLN.
+  destruct (complete_valid D HD H1) as (Hv & Hlc & H129).
+  assert (HL0 : 0 <= load D).
+  { rewrite load_qsum. apply qsum_nonneg. intros [p a] Hin. rewrite Forall_forall in HDp.
+    pose proof (HDp _ Hin). cbn [fst snd] in *. pose proof (nq_nonneg (tokens_of a)). nra. }
+  apply Qle_trans with (partial_return E128 (complete D) jl_empty n).
+  - apply partial_return_dominated; [exact HDp| |apply complete_dominates; assumption].
+    destruct Hv as [Hv _]. eapply Forall_impl; [|exact Hv]. intros pa []; assumption.
+  - apply (one_node_empty_bound (complete D) (1 - qsum fst (filter nonempty D)) q0 eps L Hv);
+      unfold q0, eps; try lra.
+    unfold complete. apply in_or_app. right. now left.
 Qed.

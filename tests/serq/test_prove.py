@@ -149,17 +149,19 @@ def test_large_constants_are_not_exported(rad_text: str) -> None:
 
 @needs_rocq
 def test_theorem2_proved_without_axioms() -> None:
-    # B4 and B5 per node: the library's theorems have exactly the stated types and rest on
-    # nothing assumed
+    # B4, B5 per node and B6: the library's theorems have exactly the stated types and rest
+    # on nothing assumed
     from serq.prove import coqc, library
 
     text = (
         "From Plow Require Import Serq.Theorem2 Serq.Theorem2proof.\n"
         "Check (theorem2_one_node_holds : theorem2_one_node).\n"
         "Check (theorem2_nodes_per_node_holds : theorem2_nodes_per_node).\n"
+        "Check (theorem2_compound_holds : theorem2_compound).\n"
         "Print Assumptions theorem2_one_node_holds.\n"
         "Print Assumptions theorem2_nodes_per_node_holds.\n"
+        "Print Assumptions theorem2_compound_holds.\n"
     )
     rc, out, err = coqc(text, library())
     assert rc == 0, out + err
-    assert out.count("Closed under the global context") == 2
+    assert out.count("Closed under the global context") == 3
