@@ -509,10 +509,11 @@ __device__ void tile_elements_cta(const Ctx& c, const PlowOp& op, const Range* r
 // strided over the CTA's threads; each value is moe.h's arithmetic, so the host build's bits.
 // Returns this thread's share of the rows computed (counted at each row's first column).
 __device__ int64_t tile_moe_cta(const Ctx& c, const PlowOp& op, const Range* r, int64_t step) {
-  if (op.kind == plow::PLOW_ROUTER) {
+  if (op.kind == plow::PLOW_ROUTER || op.kind == plow::PLOW_ROUTER_GROUPED) {
     for (int64_t i = r[0].a + threadIdx.x; i < r[0].b; i += blockDim.x) {
       const Range s[3] = {{i, i + 1}, r[1], r[2]};
-      plow::tile_router(c, op, s);
+      if (op.kind == plow::PLOW_ROUTER) plow::tile_router(c, op, s);
+      else plow::tile_router_grouped(c, op, s);  // kernels/deepseek.h
     }
     return 0;
   }
@@ -581,6 +582,7 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
         break;
       // routed experts (kernels/moe.h), the tile's elements spread over the CTA
       case plow::PLOW_ROUTER:
+      case plow::PLOW_ROUTER_GROUPED:
       case plow::PLOW_EXPERT_LINEAR: work += tile_moe_cta(c, op, r, step); break;
       // Mamba-2 (kernels/ssm.h): one thread runs the tile's recurrence (correct, not fast)
       case plow::PLOW_SSM_CONV:

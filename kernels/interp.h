@@ -8,6 +8,7 @@
 #include "moe.h"
 #include "gemma4.h"
 #include "ssm.h"
+#include "deepseek.h"
 
 namespace plow {
 
@@ -67,6 +68,7 @@ PLOW_HD static int64_t run_tile(const Ctx& c, const PlowOp& op, const Range* r, 
       break;
     case PLOW_SAMPLE: tile_sample(c, op, r, step); break;
     case PLOW_ROUTER: tile_router(c, op, r); break;
+    case PLOW_ROUTER_GROUPED: tile_router_grouped(c, op, r); break;  // kernels/deepseek.h
     case PLOW_EXPERT_LINEAR: return tile_expert(c, op, r, step);
     case PLOW_SSM_CONV:
     case PLOW_SSM_SCAN:

@@ -33,6 +33,12 @@ class RopeSpec:
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
     partial_rotary_factor: float = 1.0
+    # "yarn" (DeepSeek-V3): the default frequencies blended with those divided by `factor`
+    # over the correction range of `beta_fast` / `beta_slow` rotations in
+    # `original_max_position` positions (floored / ceiled when `truncate`), as transformers'
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,40 @@ class MoeSpec:
     # read `pre_feedforward_layernorm_2`; the MLP and expert outputs, each normed
     # (`post_feedforward_layernorm_1` / `_2`), are summed before `post_feedforward_layernorm`
     layout: str = "qwen3_moe"
+    # DeepSeek-V3 (`plow.checkpoint.families.deepseek_v3`): "sigmoid" scores (else "softmax")
+    # with `mlp.gate.e_score_correction_bias` added for the choice only, the experts split
+    # into `n_group` groups of which the `topk_group` best (sum of each group's two best
+    # biased scores) are eligible, the kept sigmoid scores renormalised when `norm_topk_prob`
+    # and times `routed_scale`; `shared_intermediate` > 0: a shared gated MLP of that width
+    # (`mlp.shared_experts.*`) runs on every token and is added to the experts' output
+    scoring: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scale: float = 1.0
+    shared_intermediate: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MlaSpec:
+    """DeepSeek's multi-head latent attention (transformers' `DeepseekV3Attention`), lowered
+    to ordinary linears, norms, rope and attention (plow/graph/mla.py) over weights derived
+    from the checkpoint's (`plow.checkpoint.families.deepseek_v3.derive_weights`): the
+    queries from `q_a_proj` -> `q_a_layernorm` -> `q_b_proj` (or `q_proj` when `q_lora_rank`
+    is None), the keys and values from `kv_a_proj_with_mqa`'s latent of `kv_lora_rank`
+    columns -> `kv_a_layernorm` -> `kv_b_proj`, each head's key its `nope` columns then the
+    one shared `rope` columns (rotated; pairs interleaved when `interleave`), values of
+    `v_dim` columns. Every head is `ModelSpec.head_dim` = max(nope + rope, v_dim) wide in
+    the attention (the missing columns zero), so the key-value cache holds the decompressed
+    keys and values, not the latent."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    nope: int
+    rope: int
+    v_dim: int
+    interleave: bool = True
+    # yarn's attention factor (cos / sin scale), folded into the rope columns' weights
+    rope_gain: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +183,8 @@ class ModelSpec:
     # layer: the key-value pool's geometry (a layer uses its own heads and dims of it).
     v_norm: bool = False
     layer_scalar: bool = False
+    # DeepSeek-V3: multi-head latent attention in every layer (weights under self_attn.mla.*)
+    mla: MlaSpec | None = None
 
     def layer_head_dim(self, n: int) -> int:
         return self.layers[n].head_dim or self.head_dim
@@ -172,7 +214,7 @@ class ModelSpec:
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the forward reads, by its HuggingFace name, with its shape."""
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        h, v = self.hidden_size, self.vocab_size
         if self.ssm is not None:
             return self._ssm_weight_shapes(self.ssm)
         shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
@@ -182,6 +224,10 @@ class ModelSpec:
             qs, kvs = self.num_heads * hd, self.layer_kv_heads(n) * hd
             shapes[p + "input_layernorm.weight"] = (h,)
             shapes[p + "post_attention_layernorm.weight"] = (h,)
+            if self.mla is not None:
+                shapes.update(self._mla_weight_shapes(p, self.mla))
+                self._ffn_weight_shapes(shapes, p, n)
+                continue
             shapes[p + "self_attn.q_proj.weight"] = (qs, h)
             shapes[p + "self_attn.k_proj.weight"] = (kvs, h)
             if not self.layers[n].k_eq_v:
@@ -200,33 +246,68 @@ class ModelSpec:
                 shapes[p + "post_feedforward_layernorm.weight"] = (h,)
             if self.layer_scalar:
                 shapes[p + "layer_scalar"] = (1,)
-            if self.layers[n].moe and self.moe is not None and self.moe.layout == "gemma4":
-                e, mi = self.moe.experts, self.moe.intermediate_size
-                shapes[p + "router.proj.weight"] = (e, h)
-                shapes[p + "router.scale"] = (h,)
-                shapes[p + "router.per_expert_scale"] = (e,)
-                shapes[p + "experts.gate_up_proj"] = (e, 2 * mi, h)
-                shapes[p + "experts.down_proj"] = (e, h, mi)
-                for norm in (
-                    "pre_feedforward_layernorm_2",
-                    "post_feedforward_layernorm_1",
-                    "post_feedforward_layernorm_2",
-                ):
-                    shapes[p + norm + ".weight"] = (h,)
-            elif self.layers[n].moe and self.moe is not None:
-                # experts stacked as transformers >= 5 holds them (plow.checkpoint.weights
-                # stacks the per-expert tensors of the older layout under these names)
-                e, mi = self.moe.experts, self.moe.intermediate_size
-                shapes[p + "mlp.gate.weight"] = (e, h)
-                shapes[p + "mlp.experts.gate_up_proj"] = (e, 2 * mi, h)
-                shapes[p + "mlp.experts.down_proj"] = (e, h, mi)
-                continue
-            shapes[p + "mlp.gate_proj.weight"] = (i, h)
-            shapes[p + "mlp.up_proj.weight"] = (i, h)
-            shapes[p + "mlp.down_proj.weight"] = (h, i)
+            self._ffn_weight_shapes(shapes, p, n)
         shapes["model.norm.weight"] = (h,)
         if not self.tie_word_embeddings:
             shapes["lm_head.weight"] = (v, h)
+        return shapes
+
+    def _ffn_weight_shapes(self, shapes: dict[str, tuple[int, ...]], p: str, n: int) -> None:
+        """Layer n's feed-forward weights (dense, routed, or Gemma 4's both) into `shapes`."""
+        h, i = self.hidden_size, self.intermediate_size
+        if self.layers[n].moe and self.moe is not None and self.moe.layout == "gemma4":
+            e, mi = self.moe.experts, self.moe.intermediate_size
+            shapes[p + "router.proj.weight"] = (e, h)
+            shapes[p + "router.scale"] = (h,)
+            shapes[p + "router.per_expert_scale"] = (e,)
+            shapes[p + "experts.gate_up_proj"] = (e, 2 * mi, h)
+            shapes[p + "experts.down_proj"] = (e, h, mi)
+            for norm in (
+                "pre_feedforward_layernorm_2",
+                "post_feedforward_layernorm_1",
+                "post_feedforward_layernorm_2",
+            ):
+                shapes[p + norm + ".weight"] = (h,)
+        elif self.layers[n].moe and self.moe is not None:
+            # experts stacked as transformers >= 5 holds them (plow.checkpoint.weights
+            # stacks the per-expert tensors of the older layout under these names)
+            e, mi = self.moe.experts, self.moe.intermediate_size
+            shapes[p + "mlp.gate.weight"] = (e, h)
+            shapes[p + "mlp.experts.gate_up_proj"] = (e, 2 * mi, h)
+            shapes[p + "mlp.experts.down_proj"] = (e, h, mi)
+            if self.moe.scoring == "sigmoid":
+                shapes[p + "mlp.gate.e_score_correction_bias"] = (e,)
+            si = self.moe.shared_intermediate
+            if si:
+                shapes[p + "mlp.shared_experts.gate_proj.weight"] = (si, h)
+                shapes[p + "mlp.shared_experts.up_proj.weight"] = (si, h)
+                shapes[p + "mlp.shared_experts.down_proj.weight"] = (h, si)
+            return
+        shapes[p + "mlp.gate_proj.weight"] = (i, h)
+        shapes[p + "mlp.up_proj.weight"] = (i, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, i)
+
+    def _mla_weight_shapes(self, p: str, m: MlaSpec) -> dict[str, tuple[int, ...]]:
+        """A latent-attention layer's weights as the graph reads them (`self_attn.mla.*` are
+        derived from the checkpoint's when the weights are opened, MlaSpec)."""
+        h, heads, d = self.hidden_size, self.num_heads, self.head_dim
+        a = p + "self_attn."
+        shapes: dict[str, tuple[int, ...]] = {}
+        q_in = h
+        if m.q_lora_rank:
+            q_in = m.q_lora_rank
+            shapes[a + "q_a_proj.weight"] = (m.q_lora_rank, h)
+            shapes[a + "q_a_layernorm.weight"] = (m.q_lora_rank,)
+        shapes[a + "mla.q_nope.weight"] = (heads * d, q_in)
+        shapes[a + "mla.q_rope.weight"] = (heads * m.rope, q_in)
+        shapes[a + "mla.q_place.weight"] = (heads * d, heads * m.rope)
+        shapes[a + "mla.kv_a.weight"] = (m.kv_lora_rank, h)
+        shapes[a + "kv_a_layernorm.weight"] = (m.kv_lora_rank,)
+        shapes[a + "mla.k_rope.weight"] = (m.rope, h)
+        shapes[a + "mla.k_place.weight"] = (heads * d, m.rope)
+        shapes[a + "mla.k_nope.weight"] = (heads * d, m.kv_lora_rank)
+        shapes[a + "mla.v.weight"] = (heads * d, m.kv_lora_rank)
+        shapes[a + "mla.o.weight"] = (h, heads * d)
         return shapes
 
     def _ssm_weight_shapes(self, m: SsmSpec) -> dict[str, tuple[int, ...]]:

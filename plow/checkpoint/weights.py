@@ -8,9 +8,12 @@ nothing is read until used.
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import re
 import struct
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,7 +236,45 @@ class WeightStore(Mapping[str, np.ndarray]):
         if where is None:
             parents = {f.parent for f in files}
             where = files[0] if len(files) == 1 else parents.pop() if len(parents) == 1 else "."
-        return cls(entries, where)
+        store = cls(entries, where)
+        store._derive()
+        return store
+
+    def _derive(self) -> None:
+        """A checkpoint directory of a family that derives weights (DeepSeek-V3's latent
+        attention, `plow.checkpoint.families.derived_weights_hook`): the derived tensors the
+        model reads and the files lack, computed once into a temporary safetensors file
+        (removed at exit; the checkpoint directory is never written) and added as entries."""
+        config = self.where / "config.json"
+        if not config.is_file():
+            return
+        try:
+            data = json.loads(config.read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return  # the loader reports a malformed config itself
+        from plow.checkpoint.families import derived_weights_hook
+
+        hook = derived_weights_hook(str(data.get("model_type"))) if isinstance(data, dict) else None
+        if hook is None:
+            return
+        from plow.checkpoint.loader import spec_from_config
+
+        spec = spec_from_config(data, config)
+        missing = {n for n in spec.weight_shapes() if n not in self._entries}
+        if not missing:
+            return
+        derived = hook(spec, self.__getitem__, missing)
+        if not derived:
+            return
+        fd, tmp = tempfile.mkstemp(prefix="plow-derived-", suffix=".safetensors")
+        os.close(fd)
+        path = Path(tmp)
+        atexit.register(path.unlink, missing_ok=True)
+        rev = {v: k for k, v in _DTYPES.items()}
+        write_safetensors(
+            path, {n: (rev[a.dtype], a) for n, a in derived.items()}, {"writer": "plow-derived"}
+        )
+        self._entries.update(read_header(path))
 
     def _missing(self, name: str) -> MissingTensor:
         files = sorted({e.file.name for e in self._entries.values()})

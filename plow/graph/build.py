@@ -7,6 +7,7 @@ from typing import Any
 from plow.checkpoint.spec import ModelSpec
 from plow.errors import GraphError
 from plow.graph.bucket import Bucket
+from plow.graph.mla import mla_attention
 from plow.graph.ops import Op, OpGraph, OpKind, Tensor, TensorRole, infer_shapes
 
 
@@ -53,14 +54,39 @@ def _experts(g: _Builder, spec: ModelSpec, p: str, w: str, h: str, n: int) -> st
     moe = spec.moe
     assert moe is not None
     logits = g.op(p + "router_logits", OpKind.linear, [h, g.weight(w + "mlp.gate.weight")], {}, n)
-    route = g.op(
-        p + "router",
-        OpKind.router,
-        [logits],
-        {"top_k": moe.top_k, "norm_topk_prob": moe.norm_topk_prob, "experts": moe.experts},
-        n,
+    attrs: dict[str, Any] = {
+        "top_k": moe.top_k,
+        "norm_topk_prob": moe.norm_topk_prob,
+        "experts": moe.experts,
+    }
+    ins = [logits]
+    if moe.scoring == "sigmoid":  # DeepSeek-V3: the second input is the correction bias
+        attrs.update(
+            scoring="sigmoid",
+            n_group=moe.n_group,
+            topk_group=moe.topk_group,
+            routed_scale=moe.routed_scale,
+        )
+        ins.append(g.weight(w + "mlp.gate.e_score_correction_bias"))
+    route = g.op(p + "router", OpKind.router, ins, attrs, n)
+    out = _expert_mlp(g, spec, p, h, route, w + "mlp.experts.", n)
+    if moe.shared_intermediate:  # DeepSeek-V3's shared experts, on every token
+        shared = _dense_mlp(g, spec, p + "shared_", w + "mlp.shared_experts.", h, n, "")
+        out = g.op(p + "experts_shared_sum", OpKind.residual_add, [out, shared], {}, n)
+    return out
+
+
+def _dense_mlp(
+    g: _Builder, spec: ModelSpec, p: str, w: str, h: str, n: int, sub: str = "mlp."
+) -> str:
+    """down(act(gate(h)) * up(h)), the weights `w` + `sub` + gate_proj / up_proj / down_proj."""
+    gate = g.op(p + "gate_proj", OpKind.linear, [h, g.weight(w + sub + "gate_proj.weight")], {}, n)
+    up = g.op(p + "up_proj", OpKind.linear, [h, g.weight(w + sub + "up_proj.weight")], {}, n)
+    act = g.op(
+        p + "gated_mlp", OpKind.gated_mlp, [gate, up], {"activation": spec.activation.value}, n
     )
-    return _expert_mlp(g, spec, p, h, route, w + "mlp.experts.", n)
+    down = g.weight(w + sub + "down_proj.weight")
+    return g.op(p + "down_proj", OpKind.linear, [act, down], {}, n)
 
 
 def _expert_mlp(g: _Builder, spec: ModelSpec, p: str, h: str, route: str, w: str, n: int) -> str:
@@ -240,6 +266,13 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
             )
             continue
         h = norm(p + "attn_norm", x, w + "input_layernorm.weight", n)
+        if spec.mla is not None:  # DeepSeek-V3's latent attention (plow/graph/mla.py)
+            o = mla_attention(g, spec, lspec, n, h, b, c)
+            x = g.op(p + "attn_residual", OpKind.residual_add, [x, o], {}, n)
+            h = norm(p + "mlp_norm", x, w + "post_attention_layernorm.weight", n)
+            d = _experts(g, spec, p, w, h, n) if lspec.moe else _dense_mlp(g, spec, p, w, h, n)
+            x = g.op(p + "mlp_residual", OpKind.residual_add, [x, d], {}, n)
+            continue
         bias = spec.attention_bias
         hd, kvh = spec.layer_head_dim(n), spec.layer_kv_heads(n)
         q = linear(

@@ -45,7 +45,32 @@ def rope_inv_freq(attrs: Mapping[str, Any]) -> np.ndarray:
     elif kind == "proportional":  # Gemma 4: the first angles rotate, the rest are 0
         angles = int(float(attrs["partial_rotary_factor"]) * d // 2)
         inv = np.where(np.arange(d // 2) < angles, inv, F32(0.0)) / F32(attrs["factor"])
+    elif kind == "yarn":  # DeepSeek-V3 (transformers' _compute_yarn_parameters)
+        inv = _yarn_inv_freq(attrs, d)
     return inv.astype(F32)
+
+
+def _yarn_inv_freq(attrs: Mapping[str, Any], d: int) -> np.ndarray:
+    """Yarn: the default frequencies where a band rotates more than `beta_fast` times in the
+    original context, those divided by `factor` where it rotates less than `beta_slow`, a
+    linear ramp between (the cos / sin gain is not here: the family folds it into weights)."""
+    base, factor = float(attrs["theta"]), float(attrs["factor"])
+    old = float(attrs["original_max_position"])
+
+    def dim_of(rotations: float) -> float:
+        return (d * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = dim_of(float(attrs["beta_fast"])), dim_of(float(attrs["beta_slow"]))
+    if attrs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    pos = (F32(base) ** (np.arange(0, d, 2, dtype=np.int64).astype(F32) / F32(d))).astype(F32)
+    extra, inter = (F32(1.0) / pos).astype(F32), (F32(1.0) / (F32(factor) * pos)).astype(F32)
+    ramp = np.clip((np.arange(d // 2, dtype=F32) - F32(low)) / F32(high - low), 0, 1)
+    keep = (F32(1.0) - ramp.astype(F32)).astype(F32)
+    return (inter * (F32(1.0) - keep) + extra * keep).astype(F32)
 
 
 def rope(x: np.ndarray, positions: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
@@ -156,8 +181,11 @@ def router(
     """Dense combine weights [.., E] from router logits (Qwen3-MoE's router): softmax over the
     experts in fp32, the `top_k` largest kept (ties: the lower expert index), divided by their
     sum when `norm_topk_prob`; every other expert's weight is exactly 0. Gemma 4: the logits
-    times `logit_scale` first, the kept weights times `expert_scale[e]` last."""
+    times `logit_scale` first, the kept weights times `expert_scale[e]` last. DeepSeek-V3
+    (`scoring` "sigmoid"): `grouped_router`, `expert_scale` is the correction bias."""
     x = np.asarray(logits, dtype=F32)
+    if attrs.get("scoring") == "sigmoid":
+        return grouped_router(x, attrs, expert_scale)
     if "logit_scale" in attrs:
         x = (x * F32(attrs["logit_scale"])).astype(F32)
     e = np.exp(x - x.max(axis=-1, keepdims=True)).astype(F32)
@@ -172,6 +200,36 @@ def router(
     out = np.zeros_like(p)
     np.put_along_axis(out, top, val, axis=-1)
     return out
+
+
+def grouped_router(x: np.ndarray, attrs: Mapping[str, Any], bias: np.ndarray | None) -> np.ndarray:
+    """DeepSeek-V3's router (transformers' `DeepseekV3TopkRouter`): scores sigmoid(x); the
+    choice reads scores + `bias` (e_score_correction_bias); the experts in `n_group` equal
+    groups, a group's value the sum of its two best choice values, the `topk_group` best
+    groups eligible; the `top_k` best eligible experts kept with their (unbiased) scores,
+    divided by their sum (+1e-20) when `norm_topk_prob`, times `routed_scale`; 0 elsewhere.
+    Ties go to the lower group / expert index (kernels/deepseek.h does the same)."""
+    lead, n_exp = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, n_exp)
+    s = (F32(1.0) / (F32(1.0) + np.exp(-x2))).astype(F32)
+    c = s if bias is None else (s + np.asarray(bias, dtype=F32)).astype(F32)
+    g = int(attrs.get("n_group", 1))
+    top_g, k = int(attrs.get("topk_group", 1)), int(attrs["top_k"])
+    gs = n_exp // g
+    grouped = np.sort(c.reshape(-1, g, gs), axis=-1)[..., ::-1]
+    gscore = (grouped[..., 0] + grouped[..., 1]).astype(F32) if gs > 1 else grouped[..., 0]
+    keep_g = np.argsort(-gscore, axis=-1, kind="stable")[:, :top_g]
+    eligible = np.zeros((x2.shape[0], g), dtype=bool)
+    np.put_along_axis(eligible, keep_g, True, axis=-1)
+    masked = np.where(np.repeat(eligible, gs, axis=-1), c, -np.inf)
+    top = np.argsort(-masked, axis=-1, kind="stable")[:, :k]
+    val = np.take_along_axis(s, top, axis=-1)
+    if attrs.get("norm_topk_prob"):
+        val = (val / (val.sum(axis=-1, keepdims=True, dtype=F32) + F32(1e-20))).astype(F32)
+    val = (val * F32(attrs.get("routed_scale", 1.0))).astype(F32)
+    out = np.zeros_like(s)
+    np.put_along_axis(out, top, val, axis=-1)
+    return out.reshape(*lead, n_exp)
 
 
 def experts_gate_up(

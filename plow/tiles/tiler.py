@@ -346,12 +346,14 @@ class _Tiler:
         def zero(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             return 0
 
+        # a per-expert vector [E] (Gemma 4's scales, DeepSeek-V3's correction bias), read whole
+        weight = sum(_numel(self.shape(n)) * self.w for n in op.inputs[1:])
         return _Space(
             axes=axes,
             flops_per_point=8,
             rate="fp32",
-            bytes=rows * cols * (a + 4),
-            weight_bytes=0,
+            bytes=rows * cols * (a + 4) + weight,
+            weight_bytes=weight,
             tile_bytes=tile_bytes,
             merge_bytes=zero,
             onchip=zero,

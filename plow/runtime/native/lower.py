@@ -44,6 +44,8 @@ from plow.schedule.regions import partial_name
 MOE_KINDS = {"router": 10, "expert_linear": 11}
 # Mamba-2's kinds (kernels/ssm.h `PlowSsmKind`).
 SSM_KINDS = {"ssm_conv": 20, "ssm_scan": 21, "ssm_norm": 22}
+# DeepSeek-V3's router (kernels/deepseek.h `PlowDeepseekKind`): op kind `router`, scoring sigmoid
+GROUPED_ROUTER_KIND = 40
 
 
 @dataclass
@@ -296,6 +298,10 @@ def _lower_op(
         o.d[0] = _view2(shape(op.inputs[0]).shape)[1]
         o.d[1] = int(op.attrs["top_k"])
         o.d[2] = 1 if op.attrs.get("norm_topk_prob") else 0
+        if op.attrs.get("scoring") == "sigmoid":  # DeepSeek-V3: kernels/deepseek.h
+            o.kind = GROUPED_ROUTER_KIND
+            o.d[3], o.d[4] = int(op.attrs["n_group"]), int(op.attrs["topk_group"])
+            o.f[0] = float(op.attrs["routed_scale"])
         if "logit_scale" in op.attrs:  # Gemma 4: logits scaled, kept weights per-expert scaled
             o.d[3], o.f[0] = 1, float(op.attrs["logit_scale"])
         if len(op.inputs) > 1:
