@@ -12,15 +12,29 @@
     block reads no such id (checked), so its canonical instructions see the
     same inputs as its fused instruction, and the rule's lemma of
     [Rewritesproof.v] gives the same outputs; ids the block does not write
-    keep their agreement. *)
+    keep their agreement.
+
+    [checkpoint_a_sound] (checkpoint A): the same for the oracle's entry
+    point [check_checkpoint_a], for every semantics of the generic ops that
+    reads its operands' values only ([gen_ext]); and when every block is a
+    pass-through ([RNone]: a bundle without applied rewrites) the accepted
+    op table is the canonical table, instruction for instruction — same
+    kinds, attribute ids, operands in order and weights. *)
 From Coq Require Import Arith NArith List Bool Lia.
 From Plow Require Import Loc Rewrites Rewritesproof Rewritescheck.
 Import ListNotations.
+
+Lemma nlist_eqb_true l m : nlist_eqb l m = true -> l = m.
+Proof.
+  revert m; induction l as [|x l IH]; destruct m; simpl; try discriminate; [reflexivity|].
+  rewrite andb_true_iff. intros [H1 H2]. apply N.eqb_eq in H1. subst. f_equal. auto.
+Qed.
 
 Ltac split_eqb :=
   repeat match goal with
   | h : (_ && _)%bool = true |- _ => apply andb_true_iff in h; destruct h
   | h : (_ =? _)%N = true |- _ => apply N.eqb_eq in h; subst
+  | h : nlist_eqb _ _ = true |- _ => apply nlist_eqb_true in h; subst
   end.
 
 Lemma instr_eqb_true i j : instr_eqb i j = true -> i = j.
@@ -49,14 +63,18 @@ Qed.
 Section Sound.
 Variable R : csr.
 Variable rms : N -> nat -> row R -> car R.
-Variable act : car R -> car R.
+Variable act : N -> car R -> car R.
+Variable gen : N -> N -> list (row R) -> list (mat R) -> row R.
 Hypothesis rms_ext : forall q n x y, (forall i, x i = y i) -> rms q n x = rms q n y.
+(** A generic op's value depends on its operands' values only. *)
+Hypothesis gen_ext : forall k a xs ys ws,
+  Forall2 (fun x y : row R => forall i, x i = y i) xs ys -> forall j, gen k a xs ws j = gen k a ys ws j.
 
 Definition agree (D : list N) (e1 e2 : env R) : Prop :=
   forall y, ~ In y D -> forall i, e1 y i = e2 y i.
 
-Local Notation ex := (run_table R rms act).
-Local Notation exi := (run_op R rms act).
+Local Notation ex := (run_table R rms act gen).
+Local Notation exi := (run_op R rms act gen).
 
 Lemma run_table_cons we e i p : ex we e (i :: p) = ex we (exi we e i) p.
 Proof. reflexivity. Qed.
@@ -120,6 +138,9 @@ Proof.
   - apply rmsnorm_ext. apply Ha, Hr. simpl. tauto.
   - apply mask_ext, linear_ext. apply Ha, Hr. simpl. tauto.
   - unfold glu. rewrite (Ha g), (Ha u); try reflexivity; apply Hr; simpl; tauto.
+  - apply gen_ext. clear -Ha Hr. induction xs as [|x xs IH]; simpl; constructor.
+    + apply Ha, Hr. simpl. tauto.
+    + apply IH. intros z Hz. apply Hr. simpl. tauto.
 Qed.
 
 Lemma r1_block_sound we e1 e2 D t a b d w n q :
@@ -185,10 +206,10 @@ Proof.
   - upd_simpl. apply Ha. exact HD.
 Qed.
 
-Lemma r23_block_sound we e1 e2 D g x Wg k m u Wu d :
+Lemma r23_block_sound we e1 e2 D g x Wg k m u Wu d a :
   g <> x -> g <> u -> d <> g -> d <> u -> agree D e1 e2 -> ~ In x D ->
-  agree (g :: u :: D) (ex we e1 [ILinear g x Wg k m; ILinear u x Wu k m; IGlu d g u])
-    (ex we e2 [ILinearGluI d x Wg Wu k m]).
+  agree (g :: u :: D) (ex we e1 [ILinear g x Wg k m; ILinear u x Wu k m; IGlu d g u a])
+    (ex we e2 [ILinearGluI d x Wg Wu k m a]).
 Proof.
   intros Hgx Hgu Hdg Hdu Ha HxD y Hy i. unfold run_table. simpl.
   assert (HD : ~ In y D) by (intros C; apply Hy; right; right; exact C).
@@ -200,9 +221,9 @@ Proof.
     destruct (Nat.ltb i (N.to_nat m)); [|reflexivity].
     rewrite (linear_ext _ _ _ (e1 x) (e2 x) (Ha x HxD)).
     rewrite (linear_ext _ _ _ (e1 x) (e2 x) (Ha x HxD)).
-    change (glu R act (linear R (N.to_nat k) (we Wg) (nob R) (e2 x))
+    change (glu R (act a) (linear R (N.to_nat k) (we Wg) (nob R) (e2 x))
               (linear R (N.to_nat k) (we Wu) (nob R) (e2 x)) i
-            = linear_glu R act (N.to_nat k) (interleave (we Wg) (we Wu)) (nob R) (e2 x) i).
+            = linear_glu R (act a) (N.to_nat k) (interleave (we Wg) (we Wu)) (nob R) (e2 x) i).
     rewrite gate_up_interleave_sound, linear_glu_sound.
     unfold linear_glu. rewrite !interleave_even, !interleave_odd. reflexivity.
   - upd_simpl. apply Ha. exact HD.
@@ -287,21 +308,68 @@ End Sound.
 
 (** A1 for the covered rules: an accepted op table computes, at every
     program output, the row the canonical table computes. *)
-Theorem check_table_sound (R : csr) rms act canon fused bs outputs :
+Theorem check_table_sound (R : csr) rms act gen canon fused bs outputs :
   (forall q n x y, (forall i, x i = y i) -> rms q n x = rms q n y) ->
+  (forall k a xs ys ws, Forall2 (fun x y : row R => forall i, x i = y i) xs ys ->
+     forall j, gen k a xs ws j = gen k a ys ws j) ->
   check_table canon fused bs outputs = Accept ->
   forall we e o, In o outputs ->
-  forall i, run_table R rms act we e canon o i = run_table R rms act we e fused o i.
+  forall i, run_table R rms act gen we e canon o i = run_table R rms act gen we e fused o i.
 Proof.
-  intros Hrms Hc we e o Ho i. unfold check_table in Hc.
+  intros Hrms Hgen Hc we e o Ho i. unfold check_table in Hc.
+  destruct (check_blocks bs [] 0) as [v dead] eqn:Eb. destruct v; [|discriminate].
   destruct (list_eqb canon _ && list_eqb fused _) eqn:El; simpl in Hc; [|discriminate].
   apply andb_true_iff in El. destruct El as [E1 E2].
   apply list_eqb_true in E1. apply list_eqb_true in E2. subst.
-  destruct (check_blocks bs [] 0) as [v dead] eqn:Eb. destruct v; [|discriminate].
   destruct (existsb _ outputs) eqn:Eo; [discriminate|].
-  apply (check_blocks_sound R rms act Hrms bs [] 0 dead we e e Eb); [intros y _ j; reflexivity|].
+  apply (check_blocks_sound R rms act gen Hrms Hgen bs [] 0 dead we e e Eb);
+    [intros y _ j; reflexivity|].
   intros Hd. pose proof (existsb_false_in _ _ o Eo Ho) as Ex.
   rewrite <- memb_in in Hd. simpl in Ex. congruence.
+Qed.
+
+(** Pass-through blocks: the fused instruction is the canonical one. *)
+Lemma check_blocks_none bs dead idx dead' :
+  check_blocks bs dead idx = (Accept, dead') ->
+  Forall (fun b => b_rule b = RNone) bs -> map b_fused bs = flat_map b_canon bs.
+Proof.
+  revert dead idx; induction bs as [|b bs IH]; intros dead idx Hc Hn; simpl in Hc |- *;
+    [reflexivity|].
+  inversion Hn as [|? ? Hb Hbs]; subst.
+  destruct (existsb _ _); [discriminate|].
+  destruct (match_block _ _ _) as [inter|] eqn:Em; [|discriminate].
+  rewrite Hb in Em. destruct b as [r cs f]; simpl in *.
+  destruct cs as [|c [|c' cs]]; simpl in Em; try discriminate.
+  destruct (canonical c && instr_eqb f c) eqn:E; [|discriminate].
+  apply andb_true_iff in E. destruct E as [_ E]. apply instr_eqb_true in E. subst.
+  simpl. f_equal. exact (IH _ _ Hc Hbs).
+Qed.
+
+(** Checkpoint A: what an accepted payload guarantees.  (1) The bundle's op
+    table computes the canonical table's row at every program output, for
+    every semiring, activation and weight environment, every inverse-RMS
+    function and every generic-op semantics that read their operands' values
+    only, and every activation.  (2) With no applied rewrites (every block a
+    pass-through) it is the canonical table itself. *)
+Theorem checkpoint_a_sound canon fused bs outputs :
+  check_checkpoint_a canon fused bs outputs = Accept ->
+  (forall (R : csr) rms act gen,
+     (forall q n x y, (forall i, x i = y i) -> rms q n x = rms q n y) ->
+     (forall k a xs ys ws, Forall2 (fun x y : row R => forall i, x i = y i) xs ys ->
+        forall j, gen k a xs ws j = gen k a ys ws j) ->
+     forall we e o, In o outputs ->
+     forall i, run_table R rms act gen we e canon o i = run_table R rms act gen we e fused o i)
+  /\ (Forall (fun b => b_rule b = RNone) bs -> fused = canon).
+Proof.
+  intros Hc. split.
+  - intros R rms act gen Hrms Hgen. exact (check_table_sound R rms act gen canon fused bs outputs
+      Hrms Hgen Hc).
+  - intros Hn. unfold check_checkpoint_a, check_table in Hc.
+    destruct (check_blocks bs [] 0) as [v dead] eqn:Eb. destruct v; [|discriminate].
+    destruct (list_eqb canon _ && list_eqb fused _) eqn:El; simpl in Hc; [|discriminate].
+    apply andb_true_iff in El. destruct El as [E1 E2].
+    apply list_eqb_true in E1. apply list_eqb_true in E2. subst.
+    exact (check_blocks_none bs [] 0 dead Eb Hn).
 Qed.
 
 Local Open Scope N_scope.
@@ -352,15 +420,15 @@ Example check_rejects_a_fused_away_output :
 Proof. reflexivity. Qed.
 
 Example check_accepts_gate_up_glu :
-  check_table [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3] [ILinearGluI 4 0 20 21 8 16]
-    [{| b_rule := R23; b_canon := [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3];
-        b_fused := ILinearGluI 4 0 20 21 8 16 |}] [4] = Accept.
+  check_table [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3 40] [ILinearGluI 4 0 20 21 8 16 40]
+    [{| b_rule := R23; b_canon := [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3 40];
+        b_fused := ILinearGluI 4 0 20 21 8 16 40 |}] [4] = Accept.
 Proof. reflexivity. Qed.
 
 Example check_rejects_swapped_gate_and_up :
-  check_table [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3] [ILinearGluI 4 0 21 20 8 16]
-    [{| b_rule := R23; b_canon := [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3];
-        b_fused := ILinearGluI 4 0 21 20 8 16 |}] [4] = Reject (0, 1).
+  check_table [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3 40] [ILinearGluI 4 0 21 20 8 16 40]
+    [{| b_rule := R23; b_canon := [ILinear 2 0 20 8 16; ILinear 3 0 21 8 16; IGlu 4 2 3 40];
+        b_fused := ILinearGluI 4 0 21 20 8 16 40 |}] [4] = Reject (0, 1).
 Proof. reflexivity. Qed.
 
 Definition qkv_canon : list instr :=
@@ -376,4 +444,39 @@ Example check_rejects_a_wrong_concatenation_order :
   check_table qkv_canon [ILinearQKV 2 3 4 0 21 20 22 8 16 4 4]
     [{| b_rule := R4; b_canon := qkv_canon; b_fused := ILinearQKV 2 3 4 0 21 20 22 8 16 4 4 |}]
     [2; 3; 4] = Reject (0, 1).
+Proof. reflexivity. Qed.
+
+
+(** Pass-through of the generic ops (kind 50 attention, attributes 60 or 61;
+    ids 0-3 activations, 70 a cache weight). *)
+Definition pass (i : instr) : block := {| b_rule := RNone; b_canon := [i]; b_fused := i |}.
+Definition gen_canon : list instr := [IGen 50 60 5 [0; 1; 2; 70]; IAdd 6 5 3].
+
+Example check_accepts_the_canonical_table :
+  check_checkpoint_a gen_canon gen_canon (map pass gen_canon) [6] = Accept.
+Proof. reflexivity. Qed.
+
+Example check_rejects_an_edited_attribute :
+  check_checkpoint_a gen_canon [IGen 50 61 5 [0; 1; 2; 70]; IAdd 6 5 3]
+    [{| b_rule := RNone; b_canon := [IGen 50 60 5 [0; 1; 2; 70]];
+        b_fused := IGen 50 61 5 [0; 1; 2; 70] |}; pass (IAdd 6 5 3)] [6] = Reject (0, 1).
+Proof. reflexivity. Qed.
+
+Example check_rejects_swapped_attention_operands :
+  check_checkpoint_a gen_canon [IGen 50 60 5 [1; 0; 2; 70]; IAdd 6 5 3]
+    [{| b_rule := RNone; b_canon := [IGen 50 60 5 [0; 1; 2; 70]];
+        b_fused := IGen 50 60 5 [1; 0; 2; 70] |}; pass (IAdd 6 5 3)] [6] = Reject (0, 1).
+Proof. reflexivity. Qed.
+
+Example check_rejects_another_weight :
+  check_checkpoint_a [ILinear 2 0 20 8 16] [ILinear 2 0 21 8 16]
+    [{| b_rule := RNone; b_canon := [ILinear 2 0 20 8 16]; b_fused := ILinear 2 0 21 8 16 |}]
+    [2] = Reject (0, 1).
+Proof. reflexivity. Qed.
+
+Example check_rejects_another_kind :
+  check_checkpoint_a gen_canon [IGen 50 60 5 [0; 1; 2; 70]; IGen 51 62 6 [5; 3]]
+    [pass (IGen 50 60 5 [0; 1; 2; 70]);
+     {| b_rule := RNone; b_canon := [IAdd 6 5 3]; b_fused := IGen 51 62 6 [5; 3] |}] [6]
+  = Reject (1, 1).
 Proof. reflexivity. Qed.

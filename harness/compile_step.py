@@ -46,7 +46,7 @@ from plow.target import Target
 if TYPE_CHECKING:
     from plow.runtime.cpu.bundle import Bundle
 
-CHECKPOINTS = ("B", "C", "D", "E", "F")
+CHECKPOINTS = ("A", "B", "C", "D", "E", "F")
 
 
 class CheckRow(BaseModel):

@@ -7,6 +7,7 @@ let version = "plow-oracle 0.1.0"
 (* One entry per checkpoint: its id and the reader+checker for its payload.
    Each checkpoint's adapter lives in its own module (ckpt_<name>.ml). *)
 let checkers : (string * (Yojson.Safe.t -> Verdict.t)) list = [
+  ("A", Ckpt_rewrites.check);
   ("B", Ckpt_tiles.check);
   ("C", Ckpt_pages.check);
   ("D", Ckpt_counters.check);

@@ -6,6 +6,8 @@ the named target's shipped spec (or the cpu calibration recorded in the manifest
 manifest's profile (`bundle_target`, `expected_numbers`), never from the file checked. Per
 bucket:
 
+- A from the op table file against the graph the bundle's `config.json` lowers to, with the
+  blocks of `rewrites.json` (`plow.oracle.runner.run_checkpoint_a`, docs/egraph.md);
 - B from the *plan file's task packets* (per op: unit ranges, opcode, flags) and the op
   table (axes, flops, charged cost, bytes, opcode, tensor shapes and attributes, merge-unit
   counts of split reductions): the oracle checks the tiling, that the tasks partition each
@@ -90,11 +92,12 @@ from plow.oracle.payloads.dataflow import (
     dataflow_payload,
     task_accesses,
 )
+from plow.oracle.runner import run_checkpoint_a
 from plow.profile import CompileProfile
 from plow.target import Target, load_target, shipped_targets
 from plow.target.model import dtype_bytes, rate_class
 
-CHECKPOINTS = ("B", "C", "D", "E", "F")
+CHECKPOINTS = ("A", "B", "C", "D", "E", "F")
 SCOPE_NAMES = ("cta", "device", "system")  # wire scope codes 0, 1, 2
 
 
@@ -1386,7 +1389,15 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             )
             return row if err is None else Row("F", name, "reject", (), err)
 
-        for ck, fn in (("B", job_b), ("C", job_c), ("D", job_d), ("E", job_e), ("F", job_f)):
+        def job_a(
+            ops: Path = bundle / rung.ops, bk: Bucket | str = bucket, name: str = name
+        ) -> Row:
+            c = bk if isinstance(bk, str) else run_checkpoint_a(bundle, ops, bk)
+            return Row("A", name, "reject", (), c) if isinstance(c, str) else _row("A", name, c)
+
+        for ck, fn in (
+            ("A", job_a), ("B", job_b), ("C", job_c), ("D", job_d), ("E", job_e), ("F", job_f)
+        ):  # fmt: skip
             if ck in checkpoints:
                 jobs.append((ck, name, fn))
     # weights

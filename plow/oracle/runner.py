@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -93,3 +94,17 @@ def run_checkpoint(
         oracle_version=str(answer.get("oracle_version", "unknown")),
         stats=answer.get("stats"),
     )
+
+
+def run_checkpoint_a(
+    bundle: Path, ops_file: Path, bucket: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Certificate | str:
+    """Checkpoint A on one rung of a bundle: the payload from the bundle's `config.json`
+    (lowered for `bucket`), the rung's op table file and `rewrites.json`
+    (`plow.oracle.payloads.rewrites`); a one-line problem when those files cannot be read."""
+    from plow.oracle.payloads.rewrites import rewrites_payload
+
+    payload = rewrites_payload(bundle, ops_file, bucket)
+    if isinstance(payload, str):
+        return payload
+    return run_checkpoint("A", payload, timeout_s=timeout_s)

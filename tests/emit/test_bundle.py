@@ -63,7 +63,7 @@ def test_tiny_bundle_compiles_and_verifies(tiny_bundles: dict[str, Path], family
         assert cert["accepted"] and set(cert["buckets"]) == {r.name for r in m.ladder}
     code, doc, _ = run_verify(b)
     assert code == 0 and doc is not None and doc["accepted"]
-    assert {r["checkpoint"] for r in doc["rows"]} == {"bundle", "B", "C", "D", "E", "F"}
+    assert {r["checkpoint"] for r in doc["rows"]} == {"bundle", "A", "B", "C", "D", "E", "F"}
 
 
 def test_hash_mismatch_names_the_file(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:

@@ -33,6 +33,8 @@ TOP_THEOREMS = [
     "Plow.Wireproof.checkpoint_e_sound",
     "Plow.Wireproof.decode_encode_packets",
     "Plow.Wireproof.encode_decode_packets",
+    "Plow.Rewritescheckproof.checkpoint_a_sound",
+    "Plow.Rewritescheckproof.check_table_sound",
     "Plow.Serq.Theorem2proof.theorem2_one_node_holds",
     "Plow.Serq.Theorem2proof.theorem2_nodes_per_node_holds",
     "Plow.Serq.Theorem2proof.theorem2_compound_holds",

@@ -1,0 +1,274 @@
+(* Checkpoint A: the bundle's op table is the model's canonical graph, transformed only by
+   instances of proved rules (docs/egraph.md "Checkpoint A", docs/oracle.md).
+   Payload (plow/oracle/payloads/rewrites.py):
+     { "canonical": TABLE, "bundle": TABLE,
+       "blocks": [ {"rule": str, "canonical": [int], "fused": int} ],
+       "layouts": [ {"weight": str, "layout": "interleave" | "cat3", "sources": [str]} ],
+       "outputs": [str] }
+     TABLE = { "ops": [ {"name": str, "kind": str, "attrs": {...}, "inputs": [str],
+                         "outputs": [str]} ],
+               "shapes": { tensor name: [int] } }
+   The adapter interns every string it compares (tensor names, op kinds, the canonical JSON
+   of an op's attributes: keys sorted, recursively) into one table of ids, so two ids are
+   equal exactly when the strings are; it writes each op as an instruction of
+   Plow.Rewritescheck (the ops the rules rewrite as their specific instructions, every other
+   op as [IGen kind attrs output operands]), pairs each bundle op with its canonical op (a
+   block of the file, or the next canonical op no block names: a pass-through), and runs
+   Plow.Rewritescheck.check_checkpoint_a; soundness: Plow.Rewritescheckproof.checkpoint_a_sound.
+   The reasons below only describe the checker's rejection; the verdict is the checker's. *)
+open Checkers
+
+let theorems = [
+  "Plow.Rewritescheckproof.checkpoint_a_sound";
+  "Plow.Rewritescheckproof.check_table_sound";
+]
+
+type rop = { name : string; kind : string; attrs : Yojson.Safe.t; astr : string;
+             inputs : string list; outputs : string list }
+
+type table = { ops : rop array; shapes : (string, int list) Hashtbl.t }
+
+let rec canon_json (j : Yojson.Safe.t) : Yojson.Safe.t =
+  match j with
+  | `Assoc kv ->
+      `Assoc (List.sort (fun (a, _) (b, _) -> compare a b)
+                (List.map (fun (k, v) -> (k, canon_json v)) kv))
+  | `List l -> `List (List.map canon_json l)
+  | x -> x
+
+let strs what j = List.map (Jnum.to_string what) (Jnum.to_list what j)
+
+let read_op j =
+  let attrs = canon_json (Jnum.field "attrs" j) in
+  (match attrs with `Assoc _ -> () | _ -> Verdict.bad "field \"attrs\": expected an object");
+  { name = Jnum.str_field "name" j; kind = Jnum.str_field "kind" j; attrs;
+    astr = Yojson.Safe.to_string attrs;
+    inputs = strs "inputs" (Jnum.field "inputs" j);
+    outputs = strs "outputs" (Jnum.field "outputs" j) }
+
+let read_table j =
+  let shapes = Hashtbl.create 256 in
+  (match Jnum.field "shapes" j with
+   | `Assoc kv ->
+       List.iter (fun (k, v) ->
+           Hashtbl.replace shapes k (List.map (Jnum.to_int "shapes") (Jnum.to_list "shapes" v)))
+         kv
+   | _ -> Verdict.bad "field \"shapes\": expected an object");
+  { ops = Array.of_list (List.map read_op (Jnum.list_field "ops" j)); shapes }
+
+(* One table of ids for every compared string (prefixed by what it names). *)
+let ids : (string, int) Hashtbl.t = Hashtbl.create 4096
+let intern s =
+  match Hashtbl.find_opt ids s with
+  | Some i -> i
+  | None -> let i = Hashtbl.length ids in Hashtbl.add ids s i; i
+let nid s = Jnum.n_of_int (intern s)
+let tn s = nid ("t:" ^ s)
+let attr_id (o : rop) = nid ("a:" ^ o.astr)
+let kind_id k = nid ("k:" ^ k)
+let num = Jnum.n_of_int
+
+let shape (t : table) s = Option.value ~default:[] (Hashtbl.find_opt t.shapes s)
+let last l = match List.rev l with x :: _ -> x | [] -> 0
+
+(* An op that is no instruction of its own kind: [IGen] over its kind and attributes
+   (several outputs: an output id no canonical op has). *)
+let generic (o : rop) : instr =
+  let d = match o.outputs with [d] -> tn d | l -> nid ("o:" ^ String.concat "," l) in
+  IGen (kind_id o.kind, attr_id o, d, List.map tn o.inputs)
+
+(* An op of either table as the instruction the rules match. *)
+let instr_of (t : table) (o : rop) : instr =
+  match o.kind, o.inputs, o.outputs with
+  | "residual_add", [a; b], [d] when o.astr = "{}" -> IAdd (tn d, tn a, tn b)
+  | "rmsnorm", [x; w], [d] -> INorm (tn d, tn x, tn w, num (last (shape t w)), attr_id o)
+  | "linear", [x; w], [d] when o.astr = "{}" -> (
+      match shape t w with
+      | [m; k] -> ILinear (tn d, tn x, tn w, num k, num m)
+      | _ -> generic o)
+  | "gated_mlp", [g; u], [d] -> IGlu (tn d, tn g, tn u, attr_id o)
+  | _ -> generic o
+
+type layout = { lname : string; lkind : string; lsources : string list }
+
+(* The rules a block may name, as the checker's [rule_id], with their fused op's kind. *)
+let rule_of (r : string) : rule_id option =
+  match r with
+  | "R1" -> Some R1 | "R4" -> Some R4 | "R10" -> Some R10 | "R11" -> Some R11
+  | "R12" -> Some R12 | "R2+R3+R13" | "R23" -> Some R23 | _ -> None
+
+let fused_kind = function
+  | "R1" -> "add_rmsnorm" | "R4" -> "qkv_concat" | "R10" -> "linear_residual"
+  | "R11" -> "rmsnorm_linear" | "R12" -> "rmsnorm_residual" | "R2+R3+R13" | "R23" -> "linear_glu"
+  | _ -> "?"
+
+(* The bundle's fused op of a block of rule [r] as that rule's fused instruction; an op of
+   another kind or operand shape is written as a plain op (the checker then rejects the
+   block: not an instance of its rule). *)
+let fused_instr (t : table) (layouts : layout list) (r : string) (o : rop) : instr =
+  let lay w kind = List.find_opt (fun l -> l.lname = w && l.lkind = kind) layouts in
+  let width s = last (shape t s) in
+  match fused_kind r, o.kind, o.inputs, o.outputs with
+  | "add_rmsnorm", "add_rmsnorm", [a; b; w], [s; d] ->
+      IAddNorm (tn s, tn d, tn a, tn b, tn w, num (width w), attr_id o)
+  | "rmsnorm_residual", "rmsnorm_residual", [res; y; w], [d] ->
+      INormResidual (tn d, tn res, tn y, tn w, num (width w), attr_id o)
+  | "linear_residual", "linear_residual", [x; w; res], [d] when o.astr = "{}" -> (
+      match shape t w with
+      | [m; k] -> ILinearResidual (tn d, tn x, tn w, num k, num m, tn res)
+      | _ -> instr_of t o)
+  | "rmsnorm_linear", "rmsnorm_linear", [x; nw; w], [d] -> (
+      match shape t w with
+      | [m; k] -> INormLinear (tn d, tn x, tn nw, num (width nw), attr_id o, tn w, num k, num m)
+      | _ -> instr_of t o)
+  | "qkv_concat", ("qkv_concat" | "linear_qkv"), [x; w], [dq; dk; dv] when o.astr = "{}" -> (
+      match lay w "cat3", shape t w with
+      | Some { lsources = [wq; wk; wv]; _ }, [rows; k]
+        when rows = width dq + width dk + width dv ->
+          ILinearQKV (tn dq, tn dk, tn dv, tn x, tn wq, tn wk, tn wv, num k,
+                      num (width dq), num (width dk), num (width dv))
+      | _ -> instr_of t o)
+  | "linear_glu", "linear_glu", [x; w], [d] -> (
+      match lay w "interleave", shape t w with
+      | Some { lsources = [wg; wu]; _ }, [rows; k] when rows = 2 * width d ->
+          ILinearGluI (tn d, tn x, tn wg, tn wu, num k, num (width d), attr_id o)
+      | _ -> instr_of t o)
+  | _ -> instr_of t o
+
+(* ---- reasons *)
+
+let op_str (t : table) i = Printf.sprintf "op %d (%s)" i t.ops.(i).name
+let list_str l = "[" ^ String.concat ", " l ^ "]"
+
+(* What differs between a bundle op and its canonical op, in words. *)
+let diff (b : rop) (c : rop) : string =
+  if b.kind <> c.kind then Printf.sprintf "kind %s, the model's graph has %s" b.kind c.kind
+  else if b.astr <> c.astr then (
+    let kv j = match j with `Assoc kv -> kv | _ -> [] in
+    let keys = List.sort_uniq compare (List.map fst (kv b.attrs) @ List.map fst (kv c.attrs)) in
+    let get k j = match List.assoc_opt k (kv j) with
+      | Some v -> Yojson.Safe.to_string v | None -> "absent" in
+    match List.filter (fun k -> get k b.attrs <> get k c.attrs) keys with
+    | k :: _ -> Printf.sprintf "attribute %s is %s, the model's graph has %s" k
+                  (get k b.attrs) (get k c.attrs)
+    | [] -> "attributes differ")
+  else if b.inputs <> c.inputs then (
+    let rec first i l m = match l, m with
+      | x :: l', y :: m' -> if x = y then first (i + 1) l' m' else
+            Printf.sprintf "operand %d is %S, the model's graph has %S" i x y
+      | _ -> Printf.sprintf "operands %s, the model's graph has %s"
+               (list_str b.inputs) (list_str c.inputs) in
+    first 0 b.inputs c.inputs)
+  else if b.outputs <> c.outputs then
+    Printf.sprintf "outputs %s, the model's graph has %s" (list_str b.outputs) (list_str c.outputs)
+  else "tensor shapes differ from the model's graph"
+
+type blk = {
+  rule : string;              (* "" for a pass-through *)
+  canon_ix : int list;        (* canonical op indices *)
+  fused_ix : int option;      (* bundle op index; None: the bundle has no op for it *)
+}
+
+let check (payload : Yojson.Safe.t) : Verdict.t =
+  let ct = read_table (Jnum.field "canonical" payload) in
+  let bt = read_table (Jnum.field "bundle" payload) in
+  let layouts =
+    List.map (fun j -> { lname = Jnum.str_field "weight" j; lkind = Jnum.str_field "layout" j;
+                         lsources = strs "sources" (Jnum.field "sources" j) })
+      (Jnum.list_field "layouts" payload) in
+  let outputs = strs "outputs" (Jnum.field "outputs" payload) in
+  let nc = Array.length ct.ops and nb = Array.length bt.ops in
+  let file_blocks =
+    List.map (fun j ->
+        let rule = Jnum.str_field "rule" j in
+        let cs = List.map (Jnum.to_int "canonical") (Jnum.list_field "canonical" j) in
+        let f = Jnum.int_field "fused" j in
+        if f < 0 || f >= nb || List.exists (fun c -> c < 0 || c >= nc) cs then
+          Verdict.bad "block of rule %s: an op index outside its table" rule;
+        (f, { rule; canon_ix = cs; fused_ix = Some f }))
+      (Jnum.list_field "blocks" payload) in
+  let covered = Array.make nc false in
+  List.iter (fun (_, b) -> List.iter (fun c -> covered.(c) <- true) b.canon_ix) file_blocks;
+  (* bundle ops in order; a pass-through takes the next canonical op no block names *)
+  let next = ref 0 in
+  let rec skip () = if !next < nc && covered.(!next) then (incr next; skip ()) in
+  let blocks =
+    List.init nb (fun f ->
+        match List.assoc_opt f file_blocks with
+        | Some b -> b
+        | None ->
+            skip ();
+            if !next < nc then (let c = !next in incr next; { rule = ""; canon_ix = [c]; fused_ix = Some f })
+            else { rule = ""; canon_ix = []; fused_ix = Some f }) in
+  let rest = ref [] in
+  skip ();
+  while !next < nc do
+    if not covered.(!next) then rest := { rule = ""; canon_ix = [!next]; fused_ix = None } :: !rest;
+    incr next
+  done;
+  let blocks = Array.of_list (blocks @ List.rev !rest) in
+  let cinstr = Array.map (instr_of ct) ct.ops in
+  let finstr =
+    Array.mapi (fun f o ->
+        match List.assoc_opt f file_blocks with
+        | Some b -> fused_instr bt layouts b.rule o
+        | None -> instr_of bt o)
+      bt.ops in
+  let missing = IGen (kind_id "(no op)", nid "a:", nid "o:(no op)", []) in
+  let to_coq (b : blk) : block =
+    { b_rule = (if b.rule = "" then RNone else Option.value ~default:RNone (rule_of b.rule));
+      b_canon = List.map (fun c -> cinstr.(c)) b.canon_ix;
+      b_fused = (match b.fused_ix with Some f -> finstr.(f) | None -> missing) } in
+  (* a block of an unknown rule is an [RNone] block over its ops: not an instance *)
+  let verdict =
+    check_checkpoint_a (Array.to_list cinstr) (Array.to_list finstr)
+      (Array.to_list (Array.map to_coq blocks)) (List.map tn outputs) in
+  match verdict with
+  | Accept -> { accepted = true; reason = None; theorems }
+  | Reject (bi, code) ->
+      let bi = Jnum.int_of_n bi and code = Jnum.int_of_n code in
+      let canon_str b = String.concat ", " (List.map (op_str ct) b.canon_ix) in
+      let reason =
+        match code with
+        | 1 when bi < Array.length blocks -> (
+            let b = blocks.(bi) in
+            match b.rule, b.fused_ix, b.canon_ix with
+            | "", Some f, [c] ->
+                Printf.sprintf "%s differs from the model's graph (canonical %s): %s"
+                  (op_str bt f) (op_str ct c) (diff bt.ops.(f) ct.ops.(c))
+            | "", Some f, _ ->
+                Printf.sprintf "%s: no op of the model's graph is left for it (the op table has %d ops, the graph %d)"
+                  (op_str bt f) nb nc
+            | "", None, cs ->
+                Printf.sprintf "the op table has no op for the model graph's %s (the op table has %d ops, the graph %d)"
+                  (canon_str { b with canon_ix = cs }) nb nc
+            | r, Some f, _ when rule_of r = None ->
+                Printf.sprintf "%s: rule %S is not one the checker knows (R1, R4, R10, R11, R12, R2+R3+R13)"
+                  (op_str bt f) r
+            | r, Some f, _ ->
+                Printf.sprintf "%s (%s) is not an instance of rule %s (fused kind %s) over %s"
+                  (op_str bt f) bt.ops.(f).kind r (fused_kind r) (canon_str b)
+            | r, None, _ -> Printf.sprintf "block of rule %s has no fused op" r)
+        | 2 when bi < Array.length blocks ->
+            let b = blocks.(bi) in
+            let who = match b.fused_ix with Some f -> op_str bt f | None -> "a block" in
+            Printf.sprintf "%s reads a value an earlier rewrite fused away (it has no buffer after the fused op)" who
+        | 3 ->
+            let gone =
+              List.concat_map (fun (f, b) ->
+                  List.concat_map (fun c ->
+                      List.filter_map (fun o ->
+                          if List.mem o outputs && not (List.mem o bt.ops.(f).outputs)
+                          then Some (Printf.sprintf "%s, fused away by %s (%s)" o (op_str bt f) b.rule)
+                          else None)
+                        ct.ops.(c).outputs)
+                    b.canon_ix)
+                file_blocks in
+            (match gone with
+             | g :: _ -> "program output " ^ g
+             | [] -> "a program output is a value a rewrite fused away")
+        | 4 ->
+            "the applied rewrites do not cover the model's graph in its op order (rewrites.json's blocks out of order)"
+        | _ -> Printf.sprintf "rejected (block %d, code %d)" bi code
+      in
+      { accepted = false; reason = Some reason; theorems = [] }
