@@ -298,3 +298,65 @@ def make_tiny_gemma4(
     model.save_pretrained(directory, safe_serialization=True)
     write_tokenizer(directory, config)
     return directory
+
+
+# DeepSeek-V3 (`make_tiny_deepseek_v3`): latent attention with q_lora_rank 24, kv_lora_rank
+# 16, per head 12 unrotated + 8 rotated (interleaved) query / key columns and 10 value columns
+# (!= 20); layer 0 dense (first_k_dense_replace 1), layers 1-2 DeepSeekMoE: top-3 of 8
+# sigmoid-scored experts of width 24 in 4 groups (the best 2 eligible), correction bias
+# perturbed, renormalised, times 2.5, plus one shared expert. No multi-token prediction layer.
+DEEPSEEK_V3_TINY: dict[str, Any] = dict(
+    vocab_size=301,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=24,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    n_group=4,
+    topk_group=2,
+    num_experts_per_tok=3,
+    first_k_dense_replace=1,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    q_lora_rank=24,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=12,
+    v_head_dim=10,
+    rope_interleave=True,
+    num_nextn_predict_layers=0,
+    max_position_embeddings=256,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    tie_word_embeddings=False,
+    initializer_range=0.2,
+)
+
+
+def make_tiny_deepseek_v3(seed: int = 0, out: Path | str | None = None, **overrides: Any) -> Path:
+    """A tiny `DeepseekV3ForCausalLM` checkpoint (`DEEPSEEK_V3_TINY` with `overrides`) through
+    transformers' own classes; norms and the routers' correction biases perturbed."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    params = dict(DEEPSEEK_V3_TINY)
+    params.update(overrides)
+    params.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    config = transformers.DeepseekV3Config(**params)
+    directory = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="plow-dsv3-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = transformers.DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.add_(0.1 * torch.randn_like(b))
+    model.save_pretrained(directory, safe_serialization=True)
+    write_tokenizer(directory, config)
+    return directory
