@@ -170,15 +170,18 @@ def test_dropped_op_is_rejected(bundles: dict[str, Path], tmp_path: Path) -> Non
 # emitter's fused opcodes are not this test's business)
 
 
-def _fuse_add_rmsnorm(doc: dict[str, Any], layer: int, eps: float | None = None) -> int:
-    """Replace L<layer>.attn_residual + L<layer>.mlp_norm by one add_rmsnorm op."""
+def _fuse_add_rmsnorm(
+    doc: dict[str, Any], layer: int, eps: float | None = None, weight: str | None = None
+) -> int:
+    """Replace L<layer>.attn_residual + L<layer>.mlp_norm by one add_rmsnorm op (with another
+    epsilon or norm weight when given)."""
     ops = doc["ops"]
     i = next(k for k, o in enumerate(ops) if o["name"] == f"L{layer}.attn_residual")
     add, norm = ops[i], ops[i + 1]
     attrs = dict(norm["attrs"]) if eps is None else {**norm["attrs"], "eps": eps}
     fused = {
         **norm, "name": f"L{layer}.attn_residual+mlp_norm", "kind": "add_rmsnorm",
-        "attrs": attrs, "inputs": [*add["inputs"], norm["inputs"][1]],
+        "attrs": attrs, "inputs": [*add["inputs"], weight or norm["inputs"][1]],
         "outputs": [add["outputs"][0], norm["outputs"][0]],
     }  # fmt: skip
     ops[i : i + 2] = [fused]
@@ -220,11 +223,16 @@ def test_add_rmsnorm_block_is_accepted(bundles: dict[str, Path], tmp_path: Path)
     assert f"op {i} (L1.attn_residual+mlp_norm)" in why and "kind add_rmsnorm" in why, why
 
 
-def test_add_rmsnorm_with_an_edited_epsilon_is_no_instance(
-    bundles: dict[str, Path], tmp_path: Path
+@pytest.mark.parametrize(
+    "edit",
+    [{"eps": 1e-3}, {"weight": "model.layers.0.input_layernorm.weight"}],
+    ids=["edited_epsilon", "residual_into_another_norm"],
+)
+def test_add_rmsnorm_block_that_is_no_instance_is_rejected(
+    bundles: dict[str, Path], tmp_path: Path, edit: dict[str, Any]
 ) -> None:
     b = copy_bundle(bundles["llama"], tmp_path / "b")
-    i = _fused_rungs(b, lambda d: _fuse_add_rmsnorm(d, 0, eps=1e-3))
+    i = _fused_rungs(b, lambda d: _fuse_add_rmsnorm(d, 0, **edit))
     _with_rewrites(b, [{"rule": "R1", "canonical": [i, i + 1], "fused": i}])
     why = a_files_rejection(b)
     assert f"op {i} (L0.attn_residual+mlp_norm)" in why, why
