@@ -181,7 +181,7 @@ __attribute__((target("avx2,fma"))) static inline __m256 load8(const uint16_t* p
 template <class W>
 __attribute__((target("avx2,fma"))) static void dot4x3_avx2(const float* x, int64_t ldx,
                                                              const W* w, int64_t ldw, int64_t n,
-                                                             float* y) {
+                                                             float* y, const W* next = nullptr) {
   __m256 fold[2][12];
   for (int g = 0; g < 4; ++g) {
     __m256 a[12];
@@ -189,6 +189,12 @@ __attribute__((target("avx2,fma"))) static void dot4x3_avx2(const float* x, int6
     const W *w0 = w + g * 8, *w1 = w0 + ldw, *w2 = w1 + ldw;
     const float* xg = x + g * 8;
     for (int64_t k = 0; k < n; k += 32) {
+      if (next != nullptr && g == 0)  // the next three rows' lines, while these compute
+        for (int o = 0; o < 3; ++o) {
+          _mm_prefetch(reinterpret_cast<const char*>(w + o * ldw + k + 16), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(next + o * ldw + k), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(next + o * ldw + k + 16), _MM_HINT_T0);
+        }
       const __m256 v0 = load8(w0 + k), v1 = load8(w1 + k), v2 = load8(w2 + k);
       for (int r = 0; r < 4; ++r) {
         const __m256 xr = _mm256_loadu_ps(xg + r * ldx + k);
@@ -370,6 +376,12 @@ PLOW_HD static void tile_linear(const Ctx& c, const PlowOp& op, const Range* r, 
     const auto decode_row = [&](int64_t n, float* out) {
       const int64_t off = n * K + k0;
       int64_t k = 0;
+#if defined(PLOW_X86_BLOCKS)
+      if (plow_has_avx2 && off % 32 == 0 && op.w0_dtype != PLOW_Q4_0) {
+        decode_blocks_avx2(wb + off / 32 * block_bytes(op.w0_dtype), op.w0_dtype, kn / 32, out);
+        k = kn / 32 * 32;
+      }
+#endif
       if (off % 32 == 0)
         for (; k + 32 <= kn; k += 32) decode_block(wb, op.w0_dtype, (off + k) / 32, out + k);
       for (; k < kn; ++k) out[k] = block_weight(wb, op.w0_dtype, off + k);
@@ -424,11 +436,16 @@ PLOW_HD static void tile_linear(const Ctx& c, const PlowOp& op, const Range* r, 
     for (; n_done + 3 <= r[1].b; n_done += 3) {
       const int64_t n = n_done, off = n * K + k0;
       float y12[12];
+      const bool ahead = n + 6 <= r[1].b;  // the first row block prefetches the next three rows
       for (int64_t m = r[0].a; m < mq; m += 4) {
-        if (op.w0_dtype == PLOW_F32)
-          dot4x3_avx2(x + m * K + k0, K, static_cast<const float*>(op.w0) + off, K, kn, y12);
-        else
-          dot4x3_avx2(x + m * K + k0, K, static_cast<const uint16_t*>(op.w0) + off, K, kn, y12);
+        const bool pf = ahead && m == r[0].a;
+        if (op.w0_dtype == PLOW_F32) {
+          const float* w = static_cast<const float*>(op.w0) + off;
+          dot4x3_avx2(x + m * K + k0, K, w, K, kn, y12, pf ? w + 3 * K : nullptr);
+        } else {
+          const uint16_t* w = static_cast<const uint16_t*>(op.w0) + off;
+          dot4x3_avx2(x + m * K + k0, K, w, K, kn, y12, pf ? w + 3 * K : nullptr);
+        }
         for (int i = 0; i < 4; ++i)
           for (int o = 0; o < 3; ++o)
             dst[(m + i) * N + n + o] =
