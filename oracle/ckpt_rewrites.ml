@@ -252,7 +252,28 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
         | 2 when bi < Array.length blocks ->
             let b = blocks.(bi) in
             let who = match b.fused_ix with Some f -> op_str bt f | None -> "a block" in
-            Printf.sprintf "%s reads a value an earlier rewrite fused away (it has no buffer after the fused op)" who
+            (* the values the earlier rule blocks fused away: their canonical ops' outputs
+               that their fused op does not write *)
+            let gone = Hashtbl.create 16 in
+            Array.iteri (fun k (e : blk) ->
+                if k < bi && e.rule <> "" then
+                  match e.fused_ix with
+                  | Some f ->
+                      List.iter (fun c ->
+                          List.iter (fun o ->
+                              if not (List.mem o bt.ops.(f).outputs) then
+                                Hashtbl.replace gone o (op_str bt f, e.rule))
+                            ct.ops.(c).outputs)
+                        e.canon_ix
+                  | None -> ())
+              blocks;
+            let read = List.concat_map (fun c -> ct.ops.(c).inputs) b.canon_ix in
+            (match List.find_opt (Hashtbl.mem gone) read with
+             | Some v ->
+                 let by, r = Hashtbl.find gone v in
+                 Printf.sprintf "%s reads %S, which %s (%s) fused away: no buffer holds it any more"
+                   who v by r
+             | None -> Printf.sprintf "%s reads a value an earlier rewrite fused away" who)
         | 3 ->
             let gone =
               List.concat_map (fun (f, b) ->
@@ -268,7 +289,16 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
              | g :: _ -> "program output " ^ g
              | [] -> "a program output is a value a rewrite fused away")
         | 4 ->
-            "the applied rewrites do not cover the model's graph in its op order (rewrites.json's blocks out of order)"
+            let seq = List.concat_map (fun b -> b.canon_ix) (Array.to_list blocks) in
+            let rec first k = function
+              | c :: l -> if c = k then first (k + 1) l else Some (k, c)
+              | [] -> None in
+            (match first 0 seq with
+             | Some (k, c) ->
+                 Printf.sprintf
+                   "the applied rewrites do not keep the model graph's op order: the blocks of rewrites.json put %s where %s is (a fusion may not move an op across another)"
+                   (op_str ct c) (op_str ct k)
+             | None -> "the op tables are not the concatenation of the applied rewrites' blocks")
         | _ -> Printf.sprintf "rejected (block %d, code %d)" bi code
       in
       { accepted = false; reason = Some reason; theorems = [] }

@@ -284,3 +284,123 @@ def test_unreadable_rewrites_file_is_a_located_rejection(
     _with_rewrites(b, [{"rule": "R1", "canonical": [999], "fused": 3}])
     why = a_rejection(b, checkpoints=("A",))
     assert why.startswith("rewrites.json: block 0 (R1): canonical op 999 is outside"), why
+
+
+def _fuse(
+    doc: dict[str, Any],
+    first: str,
+    count: int,
+    op: dict[str, Any],
+    tensors: dict[str, list[int]] | None = None,
+) -> int:
+    """Replace `count` ops from the one named `first` by `op` (kind, inputs, outputs, attrs;
+    new weight tensors by shape); returns its index."""
+    ops = doc["ops"]
+    i = next(k for k, o in enumerate(ops) if o["name"] == first)
+    for name, shape in (tensors or {}).items():
+        doc["tensors"][name] = {**doc["tensors"][ops[i]["inputs"][-1]], "shape": shape}
+    ops[i : i + count] = [{**ops[i], "name": f"{first}+{count - 1}", **op}]
+    for k, o in enumerate(ops):
+        o["index"] = k
+    return i
+
+
+def _weight(bundle: Path, name: str) -> list[int]:
+    doc = json.loads((bundle / first_rung(bundle)["ops"]).read_text())
+    shape: list[int] = doc["tensors"][name]["shape"]
+    return shape
+
+
+L0 = "model.layers.0."
+
+
+@pytest.mark.parametrize("order", ["q, k, v", "k, q, v"])
+def test_qkv_concat_block_checks_the_concatenation(
+    bundles: dict[str, Path], tmp_path: Path, order: str
+) -> None:
+    b = copy_bundle(bundles["llama"], tmp_path / "b")
+    ws = {p: f"{L0}self_attn.{p}_proj.weight" for p in "qkv"}
+    sources = [ws[p] for p in order.split(", ")]
+    rows = sum(_weight(b, w)[0] for w in sources)
+    wqkv = f"{L0}self_attn.qkv.weight"
+    fused = {
+        "kind": "qkv_concat", "attrs": {}, "inputs": ["L0.attn_norm", wqkv],
+        "outputs": ["L0.q_proj", "L0.k_proj", "L0.v_proj"],
+    }  # fmt: skip
+    shape = [rows, _weight(b, ws["q"])[1]]
+    i = _fused_rungs(b, lambda d: _fuse(d, "L0.q_proj", 3, fused, {wqkv: shape}))
+    _with_rewrites(
+        b,
+        [{"rule": "R4", "canonical": [i, i + 1, i + 2], "fused": i}],
+        [{"weight": wqkv, "layout": "cat3", "sources": sources}],
+    )
+    if order == "q, k, v":
+        assert all(isinstance(c, Certificate) and c.accepted for c in a_on_files(b))
+    else:
+        why = a_files_rejection(b)
+        assert f"op {i} (L0.q_proj+2) (qkv_concat) is not an instance of rule R4" in why, why
+
+
+def test_residual_fusions_are_accepted(bundles: dict[str, Path], tmp_path: Path) -> None:
+    # R10 on llama: o_proj + the attention residual (residual stream first)
+    b = copy_bundle(bundles["llama"], tmp_path / "r10")
+    fused = {
+        "kind": "linear_residual", "attrs": {},
+        "inputs": ["L0.attn", f"{L0}self_attn.o_proj.weight", "embed"],
+        "outputs": ["L0.attn_residual"],
+    }  # fmt: skip
+    i = _fused_rungs(b, lambda d: _fuse(d, "L0.o_proj", 2, fused))
+    _with_rewrites(b, [{"rule": "R10", "canonical": [i, i + 1], "fused": i}])
+    assert all(isinstance(c, Certificate) and c.accepted for c in a_on_files(b))
+    # R12 on gemma3: the sandwich post-norm + the residual, with the norm's attributes
+    b = copy_bundle(bundles["gemma3"], tmp_path / "r12")
+    norm = json.loads((b / first_rung(b)["ops"]).read_text())["ops"][11]
+    assert norm["name"] == "L0.post_attn_norm"
+    fused = {
+        "kind": "rmsnorm_residual", "attrs": norm["attrs"],
+        "inputs": ["embed", "L0.o_proj", f"{L0}post_attention_layernorm.weight"],
+        "outputs": ["L0.attn_residual"],
+    }  # fmt: skip
+    i = _fused_rungs(b, lambda d: _fuse(d, "L0.post_attn_norm", 2, fused))
+    _with_rewrites(b, [{"rule": "R12", "canonical": [i, i + 1], "fused": i}])
+    assert all(isinstance(c, Certificate) and c.accepted for c in a_on_files(b))
+
+
+def test_a_fusion_whose_intermediate_is_read_later_is_rejected(
+    bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    # R11 over the attention norm and q_proj: k_proj and v_proj still read the norm's output
+    b = copy_bundle(bundles["llama"], tmp_path / "b")
+    norm = json.loads((b / first_rung(b)["ops"]).read_text())["ops"][1]
+    fused = {
+        "kind": "rmsnorm_linear", "attrs": norm["attrs"],
+        "inputs": ["embed", f"{L0}input_layernorm.weight", f"{L0}self_attn.q_proj.weight"],
+        "outputs": ["L0.q_proj"],
+    }  # fmt: skip
+    i = _fused_rungs(b, lambda d: _fuse(d, "L0.attn_norm", 2, fused))
+    _with_rewrites(b, [{"rule": "R11", "canonical": [i, i + 1], "fused": i}])
+    why = a_files_rejection(b)
+    assert f'op {i + 1} (L0.k_proj) reads "L0.attn_norm"' in why, why
+    assert f"op {i} (L0.attn_norm+1) (R11) fused away" in why, why
+
+
+def test_blocks_out_of_the_graphs_order_are_rejected(
+    bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    # every block an instance, but the fused add+norm moved after the gate projection that
+    # reads its output: the table is no longer the blocks in the graph's order
+    b = copy_bundle(bundles["llama"], tmp_path / "b")
+
+    def fuse_and_swap(d: dict[str, Any]) -> int:
+        i = _fuse_add_rmsnorm(d, 0)
+        ops = d["ops"]
+        ops[i], ops[i + 1] = ops[i + 1], ops[i]
+        for k, o in enumerate(ops):
+            o["index"] = k
+        return i
+
+    i = _fused_rungs(b, fuse_and_swap)
+    _with_rewrites(b, [{"rule": "R1", "canonical": [i, i + 1], "fused": i + 1}])
+    why = a_files_rejection(b)
+    assert "do not keep the model graph's op order" in why, why
+    assert f"put op {i + 2} (L0.gate_proj) where op {i} (L0.attn_residual) is" in why, why
