@@ -642,6 +642,23 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
         if (seen < want) {
           const unsigned long long t0 = plow_dev::global_ns();
           unsigned int spins = 0;
+      // fused ops (kernels/fused.h): add_rmsnorm's rows strided over the CTA's threads
+      case plow::PLOW_ADD_RMSNORM:
+        for (int64_t i = r[0].a + threadIdx.x; i < r[0].b; i += blockDim.x) {
+          const Range s[3] = {{i, i + 1}, r[1], r[2]};
+          plow::tile_add_rmsnorm(c, op, s);
+        }
+        break;
+      // linear_glu: the tile's output elements strided over the CTA's threads (fused.h's dots)
+      case plow::PLOW_LINEAR_GLU: {
+        const int64_t cols = r[1].b - r[1].a, count = (r[0].b - r[0].a) * cols;
+        for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+          const int64_t i = r[0].a + e / cols, j = r[1].a + e % cols;
+          const Range s[3] = {{i, i + 1}, {j, j + 1}, r[2]};
+          plow::tile_linear_glu(c, op, s);
+        }
+        break;
+      }
           while ((seen = plow_dev::counter_load(ctr, scope)) < want) {
             if (++spins < 64) continue;
             PLOW_SLEEP();

@@ -9,6 +9,7 @@
 #include "gemma4.h"
 #include "ssm.h"
 #include "deepseek.h"
+#include "fused.h"
 
 namespace plow {
 
@@ -73,6 +74,8 @@ PLOW_HD static int64_t run_tile(const Ctx& c, const PlowOp& op, const Range* r, 
     case PLOW_SSM_CONV:
     case PLOW_SSM_SCAN:
     case PLOW_SSM_NORM: ssm_tile(c, op, r); break;  // kernels/ssm.h (Mamba-2)
+    case PLOW_ADD_RMSNORM: tile_add_rmsnorm(c, op, r); break;  // kernels/fused.h (R1)
+    case PLOW_LINEAR_GLU: tile_linear_glu(c, op, r); break;    // kernels/fused.h (R2+R3+R13)
     default: break;  // the loader refuses other kinds
   }
   return 0;

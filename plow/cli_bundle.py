@@ -121,22 +121,39 @@ def _inspect_cmd(fail: Fail) -> Callable[..., None]:
 
         if rewrites:
             from plow.egraph.report import render
-            from plow.emit.inspect import rewrites_of_bundle
+            from plow.emit.inspect import applied_rewrites, rewrites_of_bundle
 
             try:
                 reports = rewrites_of_bundle(bundle)
+                applied = applied_rewrites(bundle)
             except PlowError as e:
                 fail(e)
             if as_json:
                 print(
                     json.dumps(
-                        {"bundle": str(bundle), "rewrites": [r.model_dump() for r in reports]}
+                        {
+                            "bundle": str(bundle),
+                            "rewrites": [r.model_dump() for r in reports],
+                            "applied": applied,
+                        }
                     )
                 )
                 return
             for r in reports:
                 for table in render(r):
                     Console().print(table)
+            t = Table(title="applied in the packets (rewrites.json; compile --fuse)")
+            for c in ("rule", "fused op", "kind", "canonical ops"):
+                t.add_column(c)
+            for b in applied["blocks"]:
+                t.add_row(b["rule"], b["fused"], b["kind"], ", ".join(b["canonical"]))
+            Console().print(t if applied["blocks"] else "applied in the packets: none")
+            for lay in applied["layouts"]:
+                Console().print(
+                    f"re-laid-out weight {lay['weight']}: {lay['layout']} of "
+                    f"{', '.join(lay['sources'])}",
+                    highlight=False,
+                )
             return
         try:
             info = inspect_bundle(bundle)

@@ -82,6 +82,14 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 help="Tensor-parallel degree: GPUs the plan spans (overrides the target's gpus).",
             ),
         ] = None,
+        fuse: Annotated[
+            bool,
+            typer.Option(
+                "--fuse",
+                help="Put the e-graph stage's fused ops in the packets (R1 add+rmsnorm; "
+                "docs/egraph.md). Off by default.",
+            ),
+        ] = False,
     ) -> None:
         """Compile a checkpoint into a bundle (plan files, op tables, weights, tokenizer)."""
         from plow.cli_bundle import certificate_table, compile_table
@@ -107,6 +115,8 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 upd["decode_budget_ns"] = max(1, round(budget_ms * 1e6))
             if context is not None:
                 upd["context"] = context
+            if fuse:
+                upd["fuse"] = True
             if upd:
                 prof = prof.model_copy(update=upd)
             # What can be refused before planning is refused before the progress display

@@ -61,6 +61,7 @@ class BucketPlan:
     certificate: Certificate | None = None
     schedule: Schedule | None = None
     schedule_certificate: Certificate | None = None
+    rewrites: Any = None  # plow.egraph.apply.Applied when the profile fuses
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,12 @@ def compile_plan(
         name = bucket.name
         budget = profile.budget_ns(bucket)
         graph = stage("graph", name, build_graph, spec, bucket)
+        applied = None
+        if profile.fuse:  # the extraction decides (plow/egraph/apply.py)
+            from plow.egraph.apply import fuse_graph
+
+            applied = stage("fuse", name, fuse_graph, graph, target)
+            graph = applied.graph
         tg = stage("tile", name, tile_graph, graph, target, options)
         bounds = stage("bounds", name, bounds_stage, tg, budget)
         payload: TilePayload | None = None
@@ -141,7 +148,9 @@ def compile_plan(
                 _, dcert = stage("checkpoint D", name, certify_schedule, sched)
                 if not dcert.accepted:
                     raise PlanRejected(f"checkpoint D, bucket {name}", dcert.reason or "rejected")
-        plans.append(BucketPlan(bucket, budget, graph, tg, bounds, payload, cert, sched, dcert))
+        plans.append(
+            BucketPlan(bucket, budget, graph, tg, bounds, payload, cert, sched, dcert, applied)
+        )
     return CompileResult(Path(source), spec, target, profile, tuple(plans), seconds)
 
 

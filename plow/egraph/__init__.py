@@ -78,9 +78,15 @@ def _weight_dtype(graph: OpGraph) -> str:
     return "float32"
 
 
-def rewrite(graph: OpGraph, target: Target, limits: Limits | None = None) -> Rewritten:
+def rewrite(
+    graph: OpGraph, target: Target, limits: Limits | None = None, fuse: bool = False
+) -> Rewritten:
     """Saturate `graph` under R1–R19 within `limits`, extract twice (every rule; the
-    emitter's ops) by `target`'s cost model, and report."""
+    emitter's ops) by `target`'s cost model, and report. `fuse`: the emitter's ops include
+    the fused kinds it implements (a `CompileProfile.fuse` compile, plow/egraph/apply.py)."""
+    from plow.egraph.apply import EMITTED_FUSED
+
+    implemented = frozenset().union(*EMITTED_FUSED.values())
     limits = limits or Limits()
     t0 = time.perf_counter()
     low, sat = saturate(graph, limits)
@@ -94,7 +100,7 @@ def rewrite(graph: OpGraph, target: Target, limits: Limits | None = None) -> Rew
     roots = [index[sat.classes[o]] for o in low.outputs]
     dtype = _weight_dtype(graph)
     ext_s = extract(view, info, roots, target, dtype)
-    ext_e = extract(view, info, roots, target, dtype, EMITTER)
+    ext_e = extract(view, info, roots, target, dtype, EMITTER | implemented if fuse else EMITTER)
     if ext_e.cost_ns < ext_s.cost_ns:  # the heuristic lost to a choice it could have made
         ext_s = ext_e
     fs, fe = build_fused(view, ext_s, canonical), build_fused(view, ext_e, canonical)
@@ -137,6 +143,8 @@ def rewrite(graph: OpGraph, target: Target, limits: Limits | None = None) -> Rew
             RelayoutRow(name=r.name, layout=r.layout, sources=list(r.sources), rows=r.rows)
             for r in fs.relayouts
         ],
-        unimplemented=sorted({o.kind for o in fs.ops if o.kind not in EMITTER}),
+        unimplemented=sorted(
+            {o.kind for o in fs.ops if o.kind not in EMITTER and o.kind not in implemented}
+        ),
     )
     return Rewritten(fs, fe, report)

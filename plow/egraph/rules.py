@@ -41,7 +41,7 @@ RULES: tuple[RuleInfo, ...] = (
         "full-width norm (group 0) of the sum",
         "add_rmsnorm_sound",
         ("add_rmsnorm",),
-        False,
+        True,  # with --fuse (plow/egraph/apply.py)
     ),
     RuleInfo(
         "R2",
@@ -50,7 +50,7 @@ RULES: tuple[RuleInfo, ...] = (
         "gate and up read the same input; equal shapes",
         "gate_up_interleave_sound",
         ("glu_interleaved", "interleave"),
-        False,
+        True,  # with --fuse (plow/egraph/apply.py)
     ),
     RuleInfo(
         "R3",
@@ -59,7 +59,7 @@ RULES: tuple[RuleInfo, ...] = (
         "the linear's rows are interleaved gate/up pairs (R2's layout)",
         "linear_glu_sound",
         ("linear_glu",),
-        False,
+        True,  # with --fuse (plow/egraph/apply.py)
     ),
     RuleInfo(
         "R4",

@@ -187,19 +187,54 @@ _ST_DTYPE = {
 }
 
 
-def copy_weights(source: Path, names: list[str], dest: Path) -> WeightsInfo:
+def _interleaved(store: Any, name: str, sources: tuple[str, ...]) -> Any:
+    """The entry of a weight re-laid-out as `interleave(Wg, Wu)` (R2, plow/egraph/apply.py):
+    row 2i is row i of Wg, row 2i + 1 row i of Wu — one byte run per row of each source."""
+    from plow.checkpoint.fp8 import FP8
+    from plow.checkpoint.weights import TensorEntry
+
+    eg, eu = store.entry(sources[0]), store.entry(sources[1])
+    rows = eg.logical_shape[0]
+    same = (eg.dtype, eg.shape, eg.quant) == (eu.dtype, eu.shape, eu.quant)
+    if not same or eg.parts or eu.parts or eg.dtype == FP8 or eg.shape[0] != rows:
+        raise PlowError(name, f"cannot interleave {sources[0]!r} and {sources[1]!r} by rows")
+    rb = eg.nbytes // rows
+    parts = tuple(
+        TensorEntry(e.file, e.dtype, (1, *e.shape[1:]), e.offset + i * rb, rb)
+        for i in range(rows)
+        for e in (eg, eu)
+    )
+    quant = None if eg.quant is None else (eg.quant[0], (2 * rows, eg.quant[1][1]))
+    shape = (2 * rows, *eg.shape[1:])
+    return TensorEntry(eg.file, eg.dtype, shape, eg.offset, 2 * eg.nbytes, parts, quant)
+
+
+def copy_weights(
+    source: Path,
+    names: list[str],
+    dest: Path,
+    layouts: dict[str, tuple[str, tuple[str, ...]]] | None = None,
+) -> WeightsInfo:
     """Copy the named tensors from the checkpoint's safetensors files into one file, byte for
-    byte (streamed, never whole in RAM), in `names` order."""
+    byte (streamed, never whole in RAM), in `names` order. `layouts`: the re-laid-out weights
+    (name -> (layout, sources)) the fused ops read, built from their sources' rows."""
     from plow.checkpoint.loader import weight_files
     from plow.checkpoint.quant import METADATA_KEY as QUANT_KEY
     from plow.checkpoint.quant import write_metadata as write_quant_metadata
     from plow.checkpoint.weights import WeightStore, safetensors_header
 
     store = WeightStore.open(weight_files(source), where=source)
+    layouts = layouts or {}
     # fp8 weights travel with their scale tensors (plow.checkpoint.fp8)
-    scales = [sc for n in names if (sc := store.fp8_scale(n)) is not None and sc not in names]
+    scales = [
+        sc
+        for n in names
+        if n not in layouts and (sc := store.fp8_scale(n)) is not None and sc not in names
+    ]
     names = [*names, *scales]
-    entries = [store.entry(n) for n in names]
+    entries = [
+        _interleaved(store, n, layouts[n][1]) if n in layouts else store.entry(n) for n in names
+    ]
     # blocks are copied as blocks; the metadata says how to read them
     quant = {n: e.quant for n, e in zip(names, entries, strict=True) if e.quant is not None}
     meta = {"format": "pt", "writer": "plow"}
@@ -209,10 +244,15 @@ def copy_weights(source: Path, names: list[str], dest: Path) -> WeightsInfo:
         (n, _ST_DTYPE[e.dtype.name], e.shape, e.nbytes) for n, e in zip(names, entries, strict=True)
     ]
     pos = sum(e.nbytes for e in entries)
-    with dest.open("wb") as out:
-        out.write(safetensors_header(specs, meta))
-        for e in (p for t in entries for p in t.pieces):  # stacked experts: their parts
-            with e.file.open("rb") as f:
+    files: dict[Path, Any] = {}
+    try:
+        with dest.open("wb") as out:
+            out.write(safetensors_header(specs, meta))
+            # stacked experts, interleaved rows: their parts
+            for e in (p for t in entries for p in t.pieces):
+                f = files.get(e.file)
+                if f is None:
+                    f = files[e.file] = e.file.open("rb")
                 f.seek(e.offset)
                 left = e.nbytes
                 while left:
@@ -221,7 +261,11 @@ def copy_weights(source: Path, names: list[str], dest: Path) -> WeightsInfo:
                         raise PlowError(e.file, "safetensors file ended early")
                     out.write(chunk)
                     left -= len(chunk)
-    return WeightsInfo(file=WEIGHTS, tensors=len(names), bytes=pos, relayout=list(RELAYOUT))
+    finally:
+        for f in files.values():
+            f.close()
+    relayout = [*RELAYOUT, *(f"{n}: {lay}" for n, (lay, _) in layouts.items() if n in names)]
+    return WeightsInfo(file=WEIGHTS, tensors=len(names), bytes=pos, relayout=relayout)
 
 
 def _phase(p: str) -> Phase:
@@ -262,7 +306,13 @@ def write_bundle_files(
             for name, t in e.op_table.tensors.items():
                 if t.role == "weight" and name not in names:
                     names.append(name)
-        weights = copy_weights(src, names, tmp / WEIGHTS)
+        layouts = {
+            x.weight: (x.layout, x.sources)
+            for b in result.buckets
+            if b.rewrites is not None
+            for x in b.rewrites.layouts
+        }
+        weights = copy_weights(src, names, tmp / WEIGHTS, layouts)
         for f in TOKENIZER_FILES:
             if (src_dir / f).is_file():
                 shutil.copyfile(src_dir / f, tmp / f)
@@ -270,6 +320,11 @@ def write_bundle_files(
             raise PlowError(
                 src_dir / "tokenizer.json", "missing: a full bundle ships the tokenizer"
             )
+    applied = [b.rewrites for b in result.buckets if b.rewrites is not None]
+    if applied:  # the fused ops' blocks, for checkpoint A (plow/egraph/apply.py)
+        from plow.egraph.apply import REWRITES_FILE, rewrites_json
+
+        (tmp / REWRITES_FILE).write_text(rewrites_json(applied))
     rungs = []
     by_name = {b.bucket.name: b for b in result.buckets}
     for e in emitted:

@@ -61,6 +61,10 @@ OPCODE_OF_KIND: dict[str, Opcode] = {
     "attention": Opcode.ATTENTION,
     "gated_mlp": Opcode.MLP_GATE_UP,
     "residual_add": Opcode.RESIDUAL_ADD,
+    # fused ops (plow/egraph/apply.py): the opcode of their main canonical op; the op table's
+    # kind says which (R1: a norm packet; R2+R3+R13: the gate/up linear with the glu epilogue)
+    "add_rmsnorm": Opcode.RMSNORM,
+    "linear_glu": Opcode.MLP_GATE_UP,
     "lm_head": Opcode.LM_HEAD,
     "sample": Opcode.SAMPLE,
     "router": Opcode.ROUTER,

@@ -131,7 +131,45 @@ def rewrites_of_bundle(bundle: Path) -> list[Any]:
         raise MalformedBundle(bundle, f"{row.reason} (see `plow verify {bundle}`)")
     spec = load_spec(bundle)
     target = Target.model_validate(m.target)
+    fuse = bool(m.profile.get("fuse", False))  # the emitter's extraction is what was compiled
     return [
-        rewrite(build_graph(spec, Bucket(Phase(r.phase), r.batch, r.seq, r.context)), target).report
+        rewrite(
+            build_graph(spec, Bucket(Phase(r.phase), r.batch, r.seq, r.context)), target, fuse=fuse
+        ).report
         for r in m.ladder
     ]
+
+
+def applied_rewrites(bundle: Path) -> dict[str, Any]:
+    """The rewrites the bundle's packets hold (`rewrites.json`, written by a `--fuse`
+    compile; plow/egraph/apply.py): per block its rule, the canonical ops it covers (the
+    model's graph, rebuilt from `config.json`, for the first rung) and the fused op of the op
+    table; the re-laid-out weights. `{"blocks": [], "layouts": []}` for an unfused bundle."""
+    import json
+
+    from plow.checkpoint import load_spec
+    from plow.emit.files import OpTable
+    from plow.graph import Bucket, Phase, build_graph
+
+    bundle = Path(bundle)
+    m = read_manifest(bundle)
+    f = bundle / "rewrites.json"
+    if not f.is_file() or not m.ladder:
+        return {"blocks": [], "layouts": []}
+    try:
+        doc = json.loads(f.read_text())
+        r = m.ladder[0]
+        canon = build_graph(load_spec(bundle), Bucket(Phase(r.phase), r.batch, r.seq, r.context))
+        ot = OpTable.model_validate_json((bundle / r.ops).read_bytes())
+        blocks = [
+            {
+                "rule": b["rule"],
+                "canonical": [canon.ops[i].name for i in b["canonical"]],
+                "fused": ot.ops[b["fused"]].name,
+                "kind": ot.ops[b["fused"]].kind,
+            }
+            for b in doc["blocks"]
+        ]
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise MalformedBundle(f, f"not a rewrites file of this bundle: {e}") from e
+    return {"blocks": blocks, "layouts": doc.get("layouts", [])}

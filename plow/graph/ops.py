@@ -33,6 +33,10 @@ class OpKind(str, Enum):
     ssm_conv = "ssm_conv"  # causal depthwise conv over the xBC columns of in_proj, then SiLU
     ssm_scan = "ssm_scan"  # the selective-scan recurrence per head (dt, A, B, C, D skip)
     ssm_norm = "ssm_norm"  # gated RMSNorm: y * silu(z), normalised per group
+    # fused (plow/egraph, opt-in `CompileProfile.fuse`): R1, a + b and rmsnorm(a + b) in one op
+    add_rmsnorm = "add_rmsnorm"
+    # R2+R3+R13: one linear over interleave(Wg, Wu) (row 2i gate i, 2i+1 up i), act(g) * u after
+    linear_glu = "linear_glu"
 
 
 class TensorRole(str, Enum):
@@ -135,6 +139,19 @@ def infer_shapes(
         # a third input [1] scales the sum (Gemma 4's layer_scalar)
         _need(name, len(ins) == 2 or ins[2] == (1,), f"residual scale {ins[2:]} is not [1]")
         return [a]
+    if kind is OpKind.add_rmsnorm:  # inputs a, b, norm weight; outputs a + b, rmsnorm(a + b)
+        a, b_, w = ins
+        _need(name, a == b_, f"residual operands {a} and {b_} differ")
+        _need(name, w == (a[-1],), f"rmsnorm weight {w} does not match {a} (full-width norm)")
+        return [a, a]
+    if kind is OpKind.linear_glu:  # x [.., K], w [2N, K] (interleaved) -> [.., N]
+        x, w = ins
+        _need(
+            name,
+            len(w) == 2 and x[-1] == w[1] and w[0] % 2 == 0,
+            f"linear_glu input {x} does not match interleaved weight {w}",
+        )
+        return [(*x[:-1], w[0] // 2)]
     if kind is OpKind.lm_head:
         x, w = ins
         _need(name, len(w) == 2 and x[-1] == w[1], f"lm_head input {x} does not match weight {w}")

@@ -146,7 +146,8 @@ def _row_parallel(graph: OpGraph) -> set[str]:
     return {
         op.name
         for op in graph.ops
-        if op.kind.value == "linear" and kinds.get(op.inputs[0]) in ("attention", "gated_mlp")
+        if op.kind.value == "linear"
+        and kinds.get(op.inputs[0]) in ("attention", "gated_mlp", "linear_glu")
     }
 
 
@@ -236,10 +237,14 @@ def build_schedule(
         op_stages.append((top, ids))
 
     # -- 3. placement (list scheduling, graph order) ---------------------------------------
+    # an op writing several outputs of one shape (R1's add_rmsnorm) writes the same box of
+    # each: its tasks are the writers of every one of them
+    also = {op.outputs[0]: op.outputs[1:] for op in graph.ops if len(op.outputs) > 1}
     writer_stage: dict[str, str] = {}
     for d in drafts:
         if d.write is not None:
-            writer_stage[d.write[0]] = d.stage
+            for tn in (d.write[0], *also.get(d.write[0], ())):
+                writer_stage[tn] = d.stage
     stage_finish: dict[str, float] = defaultdict(float)
     placer = _Placer(tp, W, P)
     queues: list[list[int]] = [[] for _ in range(tp * W)]
@@ -273,7 +278,8 @@ def build_schedule(
     by_tensor: dict[str, list[int]] = defaultdict(list)
     for i, d in enumerate(drafts):
         if d.write is not None:
-            by_tensor[d.write[0]].append(i)
+            for tn in (d.write[0], *also.get(d.write[0], ())):
+                by_tensor[tn].append(i)
     stage_ids: dict[str, list[int]] = defaultdict(list)
     for i, d in enumerate(drafts):
         stage_ids[d.stage].append(i)

@@ -9,11 +9,13 @@ tile whose output it reads.
 | kind | reads (input 0 / activations) | writes |
 | --- | --- | --- |
 | linear, lm_head | `x[m, k]` (a split `k` reads a slice of the reduction) | `out[m, n]` |
+| linear_glu (R2+R3+R13) | `x[m, k]` (k never split) | `out[m, n]` |
 | rmsnorm | the tile's rows (groups) mapped back to tensor rows/cols | same box |
 | rope | the tile's rows, columns widened to whole heads (rotation pairs) | the tile's box |
 | attention | per batch row: query heads of the key-value heads its rows touch, and those |
 |   | key-value heads of the new keys/values (every `s` tile: the position is dynamic) | q box |
 | gated_mlp, residual_add | the same box of both inputs | the box |
+| add_rmsnorm (R1) | whole rows of both operands | the box of both outputs (sum, norm) |
 | embedding | nothing produced by an op (ids, table) | the box |
 | sample | `logits[rows of the batch rows, cols]` | `index[rows]` |
 | router | the tile's rows, every expert column | the box |
@@ -58,7 +60,7 @@ REDUCTION_AXIS: dict[str, int] = {
 
 
 # Kinds whose tiles each stream a share of the op's weight bytes.
-_WEIGHT_KINDS = ("linear", "lm_head", "expert_linear")
+_WEIGHT_KINDS = ("linear", "lm_head", "expert_linear", "linear_glu")
 
 
 def view(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -225,7 +227,7 @@ class Regions:
         op = self.ops[top.name]
         k = top.kind
         out = op.outputs[0]
-        if k in ("linear", "lm_head"):
+        if k in ("linear", "lm_head", "linear_glu"):
             (m0, m1), (n0, n1), (k0, k1) = ranges
             return [(op.inputs[0], (m0, m1, k0, k1))], (m0, m1, n0, n1)
         if k == "expert_linear":
@@ -258,6 +260,10 @@ class Regions:
             (a, b), (c0, c1) = ranges
             box = (a, b, c0, c1)
             return [(t, box) for t in op.inputs], box
+        if k == "add_rmsnorm":  # R1: whole rows of a and b; the same box of both outputs
+            (a, b), (c0, c1) = ranges
+            box = (a, b, c0, c1)
+            return [(t, box) for t in op.inputs[:2]], box
         if k == "embedding":
             (a, b), (c0, c1) = ranges
             return [], (a, b, c0, c1)
@@ -346,7 +352,7 @@ class Regions:
                 [np.broadcast_to(np.asarray(c, dtype=np.int64), (n,)) for c in cols], axis=1
             )
 
-        if k in ("linear", "lm_head") and na == 3:
+        if k in ("linear", "lm_head", "linear_glu") and na == 3:
             m0, m1, n0, n1, k0, k1 = (r[:, i // 2, i % 2] for i in range(6))
             return [(op.inputs[0], box(m0, m1, k0, k1))], box(m0, m1, n0, n1)
         if k == "expert_linear" and na == 3:
@@ -381,6 +387,9 @@ class Regions:
         if k in ("gated_mlp", "residual_add"):
             wb = box(a, b, c0, c1)
             return [(t, wb) for t in op.inputs], wb
+        if k == "add_rmsnorm":
+            wb = box(a, b, c0, c1)
+            return [(t, wb) for t in op.inputs[:2]], wb
         if k == "embedding":
             return [], box(a, b, c0, c1)
         if k == "router":

@@ -184,7 +184,7 @@ class _Tiler:
     # -- index spaces -------------------------------------------------------------------
     def space(self, op: Op) -> _Space:
         k = op.kind
-        if k in (OpKind.linear, OpKind.lm_head):
+        if k in (OpKind.linear, OpKind.lm_head, OpKind.linear_glu):
             return self.matmul(op)
         if k is OpKind.attention:
             return self.attention(op)
@@ -201,6 +201,7 @@ class _Tiler:
             OpKind.residual_add,
             OpKind.embedding,
             OpKind.sample,
+            OpKind.add_rmsnorm,
         ):
             return self.rowwise(op)
         raise GraphError(op.name, f"no tiling rule for op kind {k.value!r}")
@@ -212,9 +213,12 @@ class _Tiler:
         a, w, W = self.a, self.w, self.target.workers
         bias = n_out * w if len(op.inputs) == 3 else 0
         weight = n_out * k_in * w + bias
+        # linear_glu (R2+R3+R13): output column n reads weight rows 2n and 2n + 1; k unsplit
+        glu = 2 if op.kind is OpKind.linear_glu else 1
+        n_out //= glu
         one_wave = round_up(cdiv(n_out, W), self.cmin)
         k_sizes = {round_up(k_in, self.cmin)}
-        for s in self.opt.k_splits:
+        for s in self.opt.k_splits if glu == 1 else ():
             if s > 1 and cdiv(k_in, s) >= self.cmin:
                 t = round_up(cdiv(k_in, s), self.cmin)
                 if cdiv(k_in, t) > 1:
@@ -230,7 +234,7 @@ class _Tiler:
         def tile_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             mt, nt, kt = t
             out = a if s[2] == 1 else 4  # a split reduction writes fp32 partials
-            return mt * kt * a + nt * kt * w + mt * nt * out + (nt * w if bias else 0)
+            return mt * kt * a + glu * nt * kt * w + mt * nt * out + (nt * w if bias else 0)
 
         def merge_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             if s[2] == 1:
@@ -240,11 +244,11 @@ class _Tiler:
 
         def onchip(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             mt, nt, kt = t
-            return mt * nt * 4 + 2 * (mt + nt) * min(kt, 64) * max(a, w)
+            return glu * mt * nt * 4 + 2 * (mt + glu * nt) * min(kt, 64) * max(a, w)
 
         return _Space(
             axes=axes,
-            flops_per_point=2,
+            flops_per_point=2 * glu,
             rate=self.mm_rate,
             bytes=m * k_in * a + weight + m * n_out * a,
             weight_bytes=weight,
@@ -507,18 +511,21 @@ class _Tiler:
             x = self.shape(op.inputs[0])
             rows, cols = _numel(x) // x[-1], x[-1]
             fpp, per_point = 1, 3 * a
+        elif k is OpKind.add_rmsnorm:  # R1: reads a, b; writes the sum and its norm
+            x = self.shape(op.inputs[0])
+            rows, cols = _numel(x) // x[-1], x[-1]
+            fpp, per_point, weight = 5, 4 * a, cols * w
         else:  # sample: one logits row per batch row (the sampled position)
             logits = self.shape(op.inputs[0])
             rows, cols = logits[0], logits[-1]
             fpp, per_point, per_row = 1, a, 8
         one_wave = round_up(cdiv(cols, self.target.workers), self.cmin)
+        col_sizes = axis_sizes(cols, self.cmin, self.opt.max_tile_elementwise, (one_wave,))
+        if k is OpKind.add_rmsnorm:  # a tile normalises whole rows (no split reduction)
+            col_sizes = (round_up(cols, self.cmin),)
         axes = (
             _AxisSpec("rows", rows, axis_sizes(rows, self.rmin, self.opt.max_tile_rows)),
-            _AxisSpec(
-                "cols",
-                cols,
-                axis_sizes(cols, self.cmin, self.opt.max_tile_elementwise, (one_wave,)),
-            ),
+            _AxisSpec("cols", cols, col_sizes),
         )
         # rmsnorm (sum of squares) and sample (argmax) reduce over the row: a split row
         # writes per-step partials that a merge pass reads; a split norm reads x twice.

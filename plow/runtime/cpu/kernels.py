@@ -15,8 +15,10 @@ sub-blocks; split reductions combine per-tile fp32 partials:
 | rmsnorm | whole groups of rows | sum of squares of its cols | normalise the rows |
 | rope | rows x cols (reads whole heads) | - | - |
 | linear, lm_head | x[m, k] @ w[n, k]^T (+ bias, cap) | its k-slice product | sum, bias, cap |
+| linear_glu (R2+R3+R13) | act(x w[2n]^T) * (x w[2n+1]^T), interleaved w | - | - |
 | attention | rows (by kv head) over a key range | (o, max, sum) over its keys | rescale, sum |
 | gated_mlp, residual_add | element-wise box | - | - |
+| add_rmsnorm (R1, fused) | whole rows: a + b, then its norm (both written) | - | - |
 | sample | greedy argmax of the sampled row, cols | (max, index) of its cols | first maximum |
 | router | whole rows: softmax, top-k, renormalise | - | - |
 | expert_linear | one expert: its rows (others 0) | down: weighted k-slice | sum, ascending |
@@ -158,6 +160,18 @@ def _elementwise(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | No
     acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], out)
 
 
+def _add_rmsnorm(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    """R1 (plow/egraph): whole rows of a + b, written, and their full-width norm, written."""
+    (a, b), _ = r
+    v = _view2(_shape(plan, op.inputs[0]))
+    x = acc.get(op.inputs[0], v, np.s_[a:b, :])
+    y = acc.get(op.inputs[1], v, np.s_[a:b, :])
+    s = K.residual_add(x, y, None)
+    acc.put(op.outputs[0], v, np.s_[a:b, :], s)
+    w = acc.weight(op.inputs[2])
+    acc.put(op.outputs[1], v, np.s_[a:b, :], K.rmsnorm(s, w, {**op.attrs, "group": v[1]}))
+
+
 # -- matmul ----------------------------------------------------------------------------------
 
 
@@ -183,6 +197,18 @@ def _linear(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -
     acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], y)
     if plan.fused is not None and plan.fused.lm_head == op.name:
         _argmax_chunks(plan, op, y, m0, n0, acc)
+
+
+def _linear_glu(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    """R2+R3+R13 (plow/egraph): output column n is act(x . w[2n]) * (x . w[2n + 1]), the
+    gate and up linears over the interleaved weight, then the gated MLP (k never split)."""
+    (m0, m1), (n0, n1), (k0, k1) = r
+    M, N, Kd = op.extents
+    x = acc.get(op.inputs[0], (M, Kd), np.s_[m0:m1, k0:k1])
+    w = acc.weight(op.inputs[1])[2 * n0 : 2 * n1, k0:k1]
+    g = np.matmul(x, np.ascontiguousarray(w[0::2]).T).astype(F32)
+    u = np.matmul(x, np.ascontiguousarray(w[1::2]).T).astype(F32)
+    acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], K.gated_mlp(g, u, op.attrs))
 
 
 def _summed_partials(
@@ -647,9 +673,11 @@ TILE: dict[str, TileFn] = {
     "rope": _rope,
     "linear": _linear,
     "lm_head": _linear,
+    "linear_glu": _linear_glu,
     "attention": _attention,
     "gated_mlp": _elementwise,
     "residual_add": _elementwise,
+    "add_rmsnorm": _add_rmsnorm,
     "sample": _sample,
     "router": _router,
     "expert_linear": _expert,

@@ -46,6 +46,8 @@ MOE_KINDS = {"router": 10, "expert_linear": 11}
 SSM_KINDS = {"ssm_conv": 20, "ssm_scan": 21, "ssm_norm": 22}
 # DeepSeek-V3's router (kernels/deepseek.h `PlowDeepseekKind`): op kind `router`, scoring sigmoid
 GROUPED_ROUTER_KIND = 40
+# Fused kinds of plow/egraph (kernels/fused.h `PlowFusedKind`).
+FUSED_KINDS = {"add_rmsnorm": 30, "linear_glu": 31}
 
 
 @dataclass
@@ -216,7 +218,9 @@ def _lower_op(
     merge: np.ndarray | None,
     low: Lowered,
 ) -> None:
-    kind = KINDS.get(op.kind, MOE_KINDS.get(op.kind, SSM_KINDS.get(op.kind)))
+    kind = KINDS.get(
+        op.kind, MOE_KINDS.get(op.kind, SSM_KINDS.get(op.kind, FUSED_KINDS.get(op.kind)))
+    )
     if kind is None:
         raise PlowError(op.name, f"op kind {op.kind!r} is not supported by the native executor")
     o.kind = kind
@@ -317,6 +321,17 @@ def _lower_op(
         o.d[6] = wn // 2 if gate_up else k_in
         o.d[7] = 0 if op.attrs.get("activation", "silu") == "silu" else 1
         o.w0, o.w0_dtype = weight(op.inputs[2])
+    elif k == "add_rmsnorm":  # kernels/fused.h (R1)
+        o.t[0], o.t[1] = word(op.inputs[0]), word(op.inputs[1])
+        o.t[2], o.t[3] = word(op.outputs[0]), word(op.outputs[1])
+        o.d[0] = _view2(shape(op.inputs[0]).shape)[1]
+        o.f[0], o.f[1] = float(op.attrs["eps"]), float(op.attrs.get("offset", 0.0))
+        o.w0, o.w0_dtype = weight(op.inputs[2])
+    elif k == "linear_glu":  # kernels/fused.h (R2+R3+R13): the interleaved gate/up weight
+        o.t[0], o.t[1] = word(op.inputs[0]), word(op.outputs[0])
+        o.d[0], o.d[1], o.d[2] = op.extents
+        o.d[3] = 0 if op.attrs.get("activation", "silu") == "silu" else 1
+        o.w0, o.w0_dtype = weight(op.inputs[1])
     elif k in SSM_KINDS:  # kernels/ssm.h; the state tensors are in the arena's state region
         _lower_ssm(o, op, plan, weights, weight, word, low)
     elif k == "sample":

@@ -1,0 +1,70 @@
+// plow native kernel — the fused ops the e-graph stage chooses (plow/egraph/apply.py, issue 15).
+//
+// Each fused tile does the arithmetic of the canonical ops it replaces, in their order, so its
+// words are the canonical tiles' bits wherever the canonical tiling reduces in the same order:
+//
+//   add_rmsnorm (R1)  s = a + b (tiles.h's residual add), then rmsnorm(s) over the whole row
+//                     (tiles.h's unsplit norm: sumsq over the row's 32 lanes, sqrtf, norm_apply);
+//                     both s and the norm are written. A tile holds whole rows (the tiler never
+//                     splits its columns), so the norm reads only the sums this tile wrote.
+//   linear_glu (R2+R3+R13)  one linear over the interleaved gate/up weight (row 2n gate row n,
+//                     row 2n + 1 up row n; re-laid-out in the bundle), then the gated MLP's
+//                     act(g) * u: g and u are tiles.h's dots (dot4_w / dot_w, the linear's
+//                     order), the product tiles.h's act_fn as tile_elementwise computes it.
+//                     The reduction axis k is never split (the tiler offers one k step).
+//
+// Packets of a fused op carry the opcode of its main canonical op (add_rmsnorm: RMSNORM); the
+// op table's kind tells which. Shared by the host and device builds (PLOW_HD helpers only).
+#ifndef PLOW_FUSED_H
+#define PLOW_FUSED_H
+
+#include "tiles.h"
+
+namespace plow {
+
+// Op kinds of the op table (PlowKind continues here; plow/runtime/native/lower.py).
+enum PlowFusedKind { PLOW_ADD_RMSNORM = 30, PLOW_LINEAR_GLU = 31 };
+
+// add_rmsnorm: t0 a, t1 b, t2 sum (out), t3 norm (out); d0 columns; f0 eps, f1 offset;
+// w0 the norm weight [d0]
+PLOW_HD static void tile_add_rmsnorm(const Ctx& c, const PlowOp& op, const Range* r) {
+  const float* a = c.A + op.t[0];
+  const float* b = c.A + op.t[1];
+  float* s = c.A + op.t[2];
+  float* out = c.A + op.t[3];
+  const int64_t C = op.d[0];
+  for (int64_t i = r[0].a; i < r[0].b; ++i) {
+    float* si = s + i * C;
+    for (int64_t j = 0; j < C; ++j) si[j] = a[i * C + j] + b[i * C + j];
+    const float var = sumsq(si, C) / static_cast<float>(C);
+    const float den = sqrtf(var + op.f[0]);
+    for (int64_t j = 0; j < C; ++j) out[i * C + j] = norm_apply(op, si[j], den, j);
+  }
+}
+
+// linear_glu: t0 x, t1 out; d0 M, d1 N (outputs), d2 K; d3 activation (0 silu, 1 gelu_tanh);
+// w0 the interleaved weight [2N, K]
+PLOW_HD static void tile_linear_glu(const Ctx& c, const PlowOp& op, const Range* r) {
+  const float* x = c.A + op.t[0];
+  float* out = c.A + op.t[1];
+  const int64_t N = op.d[1], K = op.d[2];
+  const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
+  for (int64_t n = r[1].a; n < r[1].b; ++n) {
+    const int64_t og = 2 * n * K + k0, ou = (2 * n + 1) * K + k0;
+    int64_t m = r[0].a;
+    float g4[4], u4[4];
+    for (; m + 4 <= r[0].b; m += 4) {
+      dot4_w(x + m * K + k0, K, op.w0, op.w0_dtype, og, kn, g4);
+      dot4_w(x + m * K + k0, K, op.w0, op.w0_dtype, ou, kn, u4);
+      for (int i = 0; i < 4; ++i) out[(m + i) * N + n] = act_fn(g4[i], op.d[3]) * u4[i];
+    }
+    for (; m < r[0].b; ++m) {
+      const float g = dot_w(x + m * K + k0, op.w0, op.w0_dtype, og, kn);
+      const float u = dot_w(x + m * K + k0, op.w0, op.w0_dtype, ou, kn);
+      out[m * N + n] = act_fn(g, op.d[3]) * u;
+    }
+  }
+}
+
+}  // namespace plow
+#endif

@@ -1,0 +1,220 @@
+"""The extraction decides: the fused ops the emitter implements, applied to the `OpGraph`.
+
+`fuse_graph(graph, target)` saturates the canonical graph (`plow.egraph.saturate`), extracts
+over the emitter's constructors plus the fused ones it implements (`EMITTED_FUSED`), and
+rewrites the canonical `OpGraph` so that every instance the extraction chose becomes one op
+of the fused kind; everything the extraction left canonical stays as it was. The applied
+instances are returned as blocks (rule, canonical op indices, fused op index) and written
+into the bundle as `rewrites.json` (`rewrites_json`), which checkpoint A reads.
+
+Implemented today: R1 (`add_rmsnorm`: a residual add and the full-width rmsnorm of its sum
+in one op writing both) and R2+R3+R13 (`linear_glu`: the gate and up linears of one input as
+one linear over `interleave(Wg, Wu)` — row 2i gate row i, row 2i+1 up row i, re-laid-out in
+the bundle — whose epilogue is the gated MLP's act(g) * u). docs/egraph.md, "Status".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from plow.egraph.extract import EMITTER, EGraphView, extract, infer_info
+from plow.egraph.fused import build_fused
+from plow.egraph.saturate import Limits, saturate
+from plow.graph.ops import Op, OpGraph, OpKind, Tensor, TensorRole
+from plow.target import Target
+
+# fused constructors the emitter implements, per rule (and the views a multi-output op needs)
+EMITTED_FUSED: dict[str, frozenset[str]] = {
+    "R1": frozenset({"add_rmsnorm", "fst", "snd"}),
+    "R2+R3+R13": frozenset({"linear_glu", "interleave"}),
+}
+RULES = tuple(EMITTED_FUSED)
+REWRITES_FILE = "rewrites.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One applied rule instance: the canonical ops it covers (indices into the canonical
+    graph's op list) and the fused op (index into the fused graph's)."""
+
+    rule: str
+    canonical: tuple[int, ...]
+    fused: int
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A weight the bundle stores re-laid-out from `sources` (`interleave` or `cat3`)."""
+
+    weight: str
+    layout: str
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Applied:
+    graph: OpGraph
+    blocks: tuple[Block, ...]
+    layouts: tuple[Layout, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "blocks": [
+                {"rule": b.rule, "canonical": list(b.canonical), "fused": b.fused}
+                for b in self.blocks
+            ],
+            "layouts": [
+                {"weight": x.weight, "layout": x.layout, "sources": list(x.sources)}
+                for x in self.layouts
+            ],
+        }
+
+
+def rewrites_json(applied: list[Applied]) -> str:
+    """`rewrites.json` of a bundle: the blocks of its rungs (every rung of a ladder has the
+    same op structure, so the same blocks; a ladder whose rungs disagree is refused)."""
+    docs = [a.to_json() for a in applied]
+    if any(d != docs[0] for d in docs[1:]):
+        raise ValueError("the rungs of the ladder were fused differently")
+    return json.dumps(docs[0] if docs else {"blocks": [], "layouts": []}, indent=1)
+
+
+def extracted_instances(
+    graph: OpGraph, target: Target, rules: tuple[str, ...], limits: Limits | None = None
+) -> dict[str, set[tuple[str, ...]]]:
+    """Per fused kind, the output-name tuples of its ops in the extraction over the emitter's
+    constructors plus the fused ones of `rules` (the canonical tensors each one produces)."""
+    low, sat = saturate(graph, limits or Limits())
+    view = EGraphView.parse(sat.serialized)
+    index = {cid: i for i, cid in enumerate(view.class_ids)}
+    canonical = {index[c]: op for op, c in sat.classes.items()}
+    seed = {index[c]: ((graph.tensor(op).shape, 4),) for op, c in sat.classes.items()}
+    info = infer_info(view, seed, graph)
+    roots = [index[sat.classes[o]] for o in low.outputs]
+    dtype = next((t.dtype for t in graph.tensors.values() if t.role.value == "weight"), "float32")
+    allowed = EMITTER.union(*(EMITTED_FUSED[r] for r in rules))
+    ext = extract(view, info, roots, target, dtype, allowed)
+    fg = build_fused(view, ext, canonical)
+    fused_kinds = frozenset().union(*(EMITTED_FUSED[r] for r in rules))
+    out: dict[str, set[tuple[str, ...]]] = {}
+    for op in fg.ops:
+        if op.rule is not None and op.kind in fused_kinds:
+            out.setdefault(op.kind, set()).add(tuple(op.outputs))
+    return out
+
+
+def _full_width(graph: OpGraph, norm: Op) -> bool:
+    x = graph.tensor(norm.inputs[0]).shape
+    return len(norm.inputs) == 2 and int(norm.attrs.get("group", x[-1])) == x[-1]
+
+
+def fuse_graph(
+    graph: OpGraph,
+    target: Target,
+    rules: tuple[str, ...] = RULES,
+    limits: Limits | None = None,
+) -> Applied:
+    """`graph` with the extraction's instances of `rules` fused (see the module doc)."""
+    chosen = extracted_instances(graph, target, rules, limits)
+    norms = {name for outs in chosen.get("add_rmsnorm", ()) for name in outs}
+    prod = graph.producers()
+    # R1: residual_add R (two operands) read by a full-width rmsnorm N that the extraction
+    # fused; the fused op takes R's place and writes R's sum and N's output
+    pair: dict[str, Op] = {}  # R's name -> N
+    for op in graph.ops:
+        if op.kind is not OpKind.rmsnorm or op.name not in norms or not _full_width(graph, op):
+            continue
+        r = prod.get(op.inputs[0])
+        if r is None or r.kind is not OpKind.residual_add or len(r.inputs) != 2:
+            continue
+        if r.name in pair:  # one sum, two norms: the extraction fuses at most one
+            continue
+        pair[r.name] = op
+    fused_away = {n.name for n in pair.values()}
+    # R2+R3+R13: gated_mlp G over two bias-free linears of one input, each read by G alone
+    glus = {outs[0] for outs in chosen.get("linear_glu", ())}
+    readers: dict[str, int] = {}
+    for op in graph.ops:
+        for t in op.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    glu: dict[str, tuple[Op, Op]] = {}  # G's name -> (gate linear, up linear)
+    for op in graph.ops:
+        if op.kind is not OpKind.gated_mlp or op.name not in glus:
+            continue
+        lg, lu = prod.get(op.inputs[0]), prod.get(op.inputs[1])
+        if lg is None or lu is None or lg is lu:
+            continue
+        if any(
+            x.kind is not OpKind.linear or len(x.inputs) != 2 or readers[x.outputs[0]] != 1
+            for x in (lg, lu)
+        ):
+            continue
+        wg, wu = graph.tensor(lg.inputs[1]), graph.tensor(lu.inputs[1])
+        if lg.inputs[0] != lu.inputs[0] or wg.shape != wu.shape or wg.dtype != wu.dtype:
+            continue
+        glu[op.name] = (lg, lu)
+        fused_away |= {lg.name, lu.name}
+    index = {op.name: i for i, op in enumerate(graph.ops)}
+    tensors = dict(graph.tensors)
+    ops: list[Op] = []
+    blocks: list[Block] = []
+    layouts: list[Layout] = []
+    for op in graph.ops:
+        if op.name in fused_away:
+            continue
+        if op.name in glu:
+            lg, lu = glu[op.name]
+            wg, wu = graph.tensor(lg.inputs[1]), graph.tensor(lu.inputs[1])
+            wi = f"interleave({wg.name}, {wu.name})"
+            tensors[wi] = Tensor(wi, (2 * wg.shape[0], wg.shape[1]), TensorRole.weight, wg.dtype)
+            layouts.append(Layout(wi, "interleave", (wg.name, wu.name)))
+            blocks.append(
+                Block(
+                    "R2+R3+R13",
+                    tuple(sorted((index[lg.name], index[lu.name], index[op.name]))),
+                    len(ops),
+                )
+            )
+            ops.append(
+                Op(
+                    f"{lg.name}+{lu.name}+{op.name}",
+                    OpKind.linear_glu,
+                    (lg.inputs[0], wi),
+                    op.outputs,
+                    dict(op.attrs),
+                    op.layer,
+                )
+            )
+            continue
+        n = pair.get(op.name)
+        if n is None:
+            ops.append(op)
+            continue
+        blocks.append(Block("R1", (index[op.name], index[n.name]), len(ops)))
+        ops.append(
+            Op(
+                f"{op.name}+{n.name}",
+                OpKind.add_rmsnorm,
+                (op.inputs[0], op.inputs[1], n.inputs[1]),
+                (op.outputs[0], n.outputs[0]),
+                dict(n.attrs),
+                op.layer,
+            )
+        )
+    # the sources of a re-laid-out weight are read by no op any more, the intermediates a
+    # fused op keeps on chip (R2's gate and up) written by none: neither is a tensor of it
+    used = {t for op in ops for t in op.inputs}
+    written = {t for op in ops for t in op.outputs}
+    for lay in layouts:
+        for src in lay.sources:
+            if src not in used:
+                tensors.pop(src, None)
+    for op in graph.ops:
+        for t in op.outputs:
+            if t not in written:
+                tensors.pop(t, None)
+    fused = OpGraph(tuple(ops), tensors, graph.bucket_name)
+    fused.validate()
+    return Applied(fused, tuple(blocks), tuple(layouts))

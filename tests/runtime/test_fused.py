@@ -1,0 +1,160 @@
+"""Fused ops in the packets (`CompileProfile.fuse`, plow/egraph/apply.py): the extraction
+decides, for every rule the emitter implements (R1 add_rmsnorm, R2+R3+R13 linear_glu over the
+interleaved gate/up weight).
+
+On the llama, qwen3 and gemma3 fixtures a fused bundle's greedy tokens equal transformers' on
+the `cpu` (numpy) and `native` executors; its decode plan has fewer ops, op edges and packets
+than the unfused one; `rewrites.json` names blocks whose canonical ops are the rule's pattern
+in the model's graph and whose fused op is the op table's; the interleaved weight is the
+checkpoint's gate and up rows alternated; `plow inspect --rewrites` lists the applied blocks.
+Fusion is off by default: an unfused compile writes no `rewrites.json` and no fused kind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file
+from typer.testing import CliRunner
+
+from plow.checkpoint import load_checkpoint
+from plow.cli import app
+from plow.emit.bundle import compile_bundle
+from plow.emit.files import OpTable
+from plow.graph import Bucket, build_graph
+from plow.profile import CompileProfile
+from plow.runtime.cpu import CpuModel, Request, generate
+from plow.runtime.native import open_native
+from plow.target import load_target
+
+FAMILIES = ["llama", "qwen3", "gemma3"]
+PROMPTS = [[5, 17, 93, 2, 44, 8, 61, 30, 12, 7, 99, 14, 3, 150, 88, 21, 40, 9], [3, 250, 41], [9]]
+NEW = 6
+CONTEXT = 48
+FUSED_KINDS = {"add_rmsnorm", "linear_glu"}
+
+
+def _profile(fuse: bool) -> CompileProfile:
+    return CompileProfile(
+        name="fused", decode_batches=(1, 4), prefill_seqs=(16,), context=CONTEXT, fuse=fuse
+    )
+
+
+@pytest.fixture(scope="module")
+def bundles(
+    tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, bool], Path]:
+    root = tmp_path_factory.mktemp("fused")
+    out = {}
+    for fam in FAMILIES:
+        for fuse in (False, True):
+            out[fam, fuse] = root / f"{fam}-{fuse}"
+            compile_bundle(
+                tiny_checkpoints[fam], out[fam, fuse], load_target("cpu"), _profile(fuse)
+            )
+    return out
+
+
+def _hf_greedy(path: Path) -> list[list[int]]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    out = []
+    with torch.no_grad():
+        for p in PROMPTS:
+            gen = model.generate(
+                torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
+                eos_token_id=None, pad_token_id=0,
+            )  # fmt: skip
+            out.append(gen[0, len(p) :].tolist())
+    return out
+
+
+def _ops(bundle: Path, rung: str) -> OpTable:
+    return OpTable.model_validate_json((bundle / f"plan/{rung}.ops.json").read_bytes())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_bundle_tokens_equal_transformers_on_cpu_and_native(
+    bundles: dict, tiny_checkpoints: dict[str, Path], family: str
+) -> None:
+    path = bundles[family, True]
+    kinds = {o.kind for o in _ops(path, "decode_b1_s48").ops}
+    assert kinds >= FUSED_KINDS  # the fused ops really are in the packets
+    want = _hf_greedy(tiny_checkpoints[family])
+    reqs = [Request(tuple(p), NEW) for p in PROMPTS]
+    assert generate(CpuModel.from_bundle(path, max_batch=4, verify=False), reqs) == want
+    assert generate(open_native(path, max_batch=4, verify=False), reqs) == want
+
+
+def test_fused_decode_plan_has_fewer_ops_edges_and_packets(bundles: dict) -> None:
+    res = {}
+    for fuse in (False, True):
+        info = json.loads(
+            CliRunner().invoke(app, ["inspect", str(bundles["llama", fuse]), "--json"]).stdout
+        )
+        res[fuse] = next(b for b in info["buckets"] if b["bucket"] == "decode_b1_s48")
+    # tiny llama, 2 layers: 4 R1 blocks (2 ops -> 1) and 2 R2+R3+R13 blocks (3 ops -> 1)
+    assert res[False]["ops"] - res[True]["ops"] == 4 * 1 + 2 * 2
+    for key in ("op_edges", "op_edges_after_reduction", "packets", "tasks"):
+        assert res[True][key] < res[False][key], key
+
+
+def test_rewrites_json_blocks_are_rule_instances_of_the_model_graph(
+    bundles: dict, tiny_checkpoints: dict[str, Path]
+) -> None:
+    path = bundles["qwen3", True]
+    doc = json.loads((path / "rewrites.json").read_text())
+    spec = load_checkpoint(tiny_checkpoints["qwen3"]).spec
+    pattern = {"R1": ["residual_add", "rmsnorm"], "R2+R3+R13": ["linear", "linear", "gated_mlp"]}
+    fused_kind = {"R1": "add_rmsnorm", "R2+R3+R13": "linear_glu"}
+    for rung in ("decode_b1_s48", "decode_b4_s48", "prefill_b1_s16_c48"):
+        ot = _ops(path, rung)
+        canon = build_graph(spec, Bucket.decode(1, CONTEXT)).ops  # every rung: the same ops
+        assert len(doc["blocks"]) == 2 * 2 + 2  # qwen3 fixture: 2 layers
+        for b in doc["blocks"]:
+            ops = [canon[i] for i in b["canonical"]]
+            assert [o.kind.value for o in ops] == pattern[b["rule"]]
+            fused = ot.ops[b["fused"]]
+            assert fused.kind == fused_kind[b["rule"]]
+            # the fused op writes what the canonical block's last op wrote
+            assert ops[-1].outputs[0] in fused.outputs
+            if b["rule"] == "R1":  # the sum, then the norm of it
+                assert fused.outputs == [ops[0].outputs[0], ops[1].outputs[0]]
+                assert ops[1].inputs[0] == ops[0].outputs[0]
+    # the interleaved weights: row 2i gate row i, row 2i + 1 up row i of the checkpoint's
+    assert len(doc["layouts"]) == 2
+    stored = load_file(str(path / "weights.safetensors"))
+    ckpt = load_file(str(tiny_checkpoints["qwen3"] / "model.safetensors"))
+    for lay in doc["layouts"]:
+        assert lay["layout"] == "interleave"
+        g, u = (ckpt[s] for s in lay["sources"])
+        w = stored[lay["weight"]]
+        assert w.shape == (2 * g.shape[0], g.shape[1])
+        assert np.array_equal(w[0::2], g) and np.array_equal(w[1::2], u)
+        assert not set(lay["sources"]) & set(stored)  # the sources are not copied too
+
+
+def test_fusion_is_off_by_default_and_inspect_lists_the_applied_rules(bundles: dict) -> None:
+    plain = bundles["gemma3", False]
+    assert CompileProfile().fuse is False
+    assert not (plain / "rewrites.json").exists()
+    assert not {o.kind for o in _ops(plain, "decode_b1_s48").ops} & FUSED_KINDS
+    res = CliRunner().invoke(app, ["inspect", str(bundles["gemma3", True]), "--rewrites", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    rules = [b["rule"] for b in out["applied"]["blocks"]]
+    assert rules.count("R1") == 6 and rules.count("R2+R3+R13") == 3  # 3 layers
+    # the report's emitter extraction is what the packets hold
+    plan = json.loads(
+        CliRunner().invoke(app, ["inspect", str(bundles["gemma3", True]), "--json"]).stdout
+    )
+    for rep, b in zip(out["rewrites"], plan["buckets"], strict=True):
+        assert rep["emitted"]["ops"] == b["ops"]
+    res = CliRunner().invoke(app, ["inspect", str(plain), "--rewrites"])
+    assert res.exit_code == 0 and "applied in the packets: none" in res.stdout
