@@ -99,9 +99,9 @@ class MlaSpec:
     is None), the keys and values from `kv_a_proj_with_mqa`'s latent of `kv_lora_rank`
     columns -> `kv_a_layernorm` -> `kv_b_proj`, each head's key its `nope` columns then the
     one shared `rope` columns (rotated; pairs interleaved when `interleave`), values of
-    `v_dim` columns. Every head is `ModelSpec.head_dim` = max(nope + rope, v_dim) wide in
-    the attention (the missing columns zero), so the key-value cache holds the decompressed
-    keys and values, not the latent."""
+    `v_dim` columns. Every head is `ModelSpec.head_dim` = max(nope + rope, v_dim) (rounded
+    up to even) wide in the attention (the spare columns zero), so the key-value cache holds
+    the decompressed keys and values, not the latent."""
 
     q_lora_rank: int | None
     kv_lora_rank: int
@@ -298,9 +298,7 @@ class ModelSpec:
             q_in = m.q_lora_rank
             shapes[a + "q_a_proj.weight"] = (m.q_lora_rank, h)
             shapes[a + "q_a_layernorm.weight"] = (m.q_lora_rank,)
-        shapes[a + "mla.q_nope.weight"] = (heads * d, q_in)
-        shapes[a + "mla.q_rope.weight"] = (heads * m.rope, q_in)
-        shapes[a + "mla.q_place.weight"] = (heads * d, heads * m.rope)
+        shapes[a + "mla.q.weight"] = (heads * d, q_in)
         shapes[a + "mla.kv_a.weight"] = (m.kv_lora_rank, h)
         shapes[a + "kv_a_layernorm.weight"] = (m.kv_lora_rank,)
         shapes[a + "mla.k_rope.weight"] = (m.rope, h)

@@ -5,15 +5,19 @@ derived weights of `plow.checkpoint.families.deepseek_v3.derive_weights` (H head
 D = `ModelSpec.head_dim` = max(nope + rope, v) columns wide in the attention):
 
     q_lat  = q_a_layernorm(q_a_proj(h))            (or h when q_lora_rank is null)
-    q      = q_nope(q_lat) + q_place(rope(q_rope(q_lat)))       [B,T,H*D]
+    q      = rope_r(q(q_lat))                                   [B,T,H*D]
     c      = kv_a_layernorm(kv_a(h))                            the latent [B,T,kv_lora]
     k      = k_nope(c) + k_place(rope(k_rope(h)))               [B,T,H*D]
     v      = v(c)                                               [B,T,H*D], zero past v_dim
     out    = o(attention(q, k, v))                              o's columns past v_dim zero
 
-`q_place` / `k_place` are 0/1 matrices: each output column is one rotated column or 0, so
-the sums are exact and q / k are transformers' concatenations. The key-value cache holds the
-decompressed k / v (H heads x D), not the latent (docs/families.md says what that costs).
+A head's columns are laid out by `deepseek_v3.head_columns`: its rope dims where a rope of
+head_dim D with `rotary_dim` r rotates (`rope_r`: pairs (j, j + D/2), j < r/2, with an
+r-wide rope's frequencies; every other column has frequency 0 and passes exactly), its nope
+dims in the other columns, the same columns in q and k, so q . k is transformers' score.
+`k_place` is a 0/1 matrix: each output column is one rotated key column or 0, so the sum is
+exact. The key-value cache holds the decompressed k / v (H heads x D), not the latent
+(docs/families.md says what that costs).
 """
 
 from __future__ import annotations
@@ -80,17 +84,17 @@ def mla_attention(
         q_lat = g.op(
             p + "q_a_norm", OpKind.rmsnorm, [q_lat, g.weight(a + "q_a_layernorm.weight")], norm, n
         )
-    rope = rope_attrs(lspec, m.rope)
-    q_pe = linear("q_rope_proj", q_lat, "mla.q_rope.weight")
-    q_pe = g.op(p + "q_rope", OpKind.rope, [q_pe, "positions"], {**rope, "heads": heads}, n)
-    q = add("q_join", linear("q_nope_proj", q_lat, "mla.q_nope.weight"),
-            linear("q_place", q_pe, "mla.q_place.weight"))  # fmt: skip
+    # the rope columns of every head rotate (rotary_dim), the others pass unchanged
+    q = linear("q_proj", q_lat, "mla.q.weight")
+    q_rope = {**rope_attrs(lspec, d), "rotary_dim": m.rope, "heads": heads}
+    q = g.op(p + "q_rope", OpKind.rope, [q, "positions"], q_rope, n)
     lat = linear("kv_a_proj", h, "mla.kv_a.weight")
     lat = g.op(
         p + "kv_a_norm", OpKind.rmsnorm, [lat, g.weight(a + "kv_a_layernorm.weight")], norm, n
     )
     k_pe = linear("k_rope_proj", h, "mla.k_rope.weight")
-    k_pe = g.op(p + "k_rope", OpKind.rope, [k_pe, "positions"], {**rope, "heads": 1}, n)
+    k_rope = {**rope_attrs(lspec, m.rope), "heads": 1}
+    k_pe = g.op(p + "k_rope", OpKind.rope, [k_pe, "positions"], k_rope, n)
     k = add("k_join", linear("k_nope_proj", lat, "mla.k_nope.weight"),
             linear("k_place", k_pe, "mla.k_place.weight"))  # fmt: skip
     v = linear("v_proj", lat, "mla.v.weight")

@@ -25,7 +25,14 @@ def rmsnorm(x: np.ndarray, w: np.ndarray | None, attrs: Mapping[str, Any]) -> np
 
 
 def rope_inv_freq(attrs: Mapping[str, Any]) -> np.ndarray:
-    """Inverse frequencies of a rope, with `linear` and `llama3` rescaling as in HF."""
+    """Inverse frequencies of a rope, with `linear` and `llama3` rescaling as in HF. With
+    `rotary_dim` r (DeepSeek-V3's latent attention): the frequencies of an r-wide rope, then
+    zeros up to head_dim / 2, so only the pairs (j, j + head_dim / 2), j < r / 2, rotate and
+    every other column passes unchanged (cos 0 = 1, sin 0 = 0)."""
+    if attrs.get("rotary_dim") is not None:
+        inner = rope_inv_freq({**attrs, "head_dim": attrs["rotary_dim"], "rotary_dim": None})
+        pad = np.zeros(int(attrs["head_dim"]) // 2 - inner.size, dtype=F32)
+        return np.concatenate([inner, pad]).astype(F32)
     d = int(attrs["head_dim"])
     inv = 1.0 / (float(attrs["theta"]) ** (np.arange(0, d, 2, dtype=np.int64).astype(F32) / F32(d)))
     kind = attrs.get("kind", "default")

@@ -37,12 +37,12 @@ from tests.runtime.helpers import PROMPTS, prefill_logits
 NEW = 32
 PROFILE = CompileProfile(name="dsv3", decode_batches=(1, 8), prefill_seqs=(16,), context=96)
 # no q_lora_rank; yarn (factor 4 over 64 positions, mscale 1 / mscale_all_dim 0.7: cos / sin
-# gain != 1 and a softmax factor); halves rope; v_head_dim 12 > 6 + 4; every layer routed,
+# gain != 1 and a softmax factor); halves rope; v_head_dim 12 > 7 + 4 (odd); every layer routed,
 # top-2 of 8 in the best 1 of 2 groups, not renormalised
 VARIANT = dict(
     q_lora_rank=None,
     rope_interleave=False,
-    qk_nope_head_dim=6,
+    qk_nope_head_dim=7,
     qk_rope_head_dim=4,
     v_head_dim=12,
     rope_parameters={

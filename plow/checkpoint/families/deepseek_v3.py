@@ -16,10 +16,11 @@ attention (MLA) in every layer, DeepSeekMoE feed-forwards after the first
   experts (one gated MLP `n_shared_experts * moe_intermediate_size` wide) on every token.
 
 The graph reads MLA through weights derived here from the checkpoint's (`derive_weights`,
-called when the weights are opened): row slices, zero padding to one head width, the rope
-rows de-interleaved, and 0/1 matrices that place the rotated columns into each head. Those
-are exact copies (no arithmetic on a weight, except yarn's attention factor when it is not
-1), so the lowering is the same function as transformers'.
+called when the weights are opened): rows moved to each head's columns (`head_columns`),
+zero padding to one head width, the rope rows de-interleaved, and a 0/1 matrix that places
+the shared rotated key into each head. Those are exact copies (no arithmetic on a weight,
+except yarn's attention factor when it is not 1), so the lowering is the same function as
+transformers'.
 
 Refused, naming the field: multi-token-prediction layers (`num_nextn_predict_layers` > 0),
 quantized weights (`quantization_config`), `attention_bias`, activations other than SiLU,
@@ -171,6 +172,7 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
     rope, gain, softmax = _rope(cfg)
     qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     width = max(qk, cfg.v_head_dim)
+    width += width % 2  # even: the rope pairs are (j, j + width / 2)
     fields = spec_fields(cfg.model_copy(update={"head_dim": width, "num_key_value_heads": None}))
     fields["weight_block"] = None
     dense = min(cfg.first_k_dense_replace, cfg.num_hidden_layers)
@@ -211,18 +213,29 @@ def _deinterleave(r: int) -> np.ndarray:
     return np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2)])
 
 
+def head_columns(nope: int, rope: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where a head's columns sit in its `width` (even) attention columns: the rope dims in
+    halves order at 0 .. rope/2 and width/2 .. width/2 + rope/2 (the pairs a `rotary_dim`
+    rope of head_dim `width` rotates), the `nope` dims in the next free columns in order."""
+    half, w2 = rope // 2, width // 2
+    rope_cols = np.concatenate([np.arange(half), w2 + np.arange(half)])
+    free = np.setdiff1d(np.arange(width), rope_cols)
+    return rope_cols, free[:nope]
+
+
 def derive_weights(
     spec: ModelSpec, read: Callable[[str], np.ndarray], missing: set[str]
 ) -> dict[str, np.ndarray]:
     """The `self_attn.mla.*` tensors of `spec`'s weight shapes that are `missing`, from the
-    checkpoint's (`read` by name), in the checkpoint's dtype (MlaSpec, plow/graph/mla.py):
+    checkpoint's (`read` by name), in the checkpoint's dtype (MlaSpec, plow/graph/mla.py);
+    heads are D = `spec.head_dim` columns wide, laid out by `head_columns`:
 
-    - `q_nope` [H*D, q_in]: head h's `nope` query rows at rows h*D.., zeros after;
-    - `q_rope` [H*r, q_in]: head h's rope query rows (de-interleaved);
-    - `q_place` [H*D, H*r]: 0/1, head h's rotated column j to column h*D + nope + j;
+    - `q` [H*D, q_in]: `q_b_proj` (or `q_proj`) with each head's rows moved to its columns
+      (the rope rows de-interleaved when `rope_interleave`), zeros in the spare columns;
     - `kv_a` [kv_lora, hidden] and `k_rope` [r, hidden]: `kv_a_proj_with_mqa`'s two parts;
     - `k_place` [H*D, r]: 0/1, the shared rotated key into every head's rope columns;
-    - `k_nope`, `v` [H*D, kv_lora]: `kv_b_proj`'s key and value rows per head, zero padded;
+    - `k_nope` [H*D, kv_lora]: `kv_b_proj`'s key rows per head at its nope columns;
+    - `v` [H*D, kv_lora]: `kv_b_proj`'s value rows of head h at rows h*D.., zeros after;
     - `o` [hidden, H*D]: `o_proj`'s columns of head h at columns h*D.., zeros after.
     """
     m = spec.mla
@@ -230,6 +243,7 @@ def derive_weights(
     heads, d, r, nope, vd = spec.num_heads, spec.head_dim, m.rope, m.nope, m.v_dim
     qk = nope + r
     perm = _deinterleave(r) if m.interleave else np.arange(r)
+    rope_cols, nope_cols = head_columns(nope, r, d)
     out: dict[str, np.ndarray] = {}
     for n in range(spec.num_layers):
         a = f"model.layers.{n}.self_attn."
@@ -242,30 +256,26 @@ def derive_weights(
         o = np.asarray(read(a + "o_proj.weight"))
         dt = qb.dtype
         qh = qb.reshape(heads, qk, -1)
-        q_nope = np.zeros((heads, d, qh.shape[-1]), dtype=dt)
-        q_nope[:, :nope] = qh[:, :nope]
         q_rope = qh[:, nope:][:, perm]
-        kvh = kvb.reshape(heads, nope + vd, -1)
-        k_nope = np.zeros((heads, d, kvh.shape[-1]), dtype=dt)
-        k_nope[:, :nope] = kvh[:, :nope]
-        v = np.zeros((heads, d, kvh.shape[-1]), dtype=dt)
-        v[:, :vd] = kvh[:, nope:]
         k_rope = kva[m.kv_lora_rank :][perm]
         if m.rope_gain != 1.0:  # yarn's cos / sin gain: rope is linear, so on the weights
             q_rope = (q_rope.astype(np.float32) * np.float32(m.rope_gain)).astype(dt)
             k_rope = (k_rope.astype(np.float32) * np.float32(m.rope_gain)).astype(dt)
-        q_place = np.zeros((heads, d, heads * r), dtype=dt)
+        q = np.zeros((heads, d, qh.shape[-1]), dtype=dt)
+        q[:, nope_cols] = qh[:, :nope]
+        q[:, rope_cols] = q_rope
+        kvh = kvb.reshape(heads, nope + vd, -1)
+        k_nope = np.zeros((heads, d, kvh.shape[-1]), dtype=dt)
+        k_nope[:, nope_cols] = kvh[:, :nope]
+        v = np.zeros((heads, d, kvh.shape[-1]), dtype=dt)
+        v[:, :vd] = kvh[:, nope:]
         k_place = np.zeros((heads, d, r), dtype=dt)
-        for h in range(heads):
-            q_place[h, nope + np.arange(r), h * r + np.arange(r)] = 1
-            k_place[h, nope + np.arange(r), np.arange(r)] = 1
+        k_place[:, rope_cols, np.arange(r)] = 1
         oh = o.reshape(o.shape[0], heads, vd)
         o_pad = np.zeros((o.shape[0], heads, d), dtype=o.dtype)
         o_pad[:, :, :vd] = oh
         derived = {
-            "q_nope": q_nope.reshape(heads * d, -1),
-            "q_rope": q_rope.reshape(heads * r, -1),
-            "q_place": q_place.reshape(heads * d, heads * r),
+            "q": q.reshape(heads * d, -1),
             "kv_a": kva[: m.kv_lora_rank],
             "k_rope": k_rope,
             "k_place": k_place.reshape(heads * d, r),
