@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from array import array
@@ -48,6 +49,52 @@ def _pct(values: list[float] | list[int] | np.ndarray) -> dict[str, float | int]
         "p99": float(p99),
         "max": float(a.max()),
     }
+
+
+#: ``np.percentile``'s ``q / 100`` for the 50th, 90th and 99th percentiles
+_QS = (50 / 100, 90 / 100, 99 / 100)
+
+
+def _pct_counts(counts: Mapping[int, int], dtype: type) -> dict[str, float | int]:
+    """``_pct`` of the sorted array holding each key of ``counts`` as many times as its count,
+    without building it: the same numbers, bit for bit (``tests/serq/test_sim_stats.py``).
+
+    ``np.percentile``'s default method takes the order statistics at ``floor(v)`` and
+    ``floor(v) + 1`` for ``v = (n - 1) * q`` and interpolates them as its ``_lerp`` does
+    (``a + (b - a) * g``, or ``b - (b - a) * (1 - g)`` when ``g >= 0.5``); the mean of integers
+    whose sum is below 2**53 is that exact sum over ``n``, as numpy's float sum is exact there.
+    Counts whose weighted sum is larger take the array path.
+    """
+    keys = sorted(counts)
+    n = 0
+    total = 0
+    ends: list[int] = []  # ends[j]: the number of values <= keys[j]
+    for k in keys:
+        c = counts[k]
+        n += c
+        total += k * c
+        ends.append(n)
+    if n == 0:
+        return {"count": 0}
+    if not all(type(k) is int and k >= 0 for k in keys) or total >= 2**53:
+        return _pct(_repeat(dict(counts), dtype))
+
+    def at(i: int) -> int:
+        return keys[bisect.bisect_right(ends, i)]
+
+    out: dict[str, float | int] = {"count": n, "mean": total / n}
+    for name, q in zip(("p50", "p90", "p99"), _QS, strict=True):
+        v = (n - 1) * q
+        if v >= n - 1:
+            out[name] = float(keys[-1])
+            continue
+        i = math.floor(v)
+        g = v - i
+        a, b = at(i), at(i + 1)
+        d = b - a
+        out[name] = float(b - d * (1 - g)) if g >= 0.5 else float(a + d * g)
+    out["max"] = float(keys[-1])
+    return out
 
 
 def _repeat(counts: dict[int, int], dtype: type) -> np.ndarray:
@@ -316,13 +363,11 @@ def simulate(
         by_req[nr] = by_req.get(nr, 0) + n
         by_tok[nt] = by_tok.get(nt, 0) + n
         tokens_w += nt * n
-    bs = _repeat(by_req, np.int64)
-    bt = _repeat(by_tok, np.float64)
     window_s = (horizon - warmup) / 1e6
     arrivals = raw["arrivals"]
     stats: dict[str, Any] = {
         "iterations": raw["iterations"],
-        "iterations_after_warmup": int(bs.size),
+        "iterations_after_warmup": sum(by_req.values()),
         "arrivals": arrivals,
         "completions": raw["completions"],
         "completion_fraction": raw["completions"] / arrivals if arrivals else None,
@@ -339,8 +384,8 @@ def simulate(
         "response_us": _pct(raw["resp"]),
         "observe": {n: _pct(v) for n, v in obs.items()},
         "batch": {
-            "requests": _pct(bs),
-            "tokens": _pct(bt),
+            "requests": _pct_counts(by_req, np.int64),
+            "tokens": _pct_counts(by_tok, np.float64),
             "histogram": _histogram(by_req),
         },
         "backlog": [
