@@ -650,12 +650,14 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
         }
         break;
       // linear_glu: the tile's output elements strided over the CTA's threads (fused.h's dots)
+      case plow::PLOW_LINEAR_QKV:  // R4: the same one-element sub-ranges as linear_glu
       case plow::PLOW_LINEAR_GLU: {
         const int64_t cols = r[1].b - r[1].a, count = (r[0].b - r[0].a) * cols;
         for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
           const int64_t i = r[0].a + e / cols, j = r[1].a + e % cols;
           const Range s[3] = {{i, i + 1}, {j, j + 1}, r[2]};
-          plow::tile_linear_glu(c, op, s);
+          if (op.kind == plow::PLOW_LINEAR_GLU) plow::tile_linear_glu(c, op, s);
+          else plow::tile_linear_qkv(c, op, s);
         }
         break;
       }

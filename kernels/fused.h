@@ -12,6 +12,9 @@
 //                     act(g) * u: g and u are tiles.h's dots (dot4_w / dot_w, the linear's
 //                     order), the product tiles.h's act_fn as tile_elementwise computes it.
 //                     The reduction axis k is never split (the tiler offers one k step).
+//   linear_qkv (R4)   one linear over cat3(Wq, Wk, Wv) (rows stacked; the bundle's weight):
+//                     output column n is row n's dot (the linear's dot4_w / dot_w order),
+//                     written to q, k or v by where n falls in their widths. k never split.
 //
 // Packets of a fused op carry the opcode of its main canonical op (add_rmsnorm: RMSNORM); the
 // op table's kind tells which. Shared by the host and device builds (PLOW_HD helpers only).
@@ -23,7 +26,7 @@
 namespace plow {
 
 // Op kinds of the op table (PlowKind continues here; plow/runtime/native/lower.py).
-enum PlowFusedKind { PLOW_ADD_RMSNORM = 30, PLOW_LINEAR_GLU = 31 };
+enum PlowFusedKind { PLOW_ADD_RMSNORM = 30, PLOW_LINEAR_GLU = 31, PLOW_LINEAR_QKV = 32 };
 
 // add_rmsnorm: t0 a, t1 b, t2 sum (out), t3 norm (out); d0 columns; f0 eps, f1 offset;
 // w0 the norm weight [d0]
@@ -63,6 +66,27 @@ PLOW_HD static void tile_linear_glu(const Ctx& c, const PlowOp& op, const Range*
       const float u = dot_w(x + m * K + k0, op.w0, op.w0_dtype, ou, kn);
       out[m * N + n] = act_fn(g, op.d[3]) * u;
     }
+  }
+}
+
+// linear_qkv: t0 x, t1 q, t2 k, t3 v (outputs); d0 M, d1 N (= nq + nk + nv), d2 K; d4 nq,
+// d5 nk, d6 nv; w0 the concatenated weight [N, K]
+PLOW_HD static void tile_linear_qkv(const Ctx& c, const PlowOp& op, const Range* r) {
+  const float* x = c.A + op.t[0];
+  const int64_t K = op.d[2], nq = op.d[4], nk = op.d[5];
+  const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
+  for (int64_t n = r[1].a; n < r[1].b; ++n) {
+    const int part = n < nq ? 0 : n < nq + nk ? 1 : 2;
+    const int64_t col = n - (part == 0 ? 0 : part == 1 ? nq : nq + nk);
+    const int64_t w = op.d[4 + part];
+    float* dst = c.A + op.t[1 + part];
+    int64_t m = r[0].a;
+    float y4[4];
+    for (; m + 4 <= r[0].b; m += 4) {
+      dot4_w(x + m * K + k0, K, op.w0, op.w0_dtype, n * K + k0, kn, y4);
+      for (int i = 0; i < 4; ++i) dst[(m + i) * w + col] = y4[i];
+    }
+    for (; m < r[0].b; ++m) dst[m * w + col] = dot_w(x + m * K + k0, op.w0, op.w0_dtype, n * K + k0, kn);
   }
 }
 

@@ -15,7 +15,7 @@
 extern "C" {
 #endif
 
-#define PLOW_ABI_VERSION 1
+#define PLOW_ABI_VERSION 2
 #define PLOW_RECORD_SIZE 64
 
 // Op kinds (the op table's `kind`), not wire opcodes.
@@ -79,7 +79,7 @@ typedef struct {
   int64_t n_ops;
   const PlowOp* ops;
   int64_t n_counters;
-  // the paged key-value pool: [layers, 2, blocks, kv_heads, block_size, head_dim] fp32
+  // the paged key-value pool: [layers, 2, blocks, kv_heads, block_size, head_dim] (kv_dtype)
   int64_t kv_off, kv_layers, kv_blocks, kv_heads, kv_block, kv_dim;
   int64_t page_table, page_cols;  // int32 [batch, page_cols]
   // greedy fused into lm_head (-1: not fused): per-chunk (max, argmax) partials [chunks, M]
@@ -87,6 +87,8 @@ typedef struct {
   int64_t n_chunks;
   const int64_t* bounds;       // n_chunks + 1 column bounds
   int64_t fused_values, fused_index;
+  int32_t kv_dtype;            // the pool's storage: PLOW_F32, or PLOW_BF16 (opt-in, lossy)
+  int32_t reserved;
 } PlowPlan;
 
 // One batch row of a multi-step quantum (the step epilogue, kernels/sampler.h).

@@ -499,8 +499,9 @@ PLOW_HD static void merge_linear(const Ctx& c, const PlowOp& op, const int64_t* 
 #ifndef PLOW_ATTN_ROWS
 #define PLOW_ATTN_ROWS 4
 #endif
+// scores and outputs of the rows, then a bf16 pool's widened key and value rows (4 each)
 PLOW_HD static inline int64_t attention_scratch_floats(int64_t keys, int64_t head_dim) {
-  return PLOW_ATTN_ROWS * (keys + head_dim);
+  return PLOW_ATTN_ROWS * (keys + head_dim) + 8 * head_dim;
 }
 
 struct AttnGeom {
@@ -513,30 +514,65 @@ struct AttnGeom {
   }
 };
 
+// The pool holds fp32 rows, or (opt-in, lossy) bf16 rows packed two to a word: the same
+// [layers, 2, blocks, kv_heads, block_size, head_dim] order in the storage type.
+PLOW_HD static inline int64_t kv_index(const PlowPlan* p, int64_t layer, int64_t kind,
+                                       int64_t block, int64_t head, int64_t slot) {
+  return (((layer * 2 + kind) * p->kv_blocks + block) * p->kv_heads + head) * p->kv_block + slot;
+}
+
 PLOW_HD static inline float* kv_row(const Ctx& c, int64_t layer, int64_t kind, int64_t block,
                                     int64_t head, int64_t slot) {
-  const PlowPlan* p = c.plan;
-  const int64_t idx =
-      ((((layer * 2 + kind) * p->kv_blocks + block) * p->kv_heads + head) * p->kv_block + slot);
-  return c.A + p->kv_off + idx * p->kv_dim;
+  return c.A + c.plan->kv_off + kv_index(c.plan, layer, kind, block, head, slot) * c.plan->kv_dim;
+}
+
+PLOW_HD static inline uint16_t* kv_row16(const Ctx& c, int64_t layer, int64_t kind, int64_t block,
+                                         int64_t head, int64_t slot) {
+  return reinterpret_cast<uint16_t*>(c.A + c.plan->kv_off) +
+         kv_index(c.plan, layer, kind, block, head, slot) * c.plan->kv_dim;
+}
+
+// fp32 -> bf16, round to nearest even (what numpy's astype to ml_dtypes.bfloat16 does); a NaN
+// stays a NaN (quiet, its sign kept).
+PLOW_HD static inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// This step's key or value row of a token into the pool, in the pool's storage type.
+PLOW_HD static inline void kv_put(const Ctx& c, int64_t layer, int64_t kind, int64_t block,
+                                  int64_t head, int64_t slot, const float* src) {
+  const int64_t D = c.plan->kv_dim;
+  if (c.plan->kv_dtype == PLOW_BF16) {
+    uint16_t* dst = kv_row16(c, layer, kind, block, head, slot);
+    for (int64_t d = 0; d < D; ++d) dst[d] = f32_to_bf16(src[d]);
+  } else {
+    memcpy(kv_row(c, layer, kind, block, head, slot), src, D * 4);
+  }
 }
 
 // One (sequence, kv head)'s keys or values in key order: the pool's pages through the page
 // table, then this step's fresh rows (positions >= p_min are the step's own tokens, contiguous
-// in the input). Advancing is an add within a page and one table lookup per page, so a key
-// costs its dot product, not its address.
+// in the input, fp32 as the op computed them). Advancing is an add within a page and one
+// table lookup per page, so a key costs its dot product, not its address. A bf16 pool's rows
+// are widened (exactly) into `stage` (four rows) as they are taken.
 struct KvWalk {
   const Ctx& c;
   const int32_t* table;  // this sequence's page-table row
   int64_t layer, kind, kv, p_min;
   const float* fresh;  // the step's key/value input at position p_min
   int64_t fresh_ld, kp, slot;
-  const float* ptr;
+  const float* ptr;      // the current row: fp32 pool or fresh
+  const uint16_t* ptr16;  // the current row of a bf16 pool (when ptr is null)
+  float* stage;
   PLOW_HD KvWalk(const Ctx& c_, const int32_t* table_, int64_t layer_, int64_t kind_,
                  int64_t kv_, int64_t p_min_, const float* fresh_, int64_t fresh_ld_,
-                 int64_t kp0)
+                 int64_t kp0, float* stage_)
       : c(c_), table(table_), layer(layer_), kind(kind_), kv(kv_), p_min(p_min_),
-        fresh(fresh_), fresh_ld(fresh_ld_), kp(kp0), slot(0), ptr(nullptr) {
+        fresh(fresh_), fresh_ld(fresh_ld_), kp(kp0), slot(0), ptr(nullptr), ptr16(nullptr),
+        stage(stage_) {
     seek();
   }
   PLOW_HD void seek() {
@@ -546,11 +582,24 @@ struct KvWalk {
       return;
     }
     slot = kp % bs;
-    ptr = kv_row(c, layer, kind, table[kp / bs], kv, slot);
+    if (c.plan->kv_dtype == PLOW_BF16) {
+      ptr = nullptr;
+      ptr16 = kv_row16(c, layer, kind, table[kp / bs], kv, slot);
+    } else {
+      ptr = kv_row(c, layer, kind, table[kp / bs], kv, slot);
+    }
+  }
+  // the current row as fp32 (a bf16 row widened into stage row i)
+  PLOW_HD const float* row(int i) {
+    if (ptr != nullptr) return ptr;
+    const int64_t D = c.plan->kv_dim;
+    float* out = stage + i * D;
+    for (int64_t d = 0; d < D; ++d) out[d] = bf16_to_f32(ptr16[d]);
+    return out;
   }
   // the next four rows (keys or values) in key order
   PLOW_HD void take4(const float** p) {
-    for (int i = 0; i < 4; ++i, next()) p[i] = ptr;
+    for (int i = 0; i < 4; ++i, next()) p[i] = row(i);
   }
   PLOW_HD void next() {
     ++kp;
@@ -558,8 +607,10 @@ struct KvWalk {
       ptr = fresh + (kp - p_min) * fresh_ld;
     } else if (++slot == c.plan->kv_block) {
       seek();
-    } else {
+    } else if (ptr != nullptr) {
       ptr += c.plan->kv_dim;
+    } else {
+      ptr16 += c.plan->kv_dim;
     }
   }
 };
@@ -652,8 +703,10 @@ PLOW_SIMD static void attend_rows(KvWalk& kw, KvWalk& vw, const float* const* qv
     kw.take4(k);
     for (int64_t i = 0; i < R; ++i) qk_dot4(qv[i], k[0], k[1], k[2], k[3], D, sc + i * n + j);
   }
-  for (; j < n; ++j, kw.next())
-    for (int64_t i = 0; i < R; ++i) sc[i * n + j] = qk_dot(qv[i], kw.ptr, D);
+  for (; j < n; ++j, kw.next()) {
+    const float* k = kw.row(0);
+    for (int64_t i = 0; i < R; ++i) sc[i * n + j] = qk_dot(qv[i], k, D);
+  }
   for (int64_t i = 0; i < R; ++i) {
     float* s = sc + i * n;
     if (softcap != 0.0f) {
@@ -693,12 +746,14 @@ PLOW_SIMD static void attend_rows(KvWalk& kw, KvWalk& vw, const float* const* qv
         a[d] = (((a[d] + w0 * v0[d]) + w1 * v1[d]) + w2 * v2[d]) + w3 * v3[d];
     }
   }
-  for (; j < n; ++j, vw.next())
+  for (; j < n; ++j, vw.next()) {
+    const float* v = vw.row(0);
     for (int64_t i = 0; i < R; ++i) {
       const float w0 = sc[i * n + j];
       float* a = acc + i * D;
-      for (int64_t d = 0; d < D; ++d) a[d] = a[d] + w0 * vw.ptr[d];
+      for (int64_t d = 0; d < D; ++d) a[d] = a[d] + w0 * v[d];
     }
+  }
 }
 
 // One attention tile: rows [ra, rb); of a split key axis, step k of S scores the k-th S-th of
@@ -764,8 +819,8 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
         if (pt - key_lo < s0 || pt - key_lo >= s1) continue;
         const int64_t blockid = trow[pt / bs];
         const int64_t src = ((bi * g.T + t) * g.KVH + kv) * D;
-        memcpy(kv_row(c, layer, 0, blockid, kv, pt % bs), kin + src, D * 4);
-        memcpy(kv_row(c, layer, 1, blockid, kv, pt % bs), vin + src, D * 4);
+        kv_put(c, layer, 0, blockid, kv, pt % bs, kin + src);
+        kv_put(c, layer, 1, blockid, kv, pt % bs, vin + src);
       }
     }
     const float* kfresh = live ? kin + ((bi * g.T) * g.KVH + kv) * D : nullptr;
@@ -797,8 +852,9 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
           const float* qv[PLOW_ATTN_ROWS];
           for (int64_t i = 0; i < R; ++i)
             qv[i] = q + ((bi * g.T + t) * g.H + kv * g.grp + (r0 + i) % g.grp) * D;
-          KvWalk kw(c, trow, layer, 0, kv, p_min, kfresh, fresh_ld, lo);
-          KvWalk vw(c, trow, layer, 1, kv, p_min, vfresh, fresh_ld, lo);
+          float* stage = acc + PLOW_ATTN_ROWS * D;  // attention_scratch_floats' last 8 rows
+          KvWalk kw(c, trow, layer, 0, kv, p_min, kfresh, fresh_ld, lo, stage);
+          KvWalk vw(c, trow, layer, 1, kv, p_min, vfresh, fresh_ld, lo, stage + 4 * D);
           attend_rows(kw, vw, qv, R, D, n, scale, softcap, sc, acc, m, l);
         }
       }

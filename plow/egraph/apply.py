@@ -10,7 +10,9 @@ into the bundle as `rewrites.json` (`rewrites_json`), which checkpoint A reads.
 Implemented today: R1 (`add_rmsnorm`: a residual add and the full-width rmsnorm of its sum
 in one op writing both) and R2+R3+R13 (`linear_glu`: the gate and up linears of one input as
 one linear over `interleave(Wg, Wu)` — row 2i gate row i, row 2i+1 up row i, re-laid-out in
-the bundle — whose epilogue is the gated MLP's act(g) * u). docs/egraph.md, "Status".
+the bundle — whose epilogue is the gated MLP's act(g) * u) and R4 (`linear_qkv`: the q, k, v
+projections of one input as one linear over `cat3(Wq, Wk, Wv)`, writing the three outputs).
+docs/egraph.md, "Status".
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from plow.target import Target
 EMITTED_FUSED: dict[str, frozenset[str]] = {
     "R1": frozenset({"add_rmsnorm", "fst", "snd"}),
     "R2+R3+R13": frozenset({"linear_glu", "interleave"}),
+    "R4": frozenset({"cat3", "part"}),
 }
 RULES = tuple(EMITTED_FUSED)
 REWRITES_FILE = "rewrites.json"
@@ -102,6 +105,9 @@ def extracted_instances(
     for op in fg.ops:
         if op.rule is not None and op.kind in fused_kinds:
             out.setdefault(op.kind, set()).add(tuple(op.outputs))
+        # R4: a linear over cat3(...) read through its three parts
+        if op.kind == "linear" and len(op.outputs) == 3 and "R4" in rules:
+            out.setdefault("linear_qkv", set()).add(tuple(op.outputs))
     return out
 
 
@@ -156,6 +162,20 @@ def fuse_graph(
             continue
         glu[op.name] = (lg, lu)
         fused_away |= {lg.name, lu.name}
+    # R4: the q, k, v projections (bias-free linears of one input) the extraction concatenated
+    qkv: dict[str, tuple[Op, Op, Op]] = {}  # q's linear -> (q, k, v)
+    for outs in chosen.get("linear_qkv", ()):
+        lin = [prod.get(t) for t in outs]
+        if any(x is None or x.kind is not OpKind.linear or len(x.inputs) != 2 for x in lin):
+            continue
+        lq, lk, lv = (x for x in lin if x is not None)
+        ws = [graph.tensor(x.inputs[1]) for x in (lq, lk, lv)]
+        if len({x.inputs[0] for x in (lq, lk, lv)}) != 1 or len({w.dtype for w in ws}) != 1:
+            continue
+        if len({w.shape[1] for w in ws}) != 1 or len({lq.name, lk.name, lv.name}) != 3:
+            continue
+        qkv[lq.name] = (lq, lk, lv)
+        fused_away |= {lk.name, lv.name}
     index = {op.name: i for i, op in enumerate(graph.ops)}
     tensors = dict(graph.tensors)
     ops: list[Op] = []
@@ -184,6 +204,25 @@ def fuse_graph(
                     (lg.inputs[0], wi),
                     op.outputs,
                     dict(op.attrs),
+                    op.layer,
+                )
+            )
+            continue
+        if op.name in qkv:
+            three = qkv[op.name]
+            ws = [graph.tensor(x.inputs[1]) for x in three]
+            wc = f"cat3({', '.join(w.name for w in ws)})"
+            rows = sum(w.shape[0] for w in ws)
+            tensors[wc] = Tensor(wc, (rows, ws[0].shape[1]), TensorRole.weight, ws[0].dtype)
+            layouts.append(Layout(wc, "cat3", tuple(w.name for w in ws)))
+            blocks.append(Block("R4", tuple(sorted(index[x.name] for x in three)), len(ops)))
+            ops.append(
+                Op(
+                    "+".join(x.name for x in three),
+                    OpKind.linear_qkv,
+                    (op.inputs[0], wc),
+                    tuple(x.outputs[0] for x in three),
+                    {},
                     op.layer,
                 )
             )

@@ -187,6 +187,26 @@ _ST_DTYPE = {
 }
 
 
+def _relaid(store: Any, name: str, layout: str, sources: tuple[str, ...]) -> Any:
+    """The entry of a re-laid-out weight: `interleave` (`_interleaved`) or `cat3` (R4: the
+    rows of the three sources stacked in order, their byte runs one after another)."""
+    if layout == "interleave":
+        return _interleaved(store, name, sources)
+    from plow.checkpoint.fp8 import FP8
+    from plow.checkpoint.weights import TensorEntry
+
+    es = [store.entry(s) for s in sources]
+    e0 = es[0]
+    fmt = {(e.dtype, e.shape[1:], e.quant[0] if e.quant else None) for e in es}
+    if layout != "cat3" or len(fmt) != 1 or e0.dtype == FP8:
+        raise PlowError(name, f"cannot lay out {', '.join(sources)} as {layout}")
+    rows = sum(e.logical_shape[0] for e in es)
+    quant = None if e0.quant is None else (e0.quant[0], (rows, e0.quant[1][1]))
+    shape = (sum(e.shape[0] for e in es), *e0.shape[1:])
+    parts = tuple(p for e in es for p in e.pieces)
+    return TensorEntry(e0.file, e0.dtype, shape, e0.offset, sum(e.nbytes for e in es), parts, quant)
+
+
 def _interleaved(store: Any, name: str, sources: tuple[str, ...]) -> Any:
     """The entry of a weight re-laid-out as `interleave(Wg, Wu)` (R2, plow/egraph/apply.py):
     row 2i is row i of Wg, row 2i + 1 row i of Wu — one byte run per row of each source."""
@@ -232,9 +252,7 @@ def copy_weights(
         if n not in layouts and (sc := store.fp8_scale(n)) is not None and sc not in names
     ]
     names = [*names, *scales]
-    entries = [
-        _interleaved(store, n, layouts[n][1]) if n in layouts else store.entry(n) for n in names
-    ]
+    entries = [_relaid(store, n, *layouts[n]) if n in layouts else store.entry(n) for n in names]
     # blocks are copied as blocks; the metadata says how to read them
     quant = {n: e.quant for n, e in zip(names, entries, strict=True) if e.quant is not None}
     meta = {"format": "pt", "writer": "plow"}

@@ -65,6 +65,7 @@ OPCODE_OF_KIND: dict[str, Opcode] = {
     # kind says which (R1: a norm packet; R2+R3+R13: the gate/up linear with the glu epilogue)
     "add_rmsnorm": Opcode.RMSNORM,
     "linear_glu": Opcode.MLP_GATE_UP,
+    "linear_qkv": Opcode.LINEAR,  # R4: the q/k/v projections over cat3(Wq, Wk, Wv)
     "lm_head": Opcode.LM_HEAD,
     "sample": Opcode.SAMPLE,
     "router": Opcode.ROUTER,

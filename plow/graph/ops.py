@@ -37,6 +37,9 @@ class OpKind(str, Enum):
     add_rmsnorm = "add_rmsnorm"
     # R2+R3+R13: one linear over interleave(Wg, Wu) (row 2i gate i, 2i+1 up i), act(g) * u after
     linear_glu = "linear_glu"
+    # R4: one linear over cat3(Wq, Wk, Wv) writing q, k and v (its rows split by the widths of
+    # its three outputs, so it has no attributes: `OpGraph.validate` checks the outputs)
+    linear_qkv = "linear_qkv"
 
 
 class TensorRole(str, Enum):
@@ -152,6 +155,8 @@ def infer_shapes(
             f"linear_glu input {x} does not match interleaved weight {w}",
         )
         return [(*x[:-1], w[0] // 2)]
+    if kind is OpKind.linear_qkv:
+        raise GraphError(name, "linear_qkv's output widths are its outputs' (OpGraph.validate)")
     if kind is OpKind.lm_head:
         x, w = ins
         _need(name, len(w) == 2 and x[-1] == w[1], f"lm_head input {x} does not match weight {w}")
@@ -262,6 +267,20 @@ class OpGraph:
         for op in self.ops:
             for t in op.inputs:
                 _need(op.name, t in defined, f"reads {t!r} before any op writes it")
+            if op.kind is OpKind.linear_qkv:  # R4: x [.., K], w [nq + nk + nv, K]
+                x, w = (self.tensors[t].shape for t in op.inputs)
+                outs = [self.tensors[t].shape for t in op.outputs]
+                _need(
+                    op.name,
+                    len(outs) == 3
+                    and len(w) == 2
+                    and x[-1] == w[1]
+                    and all(o[:-1] == x[:-1] for o in outs)
+                    and sum(o[-1] for o in outs) == w[0],
+                    f"linear_qkv weight {w} does not split into outputs {outs} of input {x}",
+                )
+                defined.update(op.outputs)
+                continue
             shapes = infer_shapes(
                 op.kind, op.name, [self.tensors[t].shape for t in op.inputs], op.attrs
             )

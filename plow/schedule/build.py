@@ -49,7 +49,14 @@ from plow.schedule.passes import (
     rescope,
 )
 from plow.schedule.protocol import simulate
-from plow.schedule.regions import Box, Regions, UnitArrays, is_split, run_bboxes
+from plow.schedule.regions import (
+    Box,
+    Regions,
+    UnitArrays,
+    is_split,
+    output_columns,
+    run_bboxes,
+)
 from plow.target.model import Target, dtype_bytes
 from plow.tiles.ir import TiledOp, TileGraph
 
@@ -237,13 +244,26 @@ def build_schedule(
         op_stages.append((top, ids))
 
     # -- 3. placement (list scheduling, graph order) ---------------------------------------
-    # an op writing several outputs of one shape (R1's add_rmsnorm) writes the same box of
-    # each: its tasks are the writers of every one of them
-    also = {op.outputs[0]: op.outputs[1:] for op in graph.ops if len(op.outputs) > 1}
+    # an op writing several outputs (R1's add_rmsnorm: the same box of each; R4's linear_qkv:
+    # q, k, v side by side) writes each its part of the task's box
+    multi = {op.outputs[0]: output_columns(graph, op) for op in graph.ops if len(op.outputs) > 1}
+
+    def writes(d: _Draft) -> list[tuple[str, Box]]:
+        assert d.write is not None
+        tn, (r0, r1, c0, c1) = d.write
+        if tn not in multi:
+            return [d.write]
+        out = []
+        for t, at, w in multi[tn]:
+            lo, hi = max(0, c0 - at), min(w, c1 - at)
+            if lo < hi:
+                out.append((t, (r0, r1, lo, hi)))
+        return out
+
     writer_stage: dict[str, str] = {}
     for d in drafts:
         if d.write is not None:
-            for tn in (d.write[0], *also.get(d.write[0], ())):
+            for tn, _ in writes(d):
                 writer_stage[tn] = d.stage
     stage_finish: dict[str, float] = defaultdict(float)
     placer = _Placer(tp, W, P)
@@ -275,17 +295,20 @@ def build_schedule(
     # -- 4. edges from box overlap -----------------------------------------------------------
     act_b = dtype_bytes(tg.activation_dtype)
     n_d = len(drafts)
-    by_tensor: dict[str, list[int]] = defaultdict(list)
+    by_tensor: dict[str, list[tuple[int, Box]]] = defaultdict(list)
     for i, d in enumerate(drafts):
         if d.write is not None:
-            for tn in (d.write[0], *also.get(d.write[0], ())):
-                by_tensor[tn].append(i)
+            for tn, bx in writes(d):
+                by_tensor[tn].append((i, bx))
     stage_ids: dict[str, list[int]] = defaultdict(list)
     for i, d in enumerate(drafts):
         stage_ids[d.stage].append(i)
     prod_boxes = {
-        tn: (np.array([drafts[i].write[1] for i in ids], dtype=np.int64), np.array(ids))  # type: ignore[index]
-        for tn, ids in by_tensor.items()
+        tn: (
+            np.array([bx for _, bx in ws], dtype=np.int64).reshape(-1, 4),
+            np.array([i for i, _ in ws]),
+        )
+        for tn, ws in by_tensor.items()
     }
     e_u: list[npt.NDArray[np.int64]] = []
     e_t: list[npt.NDArray[np.int64]] = []

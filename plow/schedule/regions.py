@@ -10,6 +10,7 @@ tile whose output it reads.
 | --- | --- | --- |
 | linear, lm_head | `x[m, k]` (a split `k` reads a slice of the reduction) | `out[m, n]` |
 | linear_glu (R2+R3+R13) | `x[m, k]` (k never split) | `out[m, n]` |
+| linear_qkv (R4) | `x[m, k]` (k never split) | `n` of q, k, v side by side (`output_columns`) |
 | rmsnorm | the tile's rows (groups) mapped back to tensor rows/cols | same box |
 | rope | the tile's rows, columns widened to whole heads (rotation pairs) | the tile's box |
 | attention | per batch row: query heads of the key-value heads its rows touch, and those |
@@ -60,7 +61,8 @@ REDUCTION_AXIS: dict[str, int] = {
 
 
 # Kinds whose tiles each stream a share of the op's weight bytes.
-_WEIGHT_KINDS = ("linear", "lm_head", "expert_linear", "linear_glu")
+_WEIGHT_KINDS = ("linear", "lm_head", "expert_linear", "linear_glu", "linear_qkv")
+_MATMUL = ("linear", "lm_head", "linear_glu", "linear_qkv")
 
 
 def view(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -70,6 +72,20 @@ def view(shape: tuple[int, ...]) -> tuple[int, int]:
     if len(shape) == 1:
         return (shape[0], 1)
     return (math.prod(shape[:-1]), shape[-1])
+
+
+def output_columns(graph: OpGraph, op: Op) -> list[tuple[str, int, int]]:
+    """(tensor, first column, width) of each output of `op` in the columns of its write box:
+    R4's linear_qkv writes q, k, v side by side (its weight's rows are theirs, stacked); every
+    other op writes the same box of each of its outputs."""
+    if op.kind.value != "linear_qkv":
+        return [(t, 0, view(graph.tensor(t).shape)[1]) for t in op.outputs]
+    out, at = [], 0
+    for t in op.outputs:
+        w = view(graph.tensor(t).shape)[1]
+        out.append((t, at, w))
+        at += w
+    return out
 
 
 def partial_name(op: str) -> str:
@@ -227,7 +243,7 @@ class Regions:
         op = self.ops[top.name]
         k = top.kind
         out = op.outputs[0]
-        if k in ("linear", "lm_head", "linear_glu"):
+        if k in _MATMUL:
             (m0, m1), (n0, n1), (k0, k1) = ranges
             return [(op.inputs[0], (m0, m1, k0, k1))], (m0, m1, n0, n1)
         if k == "expert_linear":
@@ -352,7 +368,7 @@ class Regions:
                 [np.broadcast_to(np.asarray(c, dtype=np.int64), (n,)) for c in cols], axis=1
             )
 
-        if k in ("linear", "lm_head", "linear_glu") and na == 3:
+        if k in _MATMUL and na == 3:
             m0, m1, n0, n1, k0, k1 = (r[:, i // 2, i % 2] for i in range(6))
             return [(op.inputs[0], box(m0, m1, k0, k1))], box(m0, m1, n0, n1)
         if k == "expert_linear" and na == 3:

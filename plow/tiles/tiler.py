@@ -184,7 +184,7 @@ class _Tiler:
     # -- index spaces -------------------------------------------------------------------
     def space(self, op: Op) -> _Space:
         k = op.kind
-        if k in (OpKind.linear, OpKind.lm_head, OpKind.linear_glu):
+        if k in (OpKind.linear, OpKind.lm_head, OpKind.linear_glu, OpKind.linear_qkv):
             return self.matmul(op)
         if k is OpKind.attention:
             return self.attention(op)
@@ -213,12 +213,13 @@ class _Tiler:
         a, w, W = self.a, self.w, self.target.workers
         bias = n_out * w if len(op.inputs) == 3 else 0
         weight = n_out * k_in * w + bias
-        # linear_glu (R2+R3+R13): output column n reads weight rows 2n and 2n + 1; k unsplit
+        # linear_glu (R2+R3+R13): output column n reads weight rows 2n and 2n + 1
         glu = 2 if op.kind is OpKind.linear_glu else 1
         n_out //= glu
         one_wave = round_up(cdiv(n_out, W), self.cmin)
         k_sizes = {round_up(k_in, self.cmin)}
-        for s in self.opt.k_splits if glu == 1 else ():
+        fused = op.kind in (OpKind.linear_glu, OpKind.linear_qkv)  # never split k
+        for s in () if fused else self.opt.k_splits:
             if s > 1 and cdiv(k_in, s) >= self.cmin:
                 t = round_up(cdiv(k_in, s), self.cmin)
                 if cdiv(k_in, t) > 1:

@@ -183,3 +183,12 @@ def test_cli_kv_dtype_reports_lossy(
     assert len(doc8["token_ids"]) == 6 and doc8["token_ids"][0] == doc["token_ids"][0]
     bad = CliRunner().invoke(app, [*args[:-2], "--kv-dtype", "fp8_e4m3"])  # reference
     assert bad.exit_code != 0 and "--executor cpu" in bad.output
+    # the native executor keeps a bf16 cache (and says so), not an fp8 one
+    nat = [*args[:-1], "native", "--kv-dtype"]
+    res16 = CliRunner().invoke(app, [*nat, "bfloat16"])
+    assert res16.exit_code == 0, res16.output
+    doc16 = json.loads(res16.stdout)
+    assert doc16["kv_dtype"] == "bfloat16" and doc16["lossy"] is True
+    assert doc16["executor"] == "native" and len(doc16["token_ids"]) == 6
+    bad8 = CliRunner().invoke(app, [*nat, "fp8_e4m3"])
+    assert bad8.exit_code == 2 and "fp8_e4m3 runs on --executor cpu, not native" in bad8.output

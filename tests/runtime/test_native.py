@@ -18,6 +18,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -385,3 +386,32 @@ def test_batch_invariance_sixteen_prompts_alone_together_and_shuffled(bundles: d
     for p in range(16):
         for a, b, c in zip(alone[p], together[p], shuffled[p], strict=True):
             assert np.array_equal(a, b) and np.array_equal(a, c), p
+
+
+@pytest.mark.parametrize("target", ["cpu", "split"])
+def test_bf16_key_value_cache_rounds_to_nearest_even_and_reads_back_widened(
+    bundles: dict, target: str
+) -> None:
+    """--kv-dtype bfloat16 on the native executor (a plan whose attention splits the keys,
+    too): the pool holds bf16 rows, half the fp32 pool's words; a prompt's layer-0 rows are
+    the fp32 run's rounded to nearest even (numpy's ml_dtypes cast is the reference); tokens
+    equal the `cpu` executor's bf16 run, logits are within 1e-4 of them, and not the fp32
+    pool's (it is lossy)."""
+    path = bundles["llama", target]
+    nat = open_native(path, max_batch=8, kv_dtype="bfloat16")
+    f32 = open_native(path, max_batch=8)
+    assert nat.arena.kv.dtype == np.dtype(ml_dtypes.bfloat16)
+    assert nat.arena.kv_shape.data_words * 2 == f32.arena.kv_shape.data_words
+    prompts = [Request(tuple(p), 1) for p in PROMPTS]  # prefill: the prompts' rows only
+    assert generate(nat, prompts) == generate(f32, prompts)
+    want = f32.arena.kv[0].astype(ml_dtypes.bfloat16).view(np.uint16)
+    got = nat.arena.kv[0].view(np.uint16)
+    assert np.count_nonzero(got) > 0 and np.array_equal(got, want)
+    reqs = [Request(tuple(p), NEW) for p in PROMPTS]
+    emu = CpuModel.from_bundle(path, max_batch=8, kv_dtype="bfloat16")
+    assert generate(open_native(path, max_batch=8, kv_dtype="bfloat16"), reqs) == generate(
+        emu, reqs
+    )
+    a, b, c = (prefill_logits(m, PROMPTS[0]) for m in (nat, emu, f32))
+    assert np.all(np.abs(a - b) <= 1e-4 * np.maximum(1.0, np.abs(b)))
+    assert not np.array_equal(a, c)

@@ -16,6 +16,7 @@ sub-blocks; split reductions combine per-tile fp32 partials:
 | rope | rows x cols (reads whole heads) | - | - |
 | linear, lm_head | x[m, k] @ w[n, k]^T (+ bias, cap) | its k-slice product | sum, bias, cap |
 | linear_glu (R2+R3+R13) | act(x w[2n]^T) * (x w[2n+1]^T), interleaved w | - | - |
+| linear_qkv (R4) | x @ cat3(wq, wk, wv)^T, columns to q, k, v | - | - |
 | attention | rows (by kv head) over a key range | (o, max, sum) over its keys | rescale, sum |
 | gated_mlp, residual_add | element-wise box | - | - |
 | add_rmsnorm (R1, fused) | whole rows: a + b, then its norm (both written) | - | - |
@@ -209,6 +210,22 @@ def _linear_glu(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | Non
     g = np.matmul(x, np.ascontiguousarray(w[0::2]).T).astype(F32)
     u = np.matmul(x, np.ascontiguousarray(w[1::2]).T).astype(F32)
     acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], K.gated_mlp(g, u, op.attrs))
+
+
+def _linear_qkv(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    """R4 (plow/egraph): the linear over cat3(Wq, Wk, Wv); output column n is q's, k's or
+    v's by where it falls in their widths (k never split)."""
+    (m0, m1), (n0, n1), (k0, k1) = r
+    M, N, Kd = op.extents
+    x = acc.get(op.inputs[0], (M, Kd), np.s_[m0:m1, k0:k1])
+    y = np.matmul(x, acc.weight(op.inputs[1])[n0:n1, k0:k1].T).astype(F32)
+    at = 0
+    for t in op.outputs:
+        w = _view2(_shape(plan, t))[1]
+        a, b = max(n0, at), min(n1, at + w)
+        if a < b:
+            acc.put(t, (M, w), np.s_[m0:m1, a - at : b - at], y[:, a - n0 : b - n0])
+        at += w
 
 
 def _summed_partials(
@@ -674,6 +691,7 @@ TILE: dict[str, TileFn] = {
     "linear": _linear,
     "lm_head": _linear,
     "linear_glu": _linear_glu,
+    "linear_qkv": _linear_qkv,
     "attention": _attention,
     "gated_mlp": _elementwise,
     "residual_add": _elementwise,

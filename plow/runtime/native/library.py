@@ -16,7 +16,7 @@ from pathlib import Path
 
 from plow.errors import PlowError
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "_build" / "native"
 LIBRARIES = {"release": "libplow_native.so", "tsan": "libplow_native_tsan.so"}
@@ -91,6 +91,8 @@ class PlowPlan(ctypes.Structure):
         ("bounds", ctypes.c_void_p),
         ("fused_values", ctypes.c_int64),
         ("fused_index", ctypes.c_int64),
+        ("kv_dtype", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
     ]
 
 

@@ -47,7 +47,7 @@ SSM_KINDS = {"ssm_conv": 20, "ssm_scan": 21, "ssm_norm": 22}
 # DeepSeek-V3's router (kernels/deepseek.h `PlowDeepseekKind`): op kind `router`, scoring sigmoid
 GROUPED_ROUTER_KIND = 40
 # Fused kinds of plow/egraph (kernels/fused.h `PlowFusedKind`).
-FUSED_KINDS = {"add_rmsnorm": 30, "linear_glu": 31}
+FUSED_KINDS = {"add_rmsnorm": 30, "linear_glu": 31, "linear_qkv": 32}
 
 
 @dataclass
@@ -87,8 +87,11 @@ def lower(
     plan: Plan, arena: Arena, weights: Mapping[str, np.ndarray], bundle: Path, rung: Any
 ) -> Lowered:
     """The `PlowPlan` of `plan` (a plan loaded from `bundle`'s rung `rung`)."""
-    if arena.kv_shape.dtype != "float32":
-        raise PlowError("--kv-dtype", "the native executor keeps the key-value cache in float32")
+    if arena.kv_shape.dtype not in ("float32", "bfloat16"):
+        raise PlowError(
+            "--kv-dtype", f"the native executor keeps the key-value cache in float32 or "
+            f"bfloat16, not {arena.kv_shape.dtype} (fp8_e4m3 runs on --executor cpu)"
+        )
     low = Lowered(PlowPlan())
     _, records = read_plan(bundle / rung.plan)
     records = np.ascontiguousarray(records)
@@ -122,6 +125,7 @@ def lower(
     kv = arena.kv_shape
     p.kv_off, p.kv_layers, p.kv_blocks = 0, kv.layers, kv.blocks
     p.kv_heads, p.kv_block, p.kv_dim = kv.kv_heads, kv.block_size, kv.head_dim
+    p.kv_dtype = DTYPE_BF16 if kv.dtype == "bfloat16" else DTYPE_F32
     p.page_table = word(PAGE_TABLE)
     p.page_cols = plan.layout.slot(PAGE_TABLE).shape[1]
     p.fused_lm = p.fused_sample = -1
@@ -331,6 +335,12 @@ def _lower_op(
         o.t[0], o.t[1] = word(op.inputs[0]), word(op.outputs[0])
         o.d[0], o.d[1], o.d[2] = op.extents
         o.d[3] = 0 if op.attrs.get("activation", "silu") == "silu" else 1
+        o.w0, o.w0_dtype = weight(op.inputs[1])
+    elif k == "linear_qkv":  # kernels/fused.h (R4): cat3(Wq, Wk, Wv), three outputs
+        o.t[0] = word(op.inputs[0])
+        o.t[1], o.t[2], o.t[3] = (word(t) for t in op.outputs)
+        o.d[0], o.d[1], o.d[2] = op.extents
+        o.d[4], o.d[5], o.d[6] = (_view2(shape(t).shape)[1] for t in op.outputs)
         o.w0, o.w0_dtype = weight(op.inputs[1])
     elif k in SSM_KINDS:  # kernels/ssm.h; the state tensors are in the arena's state region
         _lower_ssm(o, op, plan, weights, weight, word, low)

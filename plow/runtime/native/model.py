@@ -29,6 +29,7 @@ from plow.runtime.cpu.machine import DispatchStats
 from plow.runtime.cpu.model import CpuModel, RowDevice, RowInput
 from plow.runtime.cpu.plan import REMAINING, RING, Plan
 from plow.runtime.native import library
+from plow.runtime.kv_cache import KVDtype
 from plow.runtime.native.lower import Lowered, lower, stored
 from plow.runtime.sampler import SamplingParams
 
@@ -268,10 +269,12 @@ def generate_native(
     multi_step: int = 4,
     verify: bool = True,
     threads: int | None = None,
+    kv_dtype: KVDtype = "float32",
 ) -> tuple[list[int], GenerationStats]:
     """One request through a bundle on the native executor (`plow generate --executor
-    native`); `multi_step` decode steps per host round trip."""
+    native`); `multi_step` decode steps per host round trip; `kv_dtype` bfloat16 keeps the
+    key-value cache in bf16 (opt-in, lossy: half the cache bytes)."""
     if not prompt_ids:
         raise PlowError("prompt", "empty prompt")
-    model = open_native(bundle, verify=verify, threads=threads, max_batch=1)
+    model = open_native(bundle, verify=verify, threads=threads, max_batch=1, kv_dtype=kv_dtype)
     return generate_request(model, prompt_ids, max_new_tokens, params, stop_ids, multi_step)
