@@ -10,6 +10,8 @@ in the model's graph and whose fused op is the op table's; the interleaved weigh
 checkpoint's gate and up rows alternated, the concatenated one q, k, v stacked;
 `plow inspect --rewrites` lists the applied blocks.
 Fusion is off by default: an unfused compile writes no `rewrites.json` and no fused kind.
+The CUDA source's fused tiles, on the emulation build of tests/runtime/test_cuda.py, give the
+native executor's tokens and logits bit for bit.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
+from tests.runtime.test_cuda import emulator, fresh_driver, on_emulator  # noqa: F401
 
 FAMILIES = ["llama", "qwen3", "gemma3"]
 PROMPTS = [[5, 17, 93, 2, 44, 8, 61, 30, 12, 7, 99, 14, 3, 150, 88, 21, 40, 9], [3, 250, 41], [9]]
@@ -183,3 +186,38 @@ def test_fusion_is_off_by_default_and_inspect_lists_the_applied_rules(bundles: d
         assert rep["emitted"]["ops"] == b["ops"]
     res = CliRunner().invoke(app, ["inspect", str(plain), "--rewrites"])
     assert res.exit_code == 0 and "applied in the packets: none" in res.stdout
+
+
+# -- the CUDA source (kernels/device.cu + kernels/fused.h) on the emulation build ----------------
+
+
+@pytest.fixture(scope="module")
+def cubin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A stub module file: the emulated driver only checks its ELF magic."""
+    stub = tmp_path_factory.mktemp("stub") / "plow_device.cubin"
+    stub.write_bytes(b"\x7fELF" + bytes(60))
+    return stub
+
+
+def test_the_emulated_cuda_kernel_runs_a_fused_plan_with_the_native_bits(
+    tiny_checkpoints: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A fused h200 plan of the tiny llama for 8 SMs (add_rmsnorm, linear_glu, linear_qkv),
+    run by the device source's own code on CPU threads (tests/runtime/test_cuda.py's emulated
+    driver), gives the native executor's tokens and logits bit for bit."""
+    from plow.runtime.cuda import open_cuda
+    from plow.runtime.native import NativeModel
+    from tests.runtime.test_cuda import EMU_WORKERS, PROFILE, _tokens_and_logits
+
+    path = tmp_path_factory.mktemp("fusedcuda") / "bundle"
+    small = load_target("h200").model_copy(update={"workers": EMU_WORKERS})
+    prof = PROFILE.model_copy(update={"fuse": True})
+    compile_bundle(tiny_checkpoints["llama"], path, small, prof)  # unverified: 8 SMs
+    assert {o.kind for o in _ops(path, "decode_b1_s96").ops} >= FUSED_KINDS
+    want, want_logits = _tokens_and_logits(NativeModel.from_bundle(path, max_batch=4, verify=False))
+    request.getfixturevalue("on_emulator")
+    got, got_logits = _tokens_and_logits(open_cuda(path, max_batch=4, verify=False))
+    assert got == want
+    assert np.array_equal(got_logits, want_logits)
