@@ -453,14 +453,14 @@ void plow_plan_work(void* handle, int64_t* out) {
 
 const char* plow_build_info(void) {
 #if defined(__SANITIZE_THREAD__)
-  return "plow-native abi 1 tsan portable";
+  return "plow-native abi 2 tsan portable";
 #elif defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("x86-64-v4")) return "plow-native abi 1 x86-64-v4 (avx512)";
-  if (__builtin_cpu_supports("x86-64-v3")) return "plow-native abi 1 x86-64-v3 (avx2, fma)";
-  return "plow-native abi 1 portable";
+  if (__builtin_cpu_supports("x86-64-v4")) return "plow-native abi 2 x86-64-v4 (avx512)";
+  if (__builtin_cpu_supports("x86-64-v3")) return "plow-native abi 2 x86-64-v3 (avx2, fma)";
+  return "plow-native abi 2 portable";
 #else
-  return "plow-native abi 1 portable";
+  return "plow-native abi 2 portable";
 #endif
 }
 

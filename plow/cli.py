@@ -148,8 +148,8 @@ def generate(
     kv_dtype: Annotated[
         str,
         typer.Option(
-            help="Key-value cache storage (--executor cpu): float32, or bfloat16 / fp8_e4m3 "
-            "(opt-in, lossy)."
+            help="Key-value cache storage: float32, or (opt-in, lossy) bfloat16 (--executor "
+            "native or cpu) / fp8_e4m3 (--executor cpu)."
         ),
     ] = "float32",
 ) -> None:
@@ -166,8 +166,14 @@ def generate(
             raise PlowError(
                 "--kv-dtype", f"must be float32, bfloat16 or fp8_e4m3, not {kv_dtype!r}"
             )
-        if kv_dtype != "float32" and executor is not Executor.cpu:
-            raise PlowError("--kv-dtype", "a narrow key-value cache runs on --executor cpu")
+        narrow_ok = {Executor.cpu: ("bfloat16", "fp8_e4m3"), Executor.native: ("bfloat16",)}
+        if kv_dtype != "float32" and kv_dtype not in narrow_ok.get(executor, ()):
+            raise PlowError(
+                "--kv-dtype",
+                f"{kv_dtype} runs on --executor cpu"
+                + (" or native" if kv_dtype == "bfloat16" else "")
+                + f", not {executor.value}",
+            )
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         if not params.is_greedy and executor not in BUNDLE_EXECUTORS:
             raise PlowError(
@@ -226,7 +232,7 @@ def generate(
             machine: dict[str, Any] = {}
             if executor is Executor.native:
                 machine["threads"] = threads
-            elif executor is Executor.cpu:
+            if executor in (Executor.native, Executor.cpu):
                 machine["kv_dtype"] = kv_dtype
             out, _ = kind.generate(
                 bundle, ids, max_new_tokens, params=params, stop_ids=stop, **machine
