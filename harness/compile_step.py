@@ -4,7 +4,7 @@ This is plow's own pipeline, the one `plow compile SOURCE -o OUT --verify` runs:
 context the study needs, `plow.emit.bundle.compile_bundle` (import -> graph -> tile -> bounds
 -> schedule -> pages -> arena -> emit -> write; `plow.compile.compile_plan` underneath) writes a
 plan-only bundle holding one decode bucket per batch size, then `plow.emit.verify.verify_bundle`
-re-derives checkpoints B-F from the bundle's own files and runs the oracle on each
+re-derives checkpoints A-F from the bundle's own files and runs the oracle on each
 (docs/bundle.md "Verify"), and the certificates are written into the bundle. A bound over the
 step budget or any rejected checkpoint stops the study: `compile.json` and `report.md` are
 published, exit 1.
@@ -283,7 +283,7 @@ def compile_study(
         pipeline=(
             "plow compile --plan-only --verify per key-value context: import -> graph -> tile "
             "-> bounds -> schedule -> pages -> arena -> emit -> write bundle, then verify: "
-            "checkpoints B-F re-derived from the bundle's files and checked by the oracle"
+            "checkpoints A-F re-derived from the bundle's files and checked by the oracle"
         ),
         target=target.name,
         target_bandwidth_bytes_per_s=target.bandwidth_bytes_per_s,
@@ -331,7 +331,7 @@ def compile_study(
         except PlanRejected as e:  # a bound over the budget: nothing written
             raise reject(str(e)) from e
         if on_stage:
-            on_stage(f"kv {kv}: verify (oracle B-F)")
+            on_stage(f"kv {kv}: verify (oracle A-F)")
         ver = verify_bundle(out)
         by_bucket = {r.name: r for r in res.manifest.ladder}
         for bp in res.plan.buckets:

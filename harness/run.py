@@ -210,7 +210,7 @@ def _run_study(
     n_bundles = len({c + measured_positions(wl) for c in wl.context_lengths} | {max_context})
     compiled: CompiledStudy | None = None
     with _progress(console) as prog:
-        task = prog.add_task("compile + certify (B-F)", total=None, detail="")
+        task = prog.add_task("compile + certify (A-F)", total=None, detail="")
         try:
             compiled = compile_study(
                 model_dir,

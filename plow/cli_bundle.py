@@ -53,7 +53,7 @@ def _verify_cmd(fail: Fail) -> Callable[..., None]:
         as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     ) -> None:
         """Re-derive every checkpoint payload from the bundle's files and run the oracle
-        (B-F); exit 1 if any check rejects, 2 if the bundle is malformed."""
+        (A-F); exit 1 if any check rejects, 2 if the bundle is malformed."""
         from plow.emit.verify import verify_bundle, write_certificates
 
         try:

@@ -45,7 +45,7 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
             bool,
             typer.Option(
                 "--verify",
-                help="Verify the written bundle (oracle B-F) before it is moved into place.",
+                help="Verify the written bundle (oracle A-F) before it is moved into place.",
             ),
         ] = False,
         force: Annotated[
