@@ -207,6 +207,10 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     return entries
 
 
+# derived-weight files of this process (WeightStore._derive), by config bytes and source files
+_DERIVED: dict[tuple[bytes, tuple[tuple[str, int, int], ...]], Path] = {}
+
+
 class MissingTensor(CheckpointError, KeyError):
     """A tensor the model needs is in none of the checkpoint's safetensors files: a one-line
     `PlowError` naming the checkpoint and the tensor, and a `KeyError` for `Mapping` users."""
@@ -263,6 +267,16 @@ class WeightStore(Mapping[str, np.ndarray]):
         missing = {n for n in spec.weight_shapes() if n not in self._entries}
         if not missing:
             return
+        # the same files (and config) opened again in this process reuse the derived file
+        files = sorted({p.file for e in self._entries.values() for p in e.pieces})
+        key = (
+            config.read_bytes(),
+            tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files),
+        )
+        cached = _DERIVED.get(key)
+        if cached is not None and cached.is_file():
+            self._entries.update(read_header(cached))
+            return
         derived = hook(spec, self.__getitem__, missing)
         if not derived:
             return
@@ -274,6 +288,7 @@ class WeightStore(Mapping[str, np.ndarray]):
         write_safetensors(
             path, {n: (rev[a.dtype], a) for n, a in derived.items()}, {"writer": "plow-derived"}
         )
+        _DERIVED[key] = path
         self._entries.update(read_header(path))
 
     def _missing(self, name: str) -> MissingTensor:

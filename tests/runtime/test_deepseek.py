@@ -102,8 +102,14 @@ def test_the_fixture_is_what_the_issue_asks_for(ds: dict) -> None:
     assert (moe.scoring, moe.n_group, moe.topk_group, moe.top_k) == ("sigmoid", 4, 2, 3)
     assert moe.shared_intermediate == 24 and moe.routed_scale == 2.5
     assert spec.attention_scale == pytest.approx(20**-0.5)
-    # the derived weights live outside the checkpoint: its directory is as it was written
+    # the derived weights live outside the checkpoint: its directory is as it was written,
+    # and a second open of the same files in this process reuses the derived file
     assert sorted(p.name for p in ds["path"].iterdir()) == ds["before"]  # type: ignore[attr-defined]
+    name = "model.layers.1.self_attn.mla.q.weight"
+    first = ds["ckpt"].weights.entry(name).file  # type: ignore[attr-defined]
+    assert (
+        first.parent != ds["path"] and load_checkpoint(ds["path"]).weights.entry(name).file == first
+    )  # type: ignore[arg-type]
 
 
 def test_bundle_certifies_with_every_checkpoint(ds: dict) -> None:
