@@ -185,11 +185,14 @@ def plow_bundle(ckpt: Path, out: Path, context: int) -> Path:
     return out
 
 
+PLOW_ENGINE = {"float32": "plow native", "bfloat16": "plow native (bf16 cache)"}
+
+
 class PlowNative:
-    def __init__(self, bundle: Path) -> None:
+    def __init__(self, bundle: Path, kv_dtype: str = "float32") -> None:
         from plow.runtime.native import open_native
 
-        self.m = open_native(bundle, max_batch=max(BATCHES))
+        self.m = open_native(bundle, max_batch=max(BATCHES), kv_dtype=kv_dtype)
 
     def steps(self, batch: int, ctx: int, warmup: int, steps: int) -> list[float]:
         from plow.runtime.cpu import RowDevice, RowInput
@@ -277,6 +280,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8", help="comma list of batch sizes")
     ap.add_argument("--precisions", default="fp32,bf16,q4_1", help="plow/transformers precisions (q4_1: plow runs the shipped GGUF's blocks)")
     ap.add_argument("--transformers-precisions", default="fp32", help="transformers' precisions (its bf16 CPU path has no fast kernels without AVX-512 BF16)")
+    ap.add_argument("--plow-kv", default="float32", help="plow's key-value cache storage, comma list of float32, bfloat16 (llama.cpp keeps f16, vLLM bf16)")
     ap.add_argument("--name", default="decode_peers", help="results/benchmarks/NAME.{json,md}")
     args = ap.parse_args()
     global CONTEXTS, BATCHES
@@ -321,8 +325,10 @@ def main() -> None:
     wbytes = {"fp32": weight_bytes(fp32), "bf16": weight_bytes(bf16)} | {k: gguf_bytes(v) for k, v in ggufs.items()}
     wbytes["q4_1"] = wbytes["Q4_1"]  # plow's q4_1 checkpoint holds the GGUF's tensors byte for byte
     engines: dict[tuple[str, str], Any] = {}
+    plow_kvs = [k for k in args.plow_kv.split(",") if k]
     for p in precs:
-        engines["plow native", p] = PlowNative(bundles[p])
+        for kv in plow_kvs:
+            engines[PLOW_ENGINE[kv], p] = PlowNative(bundles[p], kv)
         if "transformers" in peers and p in args.transformers_precisions.split(","):
             engines["transformers", p] = Transformers(ckpts[p], "float32" if p == "fp32" else "bfloat16")
     samples: dict[tuple[str, str, int, int], list[float]] = {}
@@ -394,7 +400,7 @@ def main() -> None:
 def render(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     a = doc["args"]
-    flags = " ".join(f"--{k} {v}" for k, v in a.items() if k in ("contexts", "batches", "precisions", "peers"))
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in a.items() if k in ("contexts", "batches", "precisions", "peers", "plow_kv"))
     L = [
         "# Decode against the peers: SmolLM2-135M, this machine",
         "",
@@ -431,6 +437,9 @@ def render(doc: dict[str, Any]) -> str:
 LIMITS = [
     "One machine, 2 shared cores; the load average at start and end is printed above. Rounds "
     "alternate the engines, so slow drifts hit all of them; one round is one sample per point.",
+    "Key-value caches: llama.cpp keeps f16 (its default), vLLM bf16, transformers fp32; plow "
+    "fp32 unless the engine says bf16 cache (`--kv-dtype bfloat16`: opt-in, lossy, half the "
+    "bytes a long context reads per step).",
     "llama.cpp at batch 1 runs `Llama.eval`; at batch > 1 its low-level API "
     "(benchmarks/peers/llama_cpp_batch_worker.py: one `llama_decode` of one token per sequence, "
     "the prompt's cache cells shared by the sequences as plow's rows share its blocks). Q4_1: plow and llama.cpp read the same blocks, but llama.cpp quantizes the "
