@@ -308,7 +308,7 @@ _ENGINE_ATTRS: dict[tuple[str, str], str] = {
     ("running", "decoding"): "n_dec",
     ("running", "count"): "n_res",
     ("running", "prefilling"): "(n_res - n_dec)",
-    ("running", "preempted"): "n_pre",
+    ("running", "preempted"): "0",  # nothing preempts in the executable fragment
     ("waiting", "count"): "len(waiting)",
     ("batch", "tokens"): "b_tok",
     ("batch", "requests"): "b_req",
@@ -558,9 +558,17 @@ def _build(
     for var, phase in (("_p", "prefill"), ("_d", "decode")):
         ka = amount_site.get(phase)
         arrive += [f"# @{ka}"] if ka is not None else []
-        arrive += [f"{var} = {amounts[phase]}", f"if {var} < 0:", f"    {var} = 0"]
+        arrive += [f"{var} = {amounts[phase]}"]
         if ka is not None:
-            arrive += [f"elif {var} > {MAX_TOKENS}:", f"    raise _Fault({ka}, 'amount', {var})"]
+            arrive += [
+                f"if not 0 <= {var} <= {MAX_TOKENS}:",
+                f"    if {var} < 0:",
+                f"        {var} = 0",
+                "    else:",
+                f"        raise _Fault({ka}, 'amount', {var})",
+            ]
+        else:
+            arrive += [f"if {var} < 0:", f"    {var} = 0"]
     arrive += [
         "arr_t.append(_ta); prem.append(_p); dtot.append(_d); first_t.append(-1.0)",
         "gden.append(_d if _p > 0 else _d - 1)",
@@ -576,9 +584,12 @@ def _build(
     # ---------------------------------------------------------------- batch formation
     form: list[str] = []
     cap_code = _fold(f"_floor({cap})") if cap is not None else "_INF"
-    if cap_expr is not None:
-        form.append(at("tokens cap", cap_expr))
-    form.append(f"cap = {cap_code}")
+    # a constant cap (a literal after folding) is set once, before the loop
+    cap_const = cap_code == "_INF" or re.fullmatch(r"\(?-?[0-9.e+]+\)?", cap_code) is not None
+    if not cap_const:
+        if cap_expr is not None:
+            form.append(at("tokens cap", cap_expr))
+        form.append(f"cap = {cap_code}")
     mode_codes: dict[str, str] = {}
 
     def mode_var(only: A.Expr | None, kind: str) -> str | None:
@@ -598,7 +609,7 @@ def _build(
     adm_after: str | None = None
     each_at = ""  # the marker of the advance bound, where there is one
     chain_dec: tuple[str, str] | None = None  # (decode selector, its bound) for chaining runs
-    form += ["b_tok = 0", "b_req = 0", "adv = 0", "pdone = None", "adone = None", "pa = -1"]
+    form += ["b_tok = b_req = adv = 0; pdone = adone = None; pa = -1"]
     if advance is not None:
         each = (
             _fold(f"_floor({gen(advance.each, eng_env)})") if advance.each is not None else "_INF"
@@ -649,14 +660,18 @@ def _build(
         match = f"(prem[h] == 0) == {adm_mode}" if adm_mode is not None else "True"
         each2_at = at("the 'each at most' of admit", admit.each) if admit.each is not None else ""
         cond_at = at("the 'while' of admit", admit.while_) if admit.while_ is not None else ""
+        # a `while` that is a constant true (such as `running.preempted == 0`) is not tested
+        cond_lines = (
+            []
+            if _const_true(cond)
+            else [f"        {cond_at}", f"        if not {cond}:", "            break"]
+        )
         form += [
             "if waiting and b_tok < cap:",
             f"    {each2_at}",
             f"    e = {each2}",
             "    while waiting:",
-            f"        {cond_at}",
-            f"        if not {cond}:",
-            "            break",
+            *cond_lines,
             "        h = waiting[0]",
             f"        if not ({match}):",
             "            break",
@@ -749,7 +764,7 @@ def _build(
     # and modes (computed before the batch is reset) may not read the previous batch.
     reads_time = re.compile(r"\b(now|served)\b")
     reads_batch = re.compile(r"\b(b_tok|b_req)\b")
-    reset = form.index("b_tok = 0")
+    reset = form.index("b_tok = b_req = adv = 0; pdone = adone = None; pa = -1")
     fast_ok = (
         fast
         and not any(reads_time.search(ln) for ln in [*form, exec_code])
@@ -854,7 +869,7 @@ def _build(
         "    waiting = deque(); pre = deque()",
         "    prem = []; dtot = []; arr_t = []; first_t = []; gden = []; fr = []; ft = []",
         "    dec = {}; buckets = {}; K = 0; kh = []",
-        "    n_dec = 0; n_res = 0; n_pre = 0",
+        "    n_dec = 0; n_res = 0",
         "    nreq = 0; n_done = 0; n_done_w = 0",
         "    ttft = []; tbt = []; resp = []; bc = _defaultdict(int)",
         "    bcd = _defaultdict(int); bcp = _defaultdict(int); FDUR = {}",
@@ -866,6 +881,7 @@ def _build(
         "    if t_next >= H:",
         "        t_next = _INF",
         "    tstop = _min(t_next, s_next, H)",
+        *([f"    cap = {cap_code}"] if cap_const else []),
         "    while True:",
         # (`t_next` is _INF once no arrival is left; `now` could reach inf at the horizon)
         "        while t_next <= now and t_next < _INF:",
@@ -1077,6 +1093,15 @@ def _fold(code: str) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return literal(value)
     return code
+
+
+def _const_true(code: str) -> bool:
+    """Whether ``code`` reads no state and is true (so testing it can be left out)."""
+    try:
+        value = eval(code, {"_ceil": math.ceil, "_floor": math.floor, "_min": min, "_max": max})
+    except Exception:  # reads state, or fails: tested at run time
+        return False
+    return value is True
 
 
 def _int_literal(code: str) -> bool:
