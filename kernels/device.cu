@@ -52,6 +52,9 @@
 #endif
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -111,6 +114,7 @@ struct Warp {
   Barrier bar;
   float slot[2][32];
   int parity = 0;  // shuffles alternate slot buffers: one barrier per shuffle
+  uint32_t mma_a[32][4], mma_b[32][2];  // an emulated mma.sync's fragments (two barriers)
 };
 struct Block {
   Barrier bar;
@@ -119,6 +123,7 @@ struct Block {
   void* sched = nullptr;
   Fiber* cur = nullptr;
   int s_abort = 0;
+  std::unique_ptr<unsigned char[]> smem;  // the launch's dynamic shared memory
 };
 inline thread_local Dim threadIdx, blockIdx;
 inline Dim blockDim;
@@ -161,18 +166,59 @@ inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_
 #define PLOW_SHFL0(v) plow_emu::shfl((v), 0)
 #define PLOW_SLEEP() std::this_thread::sleep_for(std::chrono::microseconds(50))
 #define PLOW_SHARED_ABORT int& s_abort = plow_emu::block->s_abort
+#define PLOW_DYN_SMEM(name) unsigned char* name = plow_emu::block->smem.get()
+namespace plow_emu {
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 on the emulated warp: every lane posts
+// its A (4 x b32) and B (2 x b32) fragments, then computes its four D elements from the whole
+// 16 x 16 A and 16 x 8 B in PTX's fragment layout (groupID g = lane / 4, t = lane % 4:
+// a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
+// b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; d0, d1 = D[g][2t, 2t+1], d2, d3 = D[g+8][2t, 2t+1]),
+// k ascending with fmaf (a bf16 product is exact in fp32). The hardware's accumulation order
+// inside one mma is its own: the tests compare the tensor-core path with a tolerance.
+inline float bf16_half(uint32_t v, int hi) {
+  const uint32_t u = hi ? v & 0xffff0000u : v << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void mma_bf16(float* d, const uint32_t* a, const uint32_t* b) {
+  Warp& w = block->warps[threadIdx.x / 32];
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  for (int i = 0; i < 4; ++i) w.mma_a[lane][i] = a[i];
+  for (int i = 0; i < 2; ++i) w.mma_b[lane][i] = b[i];
+  arrive(w.bar);
+  auto A = [&](int row, int k) {
+    const int reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), kk = k & 7;
+    return bf16_half(w.mma_a[(row & 7) * 4 + kk / 2][reg], kk & 1);
+  };
+  auto B = [&](int k, int col) {
+    const int kk = k & 7;
+    return bf16_half(w.mma_b[col * 4 + kk / 2][k >= 8 ? 1 : 0], kk & 1);
+  };
+  const int g = lane >> 2, t = lane & 3;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+    float acc = d[i];
+    for (int k = 0; k < 16; ++k) acc = fmaf(A(row, k), B(k, col), acc);
+    d[i] = acc;
+  }
+  arrive(w.bar);  // every lane has read the fragments before the next mma posts its own
+}
+}  // namespace plow_emu
 #elif defined(__HIPCC__)
 #include <hip/hip_runtime.h>
 #define PLOW_SHFL_DOWN(v, s) __shfl_down((v), (s), 32)
 #define PLOW_SHFL0(v) __shfl((v), 0, 32)
 #define PLOW_SLEEP() __builtin_amdgcn_s_sleep(1)
 #define PLOW_SHARED_ABORT __shared__ int s_abort
+#define PLOW_DYN_SMEM(name) extern __shared__ __attribute__((aligned(16))) unsigned char name[]
 #else
 #include <cuda/atomic>
 #define PLOW_SHFL_DOWN(v, s) __shfl_down_sync(0xffffffffu, (v), (s))
 #define PLOW_SHFL0(v) __shfl_sync(0xffffffffu, (v), 0)
 #define PLOW_SLEEP() __nanosleep(64)
 #define PLOW_SHARED_ABORT __shared__ int s_abort
+#define PLOW_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
 
 #if defined(__clang__) || defined(PLOW_EMULATE)
@@ -197,7 +243,7 @@ inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_
 // The device ABI beyond plow_abi.h: the loader checks plow_device_config against its own
 // constants when it loads the module (plow/runtime/cuda/model.py, through plow_config below),
 // and the host-side test reads it from the compiled PTX.
-#define PLOW_DEVICE_ABI 1
+#define PLOW_DEVICE_ABI 2
 #ifndef PLOW_BLOCK_THREADS
 #define PLOW_BLOCK_THREADS 256  // the emulation build may run fewer (-DPLOW_BLOCK_THREADS=64)
 #endif
@@ -402,12 +448,15 @@ __device__ inline bool is_fused_lm(const Ctx& c, const PlowOp& op) {
 }
 
 // -- linear / lm_head: tiles.h's tile_linear, CTA-parallel over the columns -----------------
-__device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, int64_t step) {
+// `xs`: the tile's input rows r[0] x columns r[2], row stride `ldx` — in the arena (nullptr:
+// x + r[0].a * K + r[2].a, stride K) or staged in the task's shared-memory pages.
+__device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
+                                const float* xs = nullptr, int64_t ldx = 0) {
 #if PLOW_LANES == 32
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float* x = c.A + op.t[0];
   const int64_t M = op.d[0], N = op.d[1], K = op.d[2];
   const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
+  if (xs == nullptr) xs = c.A + op.t[0] + r[0].a * K + k0, ldx = K;
   float* dst = step >= 0 ? c.A + op.t[2] + step * M * N : c.A + op.t[1];
   // warp w takes columns [n0, n0 + 4) for n0 = a + 4w, a + 4w + 4 * warps, ...: four weight
   // rows streamed at once (more loads in flight); each element keeps warp_dot's order
@@ -418,12 +467,13 @@ __device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, 
     for (; m + 4 <= r[0].b; m += 4)
       for (int j = 0; j < nc; ++j) {
         const int64_t n = n0 + j;
-        warp_dot4(x + m * K + k0, K, op.w0, op.w0_dtype, n * K + k0, kn, lane, y4);
+        warp_dot4(xs + (m - r[0].a) * ldx, ldx, op.w0, op.w0_dtype, n * K + k0, kn, lane, y4);
         if (lane < 4)
           dst[(m + lane) * N + n] = step >= 0 ? y4[lane] : plow::epilogue(op, y4[lane], n);
       }
     for (; m < r[0].b; ++m) {
-      warp_dot_rows4(x + m * K + k0, op.w0, op.w0_dtype, n0 * K + k0, K, nc, kn, lane, y4);
+      warp_dot_rows4(xs + (m - r[0].a) * ldx, op.w0, op.w0_dtype, n0 * K + k0, K, nc, kn, lane,
+                     y4);
       if (lane < nc) {
         const int64_t n = n0 + lane;
         dst[m * N + n] = step >= 0 ? y4[lane] : plow::epilogue(op, y4[lane], n);
@@ -435,6 +485,8 @@ __device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, 
     if (threadIdx.x == 0) plow::argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
   }
 #else
+  (void)xs;
+  (void)ldx;
   if (threadIdx.x == 0) plow::tile_linear(c, op, r, step);
 #endif
 }
@@ -590,58 +642,6 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       case plow::PLOW_SSM_NORM:
         if (threadIdx.x == 0) plow::ssm_tile(c, op, r);
         break;
-      default: break;  // the loader refuses other kinds
-    }
-  }
-  return work;
-}
-
-}  // namespace plow_dev
-
-// One decode step: CTA w runs worker w's queue, records queue[queue_start[w] .. queue_start[w+1]).
-//   plan            the PlowPlan in device memory (its records, ops, weights, tables: device)
-//   arena           the arena (4-byte words): the key-value pool, then the activations
-//   counters        n_counters 64-bit counters, monotonic across steps
-//   per_step        signals per step of each counter (how many records signal it)
-//   counter_scope   each counter's scope (0 cta, 1 device, 2 system): its signallers' `scope`
-//   queue           record indices grouped by worker, file order inside a worker
-//   queue_start     n_workers + 1 offsets into `queue`
-//   scratch         per CTA: PLOW_ATTN_THREADS * scratch_floats floats
-//   op_work         counted work per op (attention: query-key pairs), zeroed by the loader
-//   status          PlowDeviceStatus
-//   step            this step's number (1, 2, ...): a record waits for
-//                   per_step[c] * (step - 1) + threshold
-//   timeout_ns      a wait that does not open within this long stops the step
-//   jitter_ns       0, or: thread 0 sleeps a pseudo-random 0..jitter_ns before every task record
-//                   (tests: it widens the window a lowered threshold leaves open)
-extern "C" __global__ void __launch_bounds__(PLOW_BLOCK_THREADS, 1)
-plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
-          const unsigned long long* per_step, const unsigned char* counter_scope,
-          const int32_t* queue, const int64_t* queue_start,
-          float* scratch, int64_t scratch_floats, unsigned long long* op_work,
-          PlowDeviceStatus* status, unsigned long long step, unsigned long long timeout_ns,
-          unsigned int jitter_ns) {
-  PLOW_SHARED_ABORT;
-  const unsigned w = blockIdx.x;
-  const plow::Ctx ctx{arena, plan};
-  float* my_scratch = scratch + static_cast<int64_t>(w) * PLOW_ATTN_THREADS * scratch_floats;
-  const int64_t q0 = queue_start[w], q1 = queue_start[w + 1];
-  unsigned long long tasks = 0, nops = 0;
-  unsigned int rng = 0x9e3779b9u * (w + 1) ^ static_cast<unsigned int>(step);
-  for (int64_t qi = q0; qi < q1; ++qi) {
-    const int64_t idx = queue[qi];
-    const plow::Record rec = plow::decode_record(plan->records + idx * PLOW_RECORD_SIZE);
-    if (threadIdx.x == 0) {
-      int abort = 0;
-      if (rec.wait_counter != PLOW_NO_COUNTER) {
-        unsigned long long* ctr = counters + rec.wait_counter;
-        const uint32_t scope = counter_scope[rec.wait_counter];
-        const unsigned long long want =
-            per_step[rec.wait_counter] * (step - 1) + rec.wait_threshold;
-        unsigned long long seen = plow_dev::counter_load(ctr, scope);
-        if (seen < want) {
-          const unsigned long long t0 = plow_dev::global_ns();
-          unsigned int spins = 0;
       // fused ops (kernels/fused.h): add_rmsnorm's rows strided over the CTA's threads
       case plow::PLOW_ADD_RMSNORM:
         for (int64_t i = r[0].a + threadIdx.x; i < r[0].b; i += blockDim.x) {
@@ -661,51 +661,396 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
         }
         break;
       }
-          while ((seen = plow_dev::counter_load(ctr, scope)) < want) {
-            if (++spins < 64) continue;
-            PLOW_SLEEP();
-            if ((spins & 63) != 0) continue;
-            if (plow_dev::abort_seen(&status->abort) != 0) {
-              abort = 1;
-              break;
-            }
-            if (plow_dev::global_ns() - t0 > timeout_ns) {
-              if (atomicCAS(&status->abort, 0u, 1u) == 0u) {
-                status->worker = w;
-                status->packet = idx;
-                status->counter = rec.wait_counter;
-                status->scope = scope;
-                status->value = seen;
-                status->want = want;
-                __threadfence_system();
-              }
-              abort = 1;
-              break;
-            }
-          }
-        }
-      }
-      if (!abort && jitter_ns != 0 && rec.opcode != PLOW_OP_NOP) {
-        rng = rng * 1664525u + 1013904223u;
-#if defined(__HIPCC__) || defined(PLOW_EMULATE)
-        const unsigned long long until = plow_dev::global_ns() + (rng >> 8) % jitter_ns;
-        while (plow_dev::global_ns() < until) PLOW_SLEEP();
+      default: break;  // the loader refuses other kinds
+    }
+  }
+  return work;
+}
+
+
+// -- tensor-core linear tiles (bf16 weights; the loader sets PLOW_MODE_TC per op) -----------
+// mma.sync m16n8k16 (bf16 inputs, fp32 accumulate) with A = 16 weight rows (output columns) by
+// 16 k and B = 16 k by 8 rows of x. Lane (g = lane / 4, t = lane % 4) loads 8 consecutive
+// weights of rows n0 + g and n0 + g + 8 (16-byte loads) and 8 consecutive x values of row
+// m0 + g: the fragments' k index is a fixed permutation of the physical k (the same on A and
+// B, so the sum is the dot product). x is fp32: each value goes in as bf16 hi + bf16 lo
+// (x - hi rounded again), two mma per fragment, so x keeps about 16 bits of mantissa; the
+// weights are bf16 already. The accumulation order differs from the scalar path's, so the
+// bits do too (tests compare with a tolerance).
+#define PLOW_MODE_TC 1u
+
+#if defined(PLOW_EMULATE)
+struct alignas(16) PlowU4 { uint32_t x, y, z, w; };
+struct alignas(16) PlowF4 { float x, y, z, w; };
+template <class T> inline T plow_ld16(const T* p) { return *p; }
 #else
-        __nanosleep((rng >> 8) % jitter_ns);
+typedef uint4 PlowU4;  // 16-byte vector loads
+typedef float4 PlowF4;
+#if defined(__HIPCC__)
+template <class T> __device__ inline T plow_ld16(const T* p) { return *p; }
+#else
+template <class T> __device__ inline T plow_ld16(const T* p) { return __ldg(p); }
 #endif
+#endif
+
+__device__ inline uint32_t bf16_bits_rn(float f) {  // round to nearest even
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+__device__ inline void split_pair(float a, float b, uint32_t* hi, uint32_t* lo) {
+  const uint32_t ha = bf16_bits_rn(a), hb = bf16_bits_rn(b);
+  *hi = ha | hb << 16;
+  *lo = bf16_bits_rn(a - plow::bf16_to_f32(static_cast<uint16_t>(ha))) |
+        bf16_bits_rn(b - plow::bf16_to_f32(static_cast<uint16_t>(hb))) << 16;
+}
+
+#if !defined(__HIPCC__)
+__device__ inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
+#if defined(PLOW_EMULATE)
+  plow_emu::mma_bf16(d, a, b);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// 32 physical k: weights P (row n0 + g), Q (row n0 + g + 8), x values xv[0..8) of row m0 + g.
+__device__ inline void mma_block32(float* d, const PlowU4& P, const PlowU4& Q, const float* xv) {
+  uint32_t hi[4], lo[4];
+  for (int j = 0; j < 4; ++j) split_pair(xv[2 * j], xv[2 * j + 1], &hi[j], &lo[j]);
+  const uint32_t a0[4] = {P.x, Q.x, P.y, Q.y}, a1[4] = {P.z, Q.z, P.w, Q.w};
+  const uint32_t bh0[2] = {hi[0], hi[1]}, bl0[2] = {lo[0], lo[1]};
+  const uint32_t bh1[2] = {hi[2], hi[3]}, bl1[2] = {lo[2], lo[3]};
+  mma_bf16_16816(d, a0, bh0);
+  mma_bf16_16816(d, a0, bl0);
+  mma_bf16_16816(d, a1, bh1);
+  mma_bf16_16816(d, a1, bl1);
+}
+#endif
+
+// The tile on tensor cores; false (nothing written) when its shape or alignment does not suit
+// the 16-byte fragment loads, and the scalar path runs it instead.
+__device__ bool tile_linear_tc(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
+                               const float* xs, int64_t ldx) {
+#if defined(__HIPCC__) || PLOW_LANES != 32
+  (void)c, (void)op, (void)r, (void)step, (void)xs, (void)ldx;
+  return false;  // the HIP loader marks no op for tensor cores
+#else
+  const int64_t M = op.d[0], N = op.d[1], K = op.d[2];
+  const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
+  if (xs == nullptr) xs = c.A + op.t[0] + r[0].a * K + k0, ldx = K;
+  if (op.w0_dtype != PLOW_BF16 || K % 8 != 0 || k0 % 8 != 0 || ldx % 4 != 0 ||
+      (reinterpret_cast<uintptr_t>(op.w0) & 15u) != 0 ||
+      (reinterpret_cast<uintptr_t>(xs) & 15u) != 0)
+    return false;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const uint16_t* W = static_cast<const uint16_t*>(op.w0);
+  float* dst = step >= 0 ? c.A + op.t[2] + step * M * N : c.A + op.t[1];
+  const int64_t kfull = kn - kn % 32;
+  const PlowU4 zero{0u, 0u, 0u, 0u};
+  for (int64_t n0 = r[1].a + 16 * warp; n0 < r[1].b; n0 += 16 * PLOW_WARPS) {
+    const int64_t na = n0 + g, nb = n0 + g + 8;
+    const bool va = na < r[1].b, vb = nb < r[1].b;
+    const uint16_t* wa = va ? W + na * K + k0 + 8 * t : W;
+    const uint16_t* wb = vb ? W + nb * K + k0 + 8 * t : W;
+    for (int64_t m0 = r[0].a; m0 < r[0].b; m0 += 8) {
+      const bool vm = m0 + g < r[0].b;
+      const float* xr = xs + (vm ? (m0 + g - r[0].a) * ldx : 0) + 8 * t;
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      PLOW_UNROLL(unroll 2)
+      for (int64_t kb = 0; kb < kfull; kb += 32) {
+        const PlowU4 P = va ? plow_ld16(reinterpret_cast<const PlowU4*>(wa + kb)) : zero;
+        const PlowU4 Q = vb ? plow_ld16(reinterpret_cast<const PlowU4*>(wb + kb)) : zero;
+        float xv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (vm) {
+          const PlowF4 x0 = *reinterpret_cast<const PlowF4*>(xr + kb);
+          const PlowF4 x1 = *reinterpret_cast<const PlowF4*>(xr + kb + 4);
+          xv[0] = x0.x, xv[1] = x0.y, xv[2] = x0.z, xv[3] = x0.w;
+          xv[4] = x1.x, xv[5] = x1.y, xv[6] = x1.z, xv[7] = x1.w;
+        }
+        mma_block32(d, P, Q, xv);
+      }
+      if (kfull < kn) {  // the tail: element loads, zeros past the end
+        uint16_t pa[8], qa[8];
+        float xv[8];
+        for (int e = 0; e < 8; ++e) {
+          const int64_t k = kfull + 8 * t + e;
+          const bool in = k < kn;
+          pa[e] = in && va ? wa[kfull + e] : 0;
+          qa[e] = in && vb ? wb[kfull + e] : 0;
+          xv[e] = in && vm ? xr[kfull + e] : 0.0f;
+        }
+        PlowU4 P, Q;
+        memcpy(&P, pa, 16);
+        memcpy(&Q, qa, 16);
+        mma_block32(d, P, Q, xv);
+      }
+      for (int i = 0; i < 4; ++i) {
+        const int64_t n = n0 + g + (i >= 2 ? 8 : 0), m = m0 + 2 * t + (i & 1);
+        if (n < r[1].b && m < r[0].b)
+          dst[m * N + n] = step >= 0 ? d[i] : plow::epilogue(op, d[i], n);
+      }
+    }
+  }
+  if (step < 0 && is_fused_lm(c, op)) {
+    __syncthreads();
+    if (threadIdx.x == 0) plow::argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
+  }
+  return true;
+#endif
+}
+
+// -- on-chip pages: each task's activation window in the CTA's dynamic shared memory --------
+// The loader assigns every task record its pages from the plan's page timeline (the schedule
+// file's `pages`: act_pages over [start, finish), weight_pages over [load, finish); windows
+// live at once on one worker get disjoint pages) and passes (byte offset, bytes) of the
+// activation window per record. A linear tile's input rows are staged there when they fit
+// (every warp then reads x from shared memory), attention's per-thread scratch lives there
+// when it fits; otherwise the arena path runs. The weight slab's pages are assigned but not
+// filled (LOAD records stay no-ops): weights stream from global memory.
+struct StageKey { int64_t a = -1, b = -1, k0 = -1, kn = -1; };
+
+__device__ const float* stage_x(const Ctx& c, const PlowOp& op, const Range* r, float* act,
+                                int64_t act_floats, StageKey* key) {
+  const int64_t K = op.d[2], k0 = r[2].a, kn = r[2].b - r[2].a, rows = r[0].b - r[0].a;
+  if (rows * kn > act_floats || kn % 4 != 0) return nullptr;
+  if (key->a == r[0].a && key->b == r[0].b && key->k0 == k0 && key->kn == kn) return act;
+  __syncthreads();  // the previous unit's readers are done with the pages
+  const float* x = c.A + op.t[0];
+  for (int64_t e = threadIdx.x; e < rows * kn; e += blockDim.x)
+    act[e] = x[(r[0].a + e / kn) * K + k0 + e % kn];
+  __syncthreads();
+  *key = StageKey{r[0].a, r[0].b, k0, kn};
+  return act;
+}
+
+// A task record with the device's extras (tensor cores, shared-memory pages), else
+// run_record_cta. `page`: the record's activation window {byte offset, bytes}, or nullptr.
+__device__ int64_t run_record_dev(const Ctx& c, const plow::Record& rec, float* scratch,
+                                  int64_t scratch_floats, unsigned mode, unsigned char* smem,
+                                  const int32_t* page) {
+  if (rec.opcode == PLOW_OP_NOP || rec.opcode == PLOW_OP_LOAD ||
+      (rec.flags & PLOW_FLAG_ACCUMULATE) != 0)
+    return run_record_cta(c, rec, scratch, scratch_floats);
+  const PlowOp& op = c.plan->ops[rec.op_index];
+  float* act = page != nullptr && page[1] > 0 ? reinterpret_cast<float*>(smem + page[0])
+                                              : nullptr;
+  const int64_t act_floats = act != nullptr ? page[1] / 4 : 0;
+  const bool tc = (mode & PLOW_MODE_TC) != 0;
+  Range r[3];
+  int64_t step;
+  if ((op.kind == PLOW_LINEAR || op.kind == PLOW_LM_HEAD) && (act != nullptr || tc)) {
+    StageKey key;
+    for (uint32_t k = 0; k < rec.rows; ++k) {
+      plow::tile_ranges(op, rec.row_start + k, r, &step);
+      const float* xs = act != nullptr ? stage_x(c, op, r, act, act_floats, &key) : nullptr;
+      const int64_t ldx = xs != nullptr ? r[2].b - r[2].a : 0;
+      if (!(tc && tile_linear_tc(c, op, r, step, xs, ldx))) tile_linear_cta(c, op, r, step, xs, ldx);
+    }
+    return 0;
+  }
+  if (op.kind == PLOW_ATTENTION && act != nullptr &&
+      PLOW_ATTN_THREADS * scratch_floats <= act_floats) {
+    int64_t work = 0;
+    for (uint32_t k = 0; k < rec.rows; ++k) {
+      plow::tile_ranges(op, rec.row_start + k, r, &step);
+      work += tile_attention_cta(c, op, r, step, act, scratch_floats);
+    }
+    return work;
+  }
+  return run_record_cta(c, rec, scratch, scratch_floats);
+}
+
+}  // namespace plow_dev
+
+// A multi-step quantum in one launch (plow/runtime/cuda/abi.py DeviceQuantum): the epilogue's
+// arena words and the bucket's shape (plow_abi.h's PlowQuantum, absolute arena words), each
+// batch row (PlowRow: active, greedy, stop ids; the loader launches a quantum only when every
+// live row is greedy), and the step barrier's two counters, zeroed by the loader before the
+// launch: `arrive` (CTAs done with a step) and `go` (steps whose epilogue ran).
+struct PlowDeviceQuantum {
+  PlowQuantum q;
+  const PlowRow* rows;
+  unsigned long long arrive;
+  unsigned long long go;
+};
+
+#define PLOW_BARRIER_COUNTER 0xFFFFFFFEu  // status->counter of a timed-out step barrier
+
+namespace plow_dev {
+
+// Thread 0: wait until *ctr >= want (acquire at `scope`); false when the step must stop (this
+// wait timed out — the first to do so records where in the status word — or another CTA's did).
+__device__ bool wait_at_least(unsigned long long* ctr, uint32_t scope, unsigned long long want,
+                              PlowDeviceStatus* status, unsigned w, long long packet,
+                              uint32_t counter, unsigned long long timeout_ns) {
+  unsigned long long seen = counter_load(ctr, scope);
+  if (seen >= want) return true;
+  const unsigned long long t0 = global_ns();
+  unsigned int spins = 0;
+  while ((seen = counter_load(ctr, scope)) < want) {
+    if (++spins < 64) continue;
+    PLOW_SLEEP();
+    if ((spins & 63) != 0) continue;
+    if (abort_seen(&status->abort) != 0) return false;
+    if (global_ns() - t0 > timeout_ns) {
+      if (atomicCAS(&status->abort, 0u, 1u) == 0u) {
+        status->worker = w;
+        status->packet = packet;
+        status->counter = counter;
+        status->scope = scope;
+        status->value = seen;
+        status->want = want;
+        __threadfence_system();
+      }
+      return false;
+    }
+  }
+  return true;
+}
+
+// The end of step i of a quantum for the greedy rows (host.cpp's plow_plan_quantum, without
+// the stochastic draw): the token (the sample op wrote it into the ids slot, where the next
+// step's embedding reads it) goes to ring[i, b], the budget shrinks, the position advances or
+// the row retires at its budget, a stop id or the context end.
+__device__ void quantum_epilogue(float* arena, const PlowDeviceQuantum* dq, int64_t i) {
+  const PlowQuantum& q = dq->q;
+  int32_t* out = plow::I32(arena, q.out);
+  int32_t* pos = plow::I32(arena, q.positions);
+  int32_t* ring = plow::I32(arena, q.ring);
+  int32_t* rem = plow::I32(arena, q.remaining);
+  const int64_t B = q.batch, T = q.tokens;
+  for (int64_t b = 0; b < B; ++b) {
+    const PlowRow& r = dq->rows[b];
+    if (!r.active || pos[b * T] < 0 || rem[b] <= 0) {
+      ring[i * B + b] = -1;
+      if (T == 1) pos[b * T] = -1;
+      continue;
+    }
+    const int32_t tok = out[b];
+    ring[i * B + b] = tok;
+    rem[b] -= 1;
+    if (T == 1) {
+      const int64_t p = pos[b * T] + 1;
+      bool stop = rem[b] == 0 || p >= q.context;
+      for (int32_t k = 0; k < r.n_stop && !stop; ++k) stop = r.stop[k] == tok;
+      pos[b * T] = stop ? -1 : static_cast<int32_t>(p);
+    }
+  }
+}
+
+}  // namespace plow_dev
+
+// `n_steps` decode steps: CTA w runs worker w's queue, records queue[queue_start[w] ..
+// queue_start[w+1]), once per step.
+//   plan            the PlowPlan in device memory (its records, ops, weights, tables: device)
+//   arena           the arena (4-byte words): the key-value pool, then the activations
+//   counters        n_counters 64-bit counters, monotonic across steps
+//   per_step        signals per step of each counter (how many records signal it)
+//   counter_scope   each counter's scope (0 cta, 1 device, 2 system): its signallers' `scope`
+//   queue           record indices grouped by worker, file order inside a worker
+//   queue_start     n_workers + 1 offsets into `queue`
+//   scratch         per CTA: PLOW_ATTN_THREADS * scratch_floats floats
+//   op_work         counted work per op (attention: query-key pairs), zeroed by the loader
+//   status          PlowDeviceStatus
+//   step            the launch's first step number (1, 2, ...): a record of step s waits for
+//                   per_step[c] * (s - 1) + threshold
+//   timeout_ns      a wait that does not open within this long stops the step
+//   jitter_ns       0, or: thread 0 sleeps a pseudo-random 0..jitter_ns before every task record
+//                   (tests: it widens the window a lowered threshold leaves open)
+//   op_mode         nullptr, or one byte per op: PLOW_MODE_TC (bf16 linear on tensor cores)
+//   pages           nullptr, or per record {byte offset, bytes} of its activation window in
+//                   the dynamic shared memory (bytes 0: none); the launch's dynamic shared
+//                   memory is the plan's page budget
+//   quantum         nullptr (n_steps must be 1), or the quantum's epilogue and step barrier:
+//                   after each step every CTA arrives, CTA 0 runs the epilogue, the others
+//                   wait for it before the next step (its embedding reads the sampled ids)
+//   n_steps         steps in this launch (1 .. the plan's ring)
+extern "C" __global__ void __launch_bounds__(PLOW_BLOCK_THREADS, 1)
+plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
+          const unsigned long long* per_step, const unsigned char* counter_scope,
+          const int32_t* queue, const int64_t* queue_start,
+          float* scratch, int64_t scratch_floats, unsigned long long* op_work,
+          PlowDeviceStatus* status, unsigned long long step, unsigned long long timeout_ns,
+          unsigned int jitter_ns, const unsigned char* op_mode, const int32_t* pages,
+          PlowDeviceQuantum* quantum, unsigned int n_steps) {
+  PLOW_SHARED_ABORT;
+  PLOW_DYN_SMEM(smem);
+  const unsigned w = blockIdx.x;
+  const plow::Ctx ctx{arena, plan};
+  float* my_scratch = scratch + static_cast<int64_t>(w) * PLOW_ATTN_THREADS * scratch_floats;
+  const int64_t q0 = queue_start[w], q1 = queue_start[w + 1];
+  const unsigned long long n_workers = static_cast<unsigned long long>(plan->n_workers);
+  unsigned long long tasks = 0, nops = 0;
+  unsigned int rng = 0x9e3779b9u * (w + 1) ^ static_cast<unsigned int>(step);
+  int stopped = 0;
+  for (unsigned int i = 0; i < n_steps && !stopped; ++i) {
+    const unsigned long long s = step + i;
+    for (int64_t qi = q0; qi < q1; ++qi) {
+      const int64_t idx = queue[qi];
+      const plow::Record rec = plow::decode_record(plan->records + idx * PLOW_RECORD_SIZE);
+      if (threadIdx.x == 0) {
+        int abort = 0;
+        if (rec.wait_counter != PLOW_NO_COUNTER) {
+          const uint32_t c = rec.wait_counter;
+          const unsigned long long want = per_step[c] * (s - 1) + rec.wait_threshold;
+          abort = !plow_dev::wait_at_least(counters + c, counter_scope[c], want, status, w, idx,
+                                           c, timeout_ns);
+        }
+        if (!abort && jitter_ns != 0 && rec.opcode != PLOW_OP_NOP) {
+          rng = rng * 1664525u + 1013904223u;
+#if defined(__HIPCC__) || defined(PLOW_EMULATE)
+          const unsigned long long until = plow_dev::global_ns() + (rng >> 8) % jitter_ns;
+          while (plow_dev::global_ns() < until) PLOW_SLEEP();
+#else
+          __nanosleep((rng >> 8) % jitter_ns);
+#endif
+        }
+        s_abort = abort;
+      }
+      __syncthreads();
+      if (s_abort) {
+        stopped = 1;
+        break;
+      }
+      const unsigned mode = op_mode != nullptr && rec.opcode != PLOW_OP_NOP
+                                ? op_mode[rec.op_index] : 0u;  // NOP records name no op
+      const int32_t* page = pages != nullptr ? pages + 2 * idx : nullptr;
+      const int64_t work =
+          plow_dev::run_record_dev(ctx, rec, my_scratch, scratch_floats, mode, smem, page);
+      if (work != 0) atomicAdd(op_work + rec.op_index, static_cast<unsigned long long>(work));
+      __syncthreads();  // every thread's writes of this record before its signal
+      if (threadIdx.x == 0) {
+        if (rec.signal_counter != PLOW_NO_COUNTER)
+          plow_dev::counter_signal(counters + rec.signal_counter, rec.scope);
+        if (rec.opcode == PLOW_OP_NOP) ++nops; else ++tasks;
+      }
+    }
+    if (stopped || quantum == nullptr) break;
+    // the step barrier: every CTA's writes of step i, then CTA 0's epilogue, then step i + 1
+    if (threadIdx.x == 0) {
+      int abort = 0;
+      plow_dev::counter_signal(&quantum->arrive, 1);
+      if (w == 0) {
+        abort = !plow_dev::wait_at_least(&quantum->arrive, 1, n_workers * (i + 1), status, w, -1,
+                                         PLOW_BARRIER_COUNTER, timeout_ns);
+        if (!abort) {
+          plow_dev::quantum_epilogue(arena, quantum, i);
+          plow_dev::counter_signal(&quantum->go, 1);
+        }
+      } else if (i + 1 < n_steps) {
+        abort = !plow_dev::wait_at_least(&quantum->go, 1, i + 1, status, w, -1,
+                                         PLOW_BARRIER_COUNTER, timeout_ns);
       }
       s_abort = abort;
     }
     __syncthreads();
-    if (s_abort) break;
-    const int64_t work = plow_dev::run_record_cta(ctx, rec, my_scratch, scratch_floats);
-    if (work != 0) atomicAdd(op_work + rec.op_index, static_cast<unsigned long long>(work));
-    __syncthreads();  // every thread's writes of this record before its signal
-    if (threadIdx.x == 0) {
-      if (rec.signal_counter != PLOW_NO_COUNTER)
-        plow_dev::counter_signal(counters + rec.signal_counter, rec.scope);
-      if (rec.opcode == PLOW_OP_NOP) ++nops; else ++tasks;
-    }
+    if (s_abort) stopped = 1;
   }
   if (threadIdx.x == 0) {
     atomicAdd(&status->tasks, tasks);
@@ -725,7 +1070,9 @@ void fiber_main() {
             static_cast<const int64_t*>(arg(6)), static_cast<float*>(arg(7)),
             *static_cast<int64_t*>(a[8]), static_cast<unsigned long long*>(arg(9)),
             static_cast<PlowDeviceStatus*>(arg(10)), *static_cast<unsigned long long*>(a[11]),
-            *static_cast<unsigned long long*>(a[12]), *static_cast<unsigned int*>(a[13]));
+            *static_cast<unsigned long long*>(a[12]), *static_cast<unsigned int*>(a[13]),
+            static_cast<const unsigned char*>(arg(14)), static_cast<const int32_t*>(arg(15)),
+            static_cast<PlowDeviceQuantum*>(arg(16)), *static_cast<unsigned int*>(a[17]));
 }
 
 [[noreturn]] void fiber_entry() {
@@ -736,8 +1083,9 @@ void fiber_main() {
   __builtin_unreachable();
 }
 
-void run_cta(unsigned b, unsigned threads, void** a, int* failed) {
+void run_cta(unsigned b, unsigned threads, size_t shmem, void** a, int* failed) {
   Block blk;
+  blk.smem.reset(new unsigned char[shmem + 16]());
   blk.bar.n = static_cast<int>(threads);
   blk.warps.resize(threads / 32);
   for (auto& w : blk.warps) w.bar.n = 32;
@@ -785,16 +1133,17 @@ void run_cta(unsigned b, unsigned threads, void** a, int* failed) {
 }  // namespace plow_emu
 
 // The emulator's launch: `grid` CTAs of `block` threads — one OS thread per CTA, its threads
-// fibers — running plow_step with the parameters of a cuLaunchKernel `void*[]`
-// (plow/runtime/cuda/abi.py's PARAMS order). Returns 0; -1 when `block` is not this build's
-// PLOW_BLOCK_THREADS; -2 on a barrier divergence (reported on stderr).
-extern "C" int plow_emu_launch(unsigned grid, unsigned block, void** a) {
+// fibers — with `shmem` bytes of dynamic shared memory each, running plow_step with the
+// parameters of a cuLaunchKernel `void*[]` (plow/runtime/cuda/abi.py's PARAMS order). Returns
+// 0; -1 when `block` is not this build's PLOW_BLOCK_THREADS; -2 on a barrier divergence
+// (reported on stderr).
+extern "C" int plow_emu_launch(unsigned grid, unsigned block, unsigned shmem, void** a) {
   if (block != PLOW_BLOCK_THREADS || block % 32 != 0) return -1;
   blockDim.x = block;
   std::vector<int> failed(grid, 0);
   std::vector<std::thread> threads;
   for (unsigned b = 0; b < grid; ++b)
-    threads.emplace_back([&, b] { plow_emu::run_cta(b, block, a, &failed[b]); });
+    threads.emplace_back([&, b] { plow_emu::run_cta(b, block, shmem, a, &failed[b]); });
   for (auto& th : threads) th.join();
   for (int f : failed)
     if (f) return -2;

@@ -39,6 +39,7 @@ from plow.emit.wire import HEADER_SIZE, read_plan
 from plow.errors import PlowError
 from plow.profile import CompileProfile
 from plow.runtime.cpu import Request, RowDevice, RowInput, generate
+from plow.runtime.cpu.plan import REMAINING, RING
 from plow.runtime.cuda import abi, driver
 from plow.runtime.cuda.driver import CudaUnavailable, gpu_present
 from plow.runtime.cuda.image import build_image, counter_tables
@@ -490,6 +491,11 @@ class FakeDriver(types.ModuleType):
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = "major"
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = "minor"
         CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = "coop"
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = "optin"
+
+    class CUfunction_attribute:
+        CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = "static"
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = "dynamic"
 
     class CUstream_flags:
         CU_STREAM_NON_BLOCKING = 1
@@ -503,7 +509,8 @@ class FakeDriver(types.ModuleType):
         self.handles: dict[int, tuple[int, int]] = {}
         self.launches: list[dict[str, int]] = []
         self.config = np.array(abi.expected_config(), dtype=np.int64)
-        self.attrs = {"sms": 132, "major": 9, "minor": 0, "coop": 1}
+        self.attrs = {"sms": 132, "major": 9, "minor": 0, "coop": 1, "optin": 232448}
+        self.smem_allowed = 0
         ok = self.CUresult.CUDA_SUCCESS
         self.cuInit = lambda flags: (ok,)
         self.cuGetErrorName = lambda e: (ok, b"CUDA_ERROR_FAKE")
@@ -522,6 +529,12 @@ class FakeDriver(types.ModuleType):
         self.cuEventRecord = lambda e, s: (ok,)
         self.cuEventSynchronize = lambda e: (ok,)
         self.cuEventElapsedTime = lambda a, b: (ok, 0.25)
+        self.cuFuncGetAttribute = lambda a, f: (ok, 16)
+
+    def cuFuncSetAttribute(self, f: str, attr: str, value: int) -> tuple[int]:
+        assert attr == "dynamic" and value <= self.attrs["optin"] - 16
+        self.smem_allowed = value
+        return (0,)
 
     def cuMemAlloc(self, n: int) -> tuple[int, int]:
         buf = np.zeros(int(n) + 64, dtype=np.uint8)
@@ -563,8 +576,8 @@ class FakeDriver(types.ModuleType):
         self, f: str, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
         stream: object, params: int,
     ) -> tuple[int]:  # fmt: skip
-        assert f == "fn:plow_step" and (gy, gz, by, bz, shmem) == (1, 1, 1, 1, 0)
-        assert bx == abi.BLOCK_THREADS
+        assert f == "fn:plow_step" and (gy, gz, by, bz) == (1, 1, 1, 1)
+        assert bx == abi.BLOCK_THREADS and shmem <= max(self.smem_allowed, 48 * 1024)
         arr = (ctypes.c_void_p * len(abi.PARAMS)).from_address(params)
         p = {n: int(ct.from_address(int(arr[i])).value) for i, (n, ct) in enumerate(abi.PARAMS)}
         self.launches.append(p)
@@ -576,9 +589,19 @@ class FakeDriver(types.ModuleType):
             assert h, err.value
             self.handles[p["plan"]] = (h, 0)
         h, steps = self.handles[p["plan"]]
-        assert p["step"] == steps + 1  # one launch per step, counted as host.cpp counts
-        self.handles[p["plan"]] = (h, steps + 1)
-        rc = self.lib.plow_plan_dispatch(h, p["arena"], 0, 2, 20_000, err, len(err))
+        assert p["step"] == steps + 1  # steps numbered on as host.cpp counts them
+        self.handles[p["plan"]] = (h, steps + p["n_steps"])
+        if p["quantum"]:  # a quantum launch: the host build's quantum on the uploaded tables
+            dq = abi.DeviceQuantum.from_address(p["quantum"])
+            assert (dq.arrive, dq.go) == (0, 0)
+            rc = self.lib.plow_plan_quantum(
+                h, p["arena"], 0, 2, 20_000, p["n_steps"], ctypes.byref(dq.q),
+                ctypes.cast(dq.rows, ctypes.POINTER(abi.DeviceRow)), err,
+                len(err),
+            )  # fmt: skip
+        else:
+            assert p["n_steps"] == 1
+            rc = self.lib.plow_plan_dispatch(h, p["arena"], 0, 2, 20_000, err, len(err))
         assert rc == 0, err.value
         counts = (ctypes.c_int64 * 3)()
         self.lib.plow_plan_last_counts(h, counts)
@@ -607,8 +630,18 @@ def test_the_loader_end_to_end_on_an_emulated_gpu_gives_the_native_tokens(
     assert got == want
     assert np.array_equal(got_logits, want_logits)  # the same host arithmetic, bit for bit
     assert m.cuda.last_kernel_us == 250.0
-    steps = len(fake.launches)
-    assert steps == m.steps  # one launch per step
+    assert len(fake.launches) == m.steps  # one launch per step
+    # a quantum of 4 greedy steps is one launch: its rows, stop ids and epilogue words
+    # uploaded (the fake runs the host build's quantum on them); the native library's tokens
+    reqs = [Request(tuple(p), NEW, stop_ids=(int(want[0][3]),)) for p in PROMPTS]
+    native_q = generate(
+        NativeModel.from_bundle(path, max_batch=4, verify=VERIFY), reqs, multi_step=4
+    )
+    before = len(fake.launches)
+    assert generate(m, reqs, multi_step=4) == native_q
+    quanta = fake.launches[before:]
+    assert sum(p["n_steps"] for p in quanta) == m.steps - before
+    assert any(p["n_steps"] == 4 and p["quantum"] for p in quanta)
     # the device arena is allocated once; weights are uploaded once across rungs
     assert len({p["arena"] for p in fake.launches}) == 1
     assert len({p["plan"] for p in fake.launches}) == len(m.cuda._rungs)
@@ -642,7 +675,7 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     assert r.returncode == 0, r.stderr[-4000:]
     lib = ctypes.CDLL(str(out))
     lib.plow_emu_launch.restype = ctypes.c_int
-    lib.plow_emu_launch.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p]
+    lib.plow_emu_launch.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p]
     return lib
 
 
@@ -661,7 +694,8 @@ class EmulatedGpu(FakeDriver):
         self.launches.append(
             {n: int(ct.from_address(int(arr[i])).value) for i, (n, ct) in enumerate(abi.PARAMS)}
         )
-        assert self.emu.plow_emu_launch(gx, bx, params) == 0
+        assert shmem <= max(self.smem_allowed, 48 * 1024)
+        assert self.emu.plow_emu_launch(gx, bx, shmem, params) == 0
         return (0,)
 
 
@@ -670,6 +704,8 @@ def on_emulator(
     emulator: ctypes.CDLL, cubin: Path, monkeypatch: pytest.MonkeyPatch, fresh_driver: object,
 ) -> EmulatedGpu:  # fmt: skip
     monkeypatch.setattr(abi, "BLOCK_THREADS", EMU_THREADS)
+    # the scalar path unless a test asks for tensor cores: its bits are the host build's
+    monkeypatch.setenv("PLOW_CUDA_TENSOR_CORES", "0")
     gpu = EmulatedGpu(emulator)
     real = importlib.import_module
     monkeypatch.setattr(
@@ -726,7 +762,9 @@ def test_the_kernel_emulated_on_cpu_threads_gives_the_native_bits(
     native = NativeModel.from_bundle(path, max_batch=4, verify=False)
     want, want_logits = _tokens_and_logits(native)
     want1 = generate(native, [Request(tuple(PROMPTS[1]), NEW)])  # the batch-1 rung
-    m = open_cuda(path, max_batch=4, verify=False)
+    # the scalar path (tensor cores: test_the_emulated_tensor_core_tiles_...), with the plan's
+    # on-chip pages in shared memory: linear inputs staged there, attention's scratch there
+    m = open_cuda(path, max_batch=4, verify=False, tensor_cores=False)
     got, got_logits = _tokens_and_logits(m)
     assert got == want
     assert np.array_equal(got_logits, want_logits)
@@ -740,6 +778,9 @@ def test_the_kernel_emulated_on_cpu_threads_gives_the_native_bits(
         assert "rmsnorm" in split
     if "bf16" in name:
         assert str(m.weights["model.layers.0.mlp.up_proj.weight"].dtype) == "bfloat16"
+    rung = m.cuda._rung(plan)
+    assert rung.smem_bytes > 0 and rung.page_table is not None and rung.tensor_core_ops == 0
+    assert np.count_nonzero(rung.page_table.table[:, 1]) > 0
 
 
 @pytest.mark.slow
@@ -786,5 +827,105 @@ def test_a_module_built_from_other_sources_is_refused(
     with pytest.raises(CudaUnavailable) as e:
         open_cuda(h200_bundles["llama"], verify=VERIFY)
     msg = _one_line(e.value)
-    assert "built from other sources" in msg and "sizeof(PlowPlan) 160 (loader: 152)" in msg
+    size = ctypes.sizeof(abi.PlowPlan)
+    assert (
+        "built from other sources" in msg and f"sizeof(PlowPlan) {size + 8} (loader: {size})" in msg
+    )
     assert "make cuda" in msg
+
+
+# -- multi-step quantum, tensor-core tiles, on-chip pages (emulated) -------------------------
+def test_the_emulated_quantum_launch_equals_one_launch_per_step(
+    small_h200_bundles: dict, on_emulator: EmulatedGpu
+) -> None:
+    """k greedy decode steps in one launch (the kernel's step barrier and epilogue writing the
+    ring, budgets and positions; the sampled id read by the next step's embedding from where
+    the sample op wrote it) give the bits of k launches with the host's epilogue: tokens and
+    the whole device arena, a stop id and a budget ending rows inside a quantum."""
+    from plow.runtime.cuda import open_cuda
+
+    path = small_h200_bundles["llama-split"]
+    ref = generate(NativeModel.from_bundle(path, max_batch=4, verify=False),
+                   [Request(tuple(p), NEW) for p in PROMPTS])  # fmt: skip
+    stop = int(ref[1][5])  # row 1 stops inside a quantum
+    reqs = [Request(tuple(p), NEW - 3 * i, stop_ids=(stop,)) for i, p in enumerate(PROMPTS)]
+    out = {}
+    for quantum in (False, True):
+        m = open_cuda(path, max_batch=4, verify=False, tensor_cores=False, device_quantum=quantum)
+        before = len(on_emulator.launches)
+        toks = generate(m, reqs, multi_step=4)
+        launches = on_emulator.launches[before:]
+        arena = m.cuda.snapshot().view(np.uint32)
+        for rows in (1, 4):  # the ring and budgets: the host's own words under its epilogue
+            for slot in (RING, REMAINING):
+                off, n = m.cuda._slot(m.plan(m.decode_bucket(rows)), slot)
+                arena[off // 4 : (off + n) // 4] = 0
+        out[quantum] = (toks, arena.tobytes(), launches, m.steps)
+    (t0, a0, l0, s0), (t1, a1, l1, s1) = out[False], out[True]
+    assert t1 == t0 and s1 == s0
+    assert a1 == a0  # every other word of the device arena: bit for bit
+    assert all(p["n_steps"] == 1 and p["quantum"] == 0 for p in l0) and len(l0) == s0
+    assert max(p["n_steps"] for p in l1) == 4 and len(l1) < len(l0)
+    assert sum(p["n_steps"] for p in l1) == s1
+    assert t0[1][-1] == stop and len(t0[1]) < NEW
+
+
+def test_the_emulated_tensor_core_tiles_agree_with_the_scalar_path(
+    small_h200_bundles: dict, on_emulator: EmulatedGpu
+) -> None:
+    """bf16 linears on (emulated) mma.sync m16n8k16: the fragment layout and the hi/lo split
+    of x give the scalar path's logits within 1e-3 (a different summation order: not the same
+    bits) and the same greedy tokens."""
+    from plow.runtime.cuda import open_cuda
+
+    path = small_h200_bundles["llama-bf16-split"]
+    scalar = open_cuda(path, max_batch=4, verify=False, tensor_cores=False)
+    want, want_logits = _tokens_and_logits(scalar)
+    tc = open_cuda(path, max_batch=4, verify=False, tensor_cores=True)
+    got, got_logits = _tokens_and_logits(tc)
+    plan = tc.plan(tc.decode_bucket(4))
+    assert tc.cuda._rung(plan).tensor_core_ops >= 4
+    np.testing.assert_allclose(got_logits, want_logits, rtol=1e-3, atol=1e-3)
+    assert not np.array_equal(got_logits, want_logits)  # it did run the other path
+    assert got == want
+
+
+def test_the_page_table_follows_the_plans_page_timeline(small_h200_bundles: dict) -> None:
+    """Each record's shared-memory windows come from its task's page columns: sizes are the
+    timeline's pages, every window lies inside the budget, and windows live at the same time
+    on one worker never share a byte."""
+    from plow.emit.files import ScheduleFile
+    from plow.runtime.cuda.image import assign_pages
+
+    m = NativeModel.from_bundle(small_h200_bundles["llama-split"], max_batch=4, verify=False)
+    b = m.bundle
+    assert b is not None
+    rung = b.rung(m.decode_bucket(4))
+    _, records = read_plan(b.path / rung.plan)
+    pg = ScheduleFile.model_validate_json((b.path / rung.schedule).read_bytes()).pages
+    t = assign_pages(records, pg.budget_pages, pg.page_bytes, pg.start, pg.finish, pg.load,
+                     pg.weight_pages, pg.act_pages)  # fmt: skip
+    assert t.smem_bytes == pg.budget_pages * pg.page_bytes
+    tasks = np.flatnonzero(records["opcode"] != 0)
+    wins: dict[int, list[tuple[int, int, int, int]]] = {}
+    for i, rec in enumerate(tasks.tolist()):
+        for tab, pages, st in (
+            (t.table, pg.act_pages, pg.start),
+            (t.weights, pg.weight_pages, pg.load),
+        ):  # noqa: E501
+            off, nbytes = (int(v) for v in tab[rec])
+            assert nbytes == pages[i] * pg.page_bytes
+            assert off % pg.page_bytes == 0 and off + nbytes <= t.smem_bytes
+            if nbytes:
+                w = int(records["worker"][rec])
+                wins.setdefault(w, []).append((st[i], max(pg.finish[i], st[i] + 1), off, nbytes))
+    assert sum(len(v) for v in wins.values()) > len(tasks)  # weight and activation windows
+    for lst in wins.values():
+        for j, (s0, e0, o0, n0) in enumerate(lst):
+            for s1, e1, o1, n1 in lst[j + 1 :]:
+                if s0 < e1 and s1 < e0:  # live together
+                    assert o0 + n0 <= o1 or o1 + n1 <= o0
+    # nothing past the budget is placed: one page short, the timeline's peak does not fit
+    with pytest.raises(PlowError, match="free pages"):
+        assign_pages(records, 1, pg.page_bytes, pg.start, pg.finish, pg.load,
+                     pg.weight_pages, pg.act_pages)  # fmt: skip

@@ -17,16 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plow.runtime.native.library import ABI_VERSION, PlowOp, PlowPlan
+from plow.runtime.native.library import ABI_VERSION, PlowOp, PlowPlan, PlowQuantum, PlowRow
 
 KERNEL = "plow_step"
 CONFIG_SYMBOL = "plow_device_config"
 CONFIG_KERNEL = "plow_config"  # writes CONFIG_SYMBOL's 8 words to its one pointer argument
-DEVICE_ABI = 1
+DEVICE_ABI = 2
 BLOCK_THREADS = 256
 ATTN_THREADS = 32
 LANES = 32
 NO_COUNTER = 0xFFFFFFFF
+BARRIER_COUNTER = 0xFFFFFFFE  # status.counter of a timed-out step barrier (a quantum launch)
+MODE_TC = 1  # op_mode bit: a bf16 linear / lm_head on tensor cores (mma.sync m16n8k16)
 # The NVIDIA targets whose plans the CUDA executor runs (plow/target/specs).
 NVIDIA_TARGETS = ("h100", "h200", "b200")
 
@@ -46,6 +48,10 @@ PARAMS: tuple[tuple[str, Any], ...] = (
     ("step", ctypes.c_uint64),
     ("timeout_ns", ctypes.c_uint64),
     ("jitter_ns", ctypes.c_uint32),
+    ("op_mode", ctypes.c_uint64),  # u8 per op (MODE_TC), or 0
+    ("pages", ctypes.c_uint64),  # int32 {offset, bytes} per record in dynamic smem, or 0
+    ("quantum", ctypes.c_uint64),  # DeviceQuantum, or 0 (one step)
+    ("n_steps", ctypes.c_uint32),
 )
 
 
@@ -63,6 +69,22 @@ class DeviceStatus(ctypes.Structure):
         ("tasks", ctypes.c_uint64),
         ("nops", ctypes.c_uint64),
     ]
+
+
+class DeviceQuantum(ctypes.Structure):
+    """`PlowDeviceQuantum` (kernels/device.cu): a multi-step quantum in one launch — the
+    epilogue's arena words and shape, the rows (device pointers), the step barrier's counters
+    (zeroed before each launch)."""
+
+    _fields_ = [
+        ("q", PlowQuantum),
+        ("rows", ctypes.c_uint64),
+        ("arrive", ctypes.c_uint64),
+        ("go", ctypes.c_uint64),
+    ]
+
+
+DeviceRow = PlowRow  # `stop` a device pointer, `uniforms` unused (greedy rows only)
 
 
 def expected_config() -> tuple[int, ...]:

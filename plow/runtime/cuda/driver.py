@@ -172,17 +172,49 @@ class Device:
     def function(self, module: Any, name: str) -> Any:
         return check(self.d.cuModuleGetFunction(module, name.encode()), f"function {name}")
 
-    def occupancy(self, func: Any, threads: int) -> int:
-        """CTAs of `func` that fit on one SM at once."""
+    def occupancy(self, func: Any, threads: int, smem: int = 0) -> int:
+        """CTAs of `func` that fit on one SM at once (with `smem` bytes of dynamic shared
+        memory each)."""
         return int(
             check(
-                self.d.cuOccupancyMaxActiveBlocksPerMultiprocessor(func, threads, 0),
+                self.d.cuOccupancyMaxActiveBlocksPerMultiprocessor(func, threads, smem),
                 "cuOccupancyMaxActiveBlocksPerMultiprocessor",
             )
         )
 
+    def max_dynamic_smem(self, func: Any) -> int:
+        """Dynamic shared memory one CTA of `func` may ask for: the device's opt-in maximum
+        per block less the kernel's static shared memory."""
+        d = self.d
+        optin = self.attr(
+            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        )
+        static = int(
+            check(
+                d.cuFuncGetAttribute(
+                    d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, func
+                ),
+                "cuFuncGetAttribute(SHARED_SIZE_BYTES)",
+            )
+        )
+        return max(0, optin - static)
+
+    def set_dynamic_smem(self, func: Any, nbytes: int) -> None:
+        """Allow launches of `func` with `nbytes` of dynamic shared memory (over 48 KiB needs
+        the opt-in)."""
+        d = self.d
+        attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(d.cuFuncSetAttribute(func, attr, int(nbytes)), f"cuFuncSetAttribute({nbytes})")
+
     def launch(
-        self, func: Any, grid: int, block: int, params_address: int, *, persistent: bool = True
+        self,
+        func: Any,
+        grid: int,
+        block: int,
+        params_address: int,
+        *,
+        persistent: bool = True,
+        shmem: int = 0,
     ) -> None:
         """One launch of `grid` CTAs of `block` threads; `params_address` is a `void*[]` (see
         `abi.pack_params`). A persistent kernel's launch (CTAs waiting on each other's
@@ -192,13 +224,15 @@ class Device:
         if persistent and self.cooperative:
             check(
                 d.cuLaunchCooperativeKernel(
-                    func, grid, 1, 1, block, 1, 1, 0, self.stream, params_address
+                    func, grid, 1, 1, block, 1, 1, shmem, self.stream, params_address
                 ),
                 "cuLaunchCooperativeKernel",
             )
         else:
             check(
-                d.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, 0, self.stream, params_address, 0),
+                d.cuLaunchKernel(
+                    func, grid, 1, 1, block, 1, 1, shmem, self.stream, params_address, 0
+                ),
                 "cuLaunchKernel",
             )
 

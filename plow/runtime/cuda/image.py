@@ -45,6 +45,7 @@ class DeviceImage:
     queue_start_host: np.ndarray
     plan_host: PlowPlan  # the PlowPlan uploaded (device pointers)
     ops_host: Any  # the PlowOp array uploaded (device pointers)
+    records_host: np.ndarray  # the plan file's records (PACKET_DTYPE)
     keep: list[Any] = field(default_factory=list)
 
 
@@ -144,6 +145,90 @@ def build_image(low: Lowered, upload: Upload) -> DeviceImage:
         queue_start_host=starts,
         plan_host=plan,
         ops_host=ops,
+        records_host=records,
     )
     img.keep += [ops_bytes, plan_bytes, order, starts, per_step, scope]
     return img
+
+
+# -- on-chip pages (the plan's page timeline in the CTA's dynamic shared memory) -------------
+@dataclass(frozen=True)
+class PageTable:
+    """Each record's activation window in its CTA's dynamic shared memory, as the plan's page
+    timeline assigns it: `table[record] = (byte offset, bytes)` (0 bytes: none), and
+    `weights[record]` likewise for the weight slab (assigned; the kernel does not fill it).
+    `smem_bytes`: the budget, what a launch asks for."""
+
+    table: np.ndarray  # int32 [n_records, 2]
+    weights: np.ndarray  # int32 [n_records, 2]
+    smem_bytes: int
+    page_bytes: int
+
+
+def assign_pages(
+    records: np.ndarray,
+    budget_pages: int,
+    page_bytes: int,
+    start: Any,
+    finish: Any,
+    load: Any,
+    weight_pages: Any,
+    act_pages: Any,
+) -> PageTable:
+    """Pages of every task's windows from the schedule file's `pages` columns (task `i` is the
+    `i`-th non-nop record): per worker, windows in order of opening (closings first at one
+    instant) take the lowest run of free pages; a window frees its pages when it closes. Two
+    windows live at the same time on one worker never share a page, and none goes past the
+    budget (checkpoint C certified the timeline's occupancy; a run the fragmentation could not
+    place is a `PlowError`, never an overlap)."""
+    n = len(records)
+    table = np.zeros((n, 2), dtype=np.int32)
+    weights = np.zeros((n, 2), dtype=np.int32)
+    task_rec = np.flatnonzero(records["opcode"] != 0)
+    if len(task_rec) != len(act_pages):
+        raise PlowError(
+            "pages", f"{len(act_pages)} tasks in the page timeline, {len(task_rec)} in the plan"
+        )
+    per: dict[int, list[tuple[int, int, int, int, int]]] = {}  # worker -> windows
+    for i, rec in enumerate(task_rec.tolist()):
+        w = int(records["worker"][rec])
+        if weight_pages[i]:
+            per.setdefault(w, []).append(
+                (int(load[i]), int(finish[i]), int(weight_pages[i]), rec, 1)
+            )
+        if act_pages[i]:
+            per.setdefault(w, []).append((int(start[i]), int(finish[i]), int(act_pages[i]), rec, 0))
+    for w, wins in per.items():
+        free_at = [-1] * budget_pages  # the time each page's window closes (-1: never used)
+        for st, en, pg, rec, is_w in sorted(wins, key=lambda x: (x[0], x[1])):
+            if en <= st:
+                en = st + 1  # an empty window still holds its pages while the task runs
+            base = -1
+            for p0 in range(budget_pages - pg + 1):
+                if all(free_at[p] <= st for p in range(p0, p0 + pg)):
+                    base = p0
+                    break
+            if base < 0:
+                raise PlowError("pages", f"worker {w}: no {pg} free pages at {st} ns")
+            for p in range(base, base + pg):
+                free_at[p] = en
+            dst = weights if is_w else table
+            dst[rec] = (base * page_bytes, pg * page_bytes)
+    return PageTable(table, weights, budget_pages * page_bytes, page_bytes)
+
+
+def op_modes(ops: Any, n_ops: int, tensor_cores: bool) -> np.ndarray:
+    """One byte per op for the kernel: MODE_TC for a linear / lm_head whose weights are stored
+    bf16 (the plan's precision) when tensor cores are asked for; 0 (the scalar path) else."""
+    from plow.runtime.cuda.abi import MODE_TC
+    from plow.runtime.native.library import DTYPE_BF16
+
+    out = np.zeros(max(1, n_ops), dtype=np.uint8)
+    if not tensor_cores:
+        return out
+    lin = {KINDS["linear"], KINDS["lm_head"]}
+    for i in range(n_ops):
+        o = ops[i]
+        if o.kind in lin and o.w0_dtype == DTYPE_BF16:
+            out[i] = MODE_TC
+    return out

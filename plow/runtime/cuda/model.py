@@ -33,16 +33,17 @@ from typing import Any
 import numpy as np
 
 from plow.checkpoint.quant import QuantTensor
+from plow.emit.files import ScheduleFile
 from plow.errors import PlowError
 from plow.runtime.cpu.bundle import Bundle
 from plow.runtime.cpu.engine import generate_request
 from plow.runtime.cpu.generate import GenerationStats
 from plow.runtime.cpu.machine import DispatchStats
-from plow.runtime.cpu.model import CpuModel, RowDevice
-from plow.runtime.cpu.plan import PAGE_TABLE, STATE_SLOT, Plan
+from plow.runtime.cpu.model import CpuModel, RowDevice, RowInput
+from plow.runtime.cpu.plan import PAGE_TABLE, REMAINING, RING, STATE_SLOT, Plan
 from plow.runtime.cuda import abi
 from plow.runtime.cuda.driver import CudaUnavailable, Device, device
-from plow.runtime.cuda.image import DeviceImage, build_image
+from plow.runtime.cuda.image import DeviceImage, PageTable, assign_pages, build_image, op_modes
 from plow.runtime.native import library
 from plow.runtime.native.lower import Lowered, lower, stored
 from plow.runtime.native.model import NativeStepError
@@ -94,7 +95,9 @@ class Kernel:
     module: Any
     func: Any
     path: Path
-    max_ctas: int  # CTAs of plow_step resident at once on the whole GPU
+    max_ctas: int  # CTAs of plow_step resident at once on the whole GPU (no dynamic smem)
+    max_smem: int = 0  # dynamic shared memory one CTA may ask for (opt-in maximum)
+    smem_set: int = 0  # what cuFuncSetAttribute last allowed
 
 
 _KERNELS: dict[tuple[int, str], Kernel] = {}
@@ -133,7 +136,7 @@ def load_kernel(ordinal: int = 0) -> Kernel:
         raise CudaUnavailable(path, f"built from other sources ({bad}); rebuild: make cuda")
     func = dev.function(module, abi.KERNEL)
     per_sm = dev.occupancy(func, abi.BLOCK_THREADS)
-    k = Kernel(dev, module, func, path, per_sm * dev.sms)
+    k = Kernel(dev, module, func, path, per_sm * dev.sms, dev.max_dynamic_smem(func))
     _KERNELS[(ordinal, str(path))] = k
     return k
 
@@ -146,6 +149,13 @@ class RungState:
     counters: int  # device address: n_counters uint64
     op_work: int
     status: int
+    op_mode: int = 0  # device address: u8 per op, or 0
+    pages: int = 0  # device address: int32 {offset, bytes} per record, or 0
+    smem_bytes: int = 0  # dynamic shared memory per CTA (the plan's page budget)
+    page_table: PageTable | None = None
+    tensor_core_ops: int = 0
+    quantum: int = 0  # device address of a DeviceQuantum (allocated with the first quantum)
+    quantum_bytes: int = 0
     step: int = 0
 
 
@@ -154,7 +164,11 @@ class CudaMachine:
     `timeout_ms`: a wait that does not open for this long stops the step (`CudaStepError`);
     `jitter_ns`: tests only — thread 0 of every CTA sleeps up to this long before each task,
     which widens any window an uncertified plan leaves open; `timing`: time each launch with
-    CUDA events (`last_kernel_us`)."""
+    CUDA events (`last_kernel_us`); `tensor_cores`: the linears whose weights are bf16 (the
+    plan's precision) on tensor cores — None: PLOW_CUDA_TENSOR_CORES=0 / 1, else on where the
+    GPU has them (compute capability 8.0 or later);
+    `smem_pages`: the plan's on-chip pages in dynamic shared memory (where the budget fits the
+    GPU); `device_quantum`: a multi-step quantum of greedy rows in one launch."""
 
     def __init__(
         self,
@@ -164,6 +178,9 @@ class CudaMachine:
         timeout_ms: int = 20_000,
         jitter_ns: int = 0,
         timing: bool = False,
+        tensor_cores: bool | None = None,
+        smem_pages: bool = True,
+        device_quantum: bool = True,
     ) -> None:
         self.model = model
         self.kernel = load_kernel(ordinal)
@@ -171,6 +188,14 @@ class CudaMachine:
         self.timeout_ms = timeout_ms
         self.jitter_ns = jitter_ns
         self.timing = timing
+        if tensor_cores is None:  # PLOW_CUDA_TENSOR_CORES=0 / 1 overrides the default
+            env = os.environ.get("PLOW_CUDA_TENSOR_CORES", "")
+            tensor_cores = env == "1" if env in ("0", "1") else self.dev.cc >= (8, 0)
+        self.tensor_cores = tensor_cores
+        self.smem_pages = smem_pages
+        self.device_quantum = device_quantum
+        self.launches = 0
+        self._qkeep: np.ndarray | None = None
         self.native = library.load()  # the host build validates each plan as it loads it
         self._rungs: dict[int, RungState] = {}
         self._uploaded: dict[tuple[int, int], int] = {}  # (host address, bytes) -> device
@@ -262,9 +287,34 @@ class CudaMachine:
             self._alloc(max(1, img.n_ops) * 8),
             self._alloc(ctypes.sizeof(abi.DeviceStatus)),
         )
+        modes = op_modes(img.ops_host, img.n_ops, self.tensor_cores)
+        st.tensor_core_ops = int(np.count_nonzero(modes))
+        if st.tensor_core_ops:
+            st.op_mode = self._upload(modes, False)
+        if self.smem_pages:
+            self._install_pages(st, Path(plan.source) / rung.schedule)
         self.dev.sync()
         self._rungs[id(plan)] = st
         return st
+
+    def _install_pages(self, st: RungState, schedule: Path) -> None:
+        """The rung's page table (`image.assign_pages` of its schedule file's timeline), when
+        the page budget fits this GPU's dynamic shared memory; else the arena path."""
+        pg = ScheduleFile.model_validate_json(schedule.read_bytes()).pages
+        table = assign_pages(
+            st.image.records_host, pg.budget_pages, pg.page_bytes, pg.start, pg.finish, pg.load,
+            pg.weight_pages, pg.act_pages,
+        )  # fmt: skip
+        if table.smem_bytes == 0 or table.smem_bytes > self.kernel.max_smem:
+            return
+        if table.smem_bytes > self.kernel.smem_set:
+            self.dev.set_dynamic_smem(self.kernel.func, table.smem_bytes)
+            self.kernel.smem_set = table.smem_bytes
+        per_sm = self.dev.occupancy(self.kernel.func, abi.BLOCK_THREADS, table.smem_bytes)
+        if per_sm * self.dev.sms < st.image.n_workers:
+            return  # the pages would leave too few CTAs resident: the arena path
+        st.page_table, st.smem_bytes = table, table.smem_bytes
+        st.pages = self._upload(np.ascontiguousarray(table.table), False)
 
     def _slot(self, plan: Plan, name: str) -> tuple[int, int]:
         """(byte offset in the arena, bytes) of a tensor of `plan`'s layout."""
@@ -302,10 +352,46 @@ class CudaMachine:
             "step": st.step,
             "timeout_ns": max(1, self.timeout_ms) * 1_000_000,
             "jitter_ns": self.jitter_ns,
+            "op_mode": st.op_mode,
+            "pages": st.pages,
+            "quantum": 0,
+            "n_steps": 1,
         }
 
     # -- a step ---------------------------------------------------------------------------
     def dispatch(self, plan: Plan, **_: Any) -> DispatchStats:
+        return self._launch(plan, 1, None)
+
+    def dispatch_quantum(
+        self, plan: Plan, steps: int, q: library.PlowQuantum, stops: Sequence[Sequence[int] | None]
+    ) -> DispatchStats:
+        """`steps` decode steps and their epilogues in one launch (greedy rows only): `stops[b]`
+        is row b's stop ids, None for a padding row. The host wrote the inputs and `remaining`;
+        the ring, positions, budgets and the last sampled ids come back."""
+        st = self._rung(plan)
+        n = len(stops)
+        flat = np.array([t for s in stops if s for t in s] or [0], dtype=np.int32)
+        head = ctypes.sizeof(abi.DeviceQuantum)
+        rows_bytes = n * ctypes.sizeof(abi.DeviceRow)
+        need = head + rows_bytes + int(flat.nbytes)
+        if need > st.quantum_bytes:
+            st.quantum, st.quantum_bytes = self._alloc(need), need
+        base = st.quantum
+        rows = (abi.DeviceRow * max(1, n))()
+        at = 0
+        for b, s in enumerate(stops):
+            rows[b].active, rows[b].greedy = int(s is not None), 1
+            if s:
+                rows[b].n_stop, rows[b].stop = len(s), base + head + rows_bytes + 4 * at
+                at += len(s)
+        dq = abi.DeviceQuantum(q, base + head, 0, 0)
+        blob = bytes(dq) + bytes(rows)[:rows_bytes] + flat.tobytes()
+        buf = np.frombuffer(blob, dtype=np.uint8).copy()
+        self.dev.htod(base, int(buf.ctypes.data), int(buf.nbytes))
+        self._qkeep = buf  # pageable host memory: kept until the launch has read it
+        return self._launch(plan, steps, base)
+
+    def _launch(self, plan: Plan, steps: int, quantum: int | None) -> DispatchStats:
         arena = self.model.arena
         if arena.layout is not plan.layout:
             raise PlowError(plan.bucket.name, "the arena holds another bucket's layout")
@@ -316,23 +402,32 @@ class CudaMachine:
         self._ensure_scratch(st.image)
         host = int(arena.buf.ctypes.data)
         state = (STATE_SLOT,) if STATE_SLOT in plan.layout.slots else ()  # Mamba-2's rows
-        for name in HOST_WRITES + state:
+        writes = HOST_WRITES + state + ((REMAINING,) if quantum else ())
+        for name in writes:
             off, n = self._slot(plan, name)
             dev.htod(base + off, host + off, n)
         dev.memset(st.op_work, max(1, st.image.n_ops) * 8)
         dev.memset(st.status, ctypes.sizeof(abi.DeviceStatus))
-        st.step += 1
-        args = abi.pack_params(self.params(st))
+        first = st.step + 1
+        st.step += steps
+        p = self.params(st)
+        p["step"], p["quantum"], p["n_steps"] = first, quantum or 0, steps
+        args = abi.pack_params(p)
         if self.timing:
             if self._events is None:
                 self._events = (dev.event(), dev.event())
             dev.record(self._events[0])
-        dev.launch(self.kernel.func, st.image.n_workers, abi.BLOCK_THREADS, args.address)
+        dev.launch(
+            self.kernel.func, st.image.n_workers, abi.BLOCK_THREADS, args.address,
+            shmem=st.smem_bytes,
+        )  # fmt: skip
+        self.launches += 1
         if self.timing and self._events is not None:
             dev.record(self._events[1])
         status = abi.DeviceStatus()
         dev.dtoh(ctypes.addressof(status), st.status, ctypes.sizeof(status))
-        for name in HOST_READS:
+        reads = HOST_READS + (("positions", RING, REMAINING) if quantum else ())
+        for name in reads:
             off, n = self._slot(plan, name)
             dev.dtoh(host + off, base + off, n)
         dev.sync()
@@ -344,6 +439,12 @@ class CudaMachine:
             fixed = (st.image.per_step_host * np.uint64(st.step)).astype(np.uint64)
             dev.htod(st.counters, int(fixed.ctypes.data), int(fixed.nbytes))
             dev.sync()
+            if status.counter == abi.BARRIER_COUNTER:
+                raise CudaStepError(
+                    plan.bucket.name,
+                    f"step stuck: worker {status.worker} at the quantum's step barrier: "
+                    f"{status.value} arrivals or steps, waits for {status.want}",
+                )
             raise CudaStepError(
                 plan.bucket.name,
                 f"step stuck: worker {status.worker} blocked at packet {status.packet}: counter "
@@ -396,12 +497,16 @@ class CudaModel(CpuModel):
         timeout_ms: int = 20_000,
         jitter_ns: int = 0,
         timing: bool = False,
+        tensor_cores: bool | None = None,
+        smem_pages: bool = True,
+        device_quantum: bool = True,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
         self.machine = CudaMachine(  # type: ignore[assignment]
-            self, ordinal=ordinal, timeout_ms=timeout_ms, jitter_ns=jitter_ns, timing=timing
-        )
+            self, ordinal=ordinal, timeout_ms=timeout_ms, jitter_ns=jitter_ns, timing=timing,
+            tensor_cores=tensor_cores, smem_pages=smem_pages, device_quantum=device_quantum,
+        )  # fmt: skip
 
     @property
     def cuda(self) -> CudaMachine:
@@ -414,6 +519,47 @@ class CudaModel(CpuModel):
             raw: object = self._raw[name]  # GGML blocks stay blocks (uploaded as bytes)
             w = stored(raw if isinstance(raw, QuantTensor) else np.asarray(raw))
             self.weights[name] = w  # type: ignore[assignment]
+
+    def run_quantum(
+        self,
+        plan: Plan,
+        rows: Sequence[RowInput | None],
+        dev: Sequence[RowDevice | None],
+        steps: int,
+        **kw: object,
+    ) -> np.ndarray:
+        """A decode quantum of greedy rows is one launch of `steps` steps (the kernel's step
+        barrier and epilogue: kernels/device.cu); anything else is `CpuModel`'s, one launch per
+        step with the host's epilogue."""
+        live = [d for d in dev[: plan.batch] if d is not None]
+        if not (
+            self.cuda.device_quantum and plan.tokens == 1 and 1 < steps <= plan.ring
+            and all(d.params.is_greedy for d in live)
+        ):  # fmt: skip
+            return super().run_quantum(plan, rows, dev, steps, **kw)
+        self.write_inputs(plan, rows)
+        rem = self.arena.view(REMAINING)
+        rem[:] = 0
+        stops: list[Sequence[int] | None] = [None] * plan.batch
+        for b, d in enumerate(dev[: plan.batch]):
+            if d is not None:
+                rem[b] = d.remaining
+                stops[b] = tuple(int(t) for t in d.stop_ids)
+        base = self.arena.kv_words
+
+        def word(name: str) -> int:
+            return base + plan.layout.slot(name).offset
+
+        q = library.PlowQuantum(
+            word("sample"), word("positions"), word("sample_index"), word(RING),
+            word(REMAINING), word("lm_head"), plan.batch, plan.tokens,
+            self.spec.vocab_size, self.context,
+        )  # fmt: skip
+        st = self.cuda.dispatch_quantum(plan, steps, q, stops)
+        self.last_plan = plan
+        self.steps += steps
+        self.tasks_run += st.tasks
+        return np.array(self.arena.view(RING)[:steps, : plan.batch])
 
     def logits(self, plan: Plan) -> np.ndarray:
         self.cuda.fetch(plan, "lm_head")
