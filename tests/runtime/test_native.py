@@ -45,15 +45,11 @@ PROMPTS = [
     [3, 250, 41, 6, 77],
     [120, 9],
 ]
-PROFILE = CompileProfile(
-    name="test", decode_batches=(1, 2, 8), prefill_seqs=(16,), context=CONTEXT
-)
+PROFILE = CompileProfile(name="test", decode_batches=(1, 2, 8), prefill_seqs=(16,), context=CONTEXT)
 
 
 def split_target():  # a CPU target with 16 workers: the tiler splits k, norms, attention
-    return load_target("cpu").model_copy(
-        update={"workers": 16, "tile_overhead_ns": 50}
-    )
+    return load_target("cpu").model_copy(update={"workers": 16, "tile_overhead_ns": 50})
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +96,6 @@ def test_native_greedy_tokens_equal_transformers(
         plan = m.plan(m.decode_bucket(len(PROMPTS)))
         assert any(op.reduction_axis is not None for op in plan.ops)
         assert any(p.work == "merge" for p in plan.packets)
-
-
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -89,8 +89,9 @@ def lower(
     """The `PlowPlan` of `plan` (a plan loaded from `bundle`'s rung `rung`)."""
     if arena.kv_shape.dtype not in ("float32", "bfloat16"):
         raise PlowError(
-            "--kv-dtype", f"the native executor keeps the key-value cache in float32 or "
-            f"bfloat16, not {arena.kv_shape.dtype} (fp8_e4m3 runs on --executor cpu)"
+            "--kv-dtype",
+            f"the native executor keeps the key-value cache in float32 or "
+            f"bfloat16, not {arena.kv_shape.dtype} (fp8_e4m3 runs on --executor cpu)",
         )
     low = Lowered(PlowPlan())
     _, records = read_plan(bundle / rung.plan)

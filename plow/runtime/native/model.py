@@ -28,8 +28,8 @@ from plow.runtime.cpu.generate import GenerationStats
 from plow.runtime.cpu.machine import DispatchStats
 from plow.runtime.cpu.model import CpuModel, RowDevice, RowInput
 from plow.runtime.cpu.plan import REMAINING, RING, Plan
-from plow.runtime.native import library
 from plow.runtime.kv_cache import KVDtype
+from plow.runtime.native import library
 from plow.runtime.native.lower import Lowered, lower, stored
 from plow.runtime.sampler import SamplingParams
 
