@@ -69,7 +69,7 @@ RULES: tuple[RuleInfo, ...] = (
         "norms before the ropes)",
         "qkv_concat_sound",
         ("cat3", "part"),
-        False,
+        True,  # with --fuse (plow/egraph/apply.py)
     ),
     RuleInfo(
         "R5",
