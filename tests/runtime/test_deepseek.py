@@ -214,3 +214,26 @@ def test_unsupported_fields_are_refused_naming_them(ds: dict, field: str, value:
         spec_from_config(config, "config.json")
     msg = str(e.value)
     assert field in msg and "\n" not in msg, msg
+
+
+def test_a_missing_latent_projection_is_named(ds: dict, tmp_path: Path) -> None:
+    """A checkpoint that lacks a tensor the derived weights are made from fails to load with
+    one line naming the tensor (and writes nothing into the checkpoint)."""
+    import shutil
+
+    from plow.checkpoint.weights import WeightStore, read_header, write_safetensors
+    from plow.errors import CheckpointError
+
+    src: Path = ds["path"]  # type: ignore[assignment]
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    gone = "model.layers.1.self_attn.kv_b_proj.weight"
+    store = WeightStore.open([src / "model.safetensors"])  # a file, not a directory: as stored
+    names = [n for n in read_header(src / "model.safetensors") if n != gone]
+    kept = {n: ("F32", np.asarray(store[n])) for n in names}
+    write_safetensors(dst / "model.safetensors", kept, {"format": "pt"})
+    before = sorted(p.name for p in dst.iterdir())
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(dst)
+    assert gone in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert sorted(p.name for p in dst.iterdir()) == before
