@@ -221,3 +221,17 @@ def test_the_emulated_cuda_kernel_runs_a_fused_plan_with_the_native_bits(
     got, got_logits = _tokens_and_logits(open_cuda(path, max_batch=4, verify=False))
     assert got == want
     assert np.array_equal(got_logits, want_logits)
+
+
+def test_plow_compile_fuse_flag_writes_a_fused_plan(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "b"
+    src = str(tiny_checkpoints["llama"])
+    res = CliRunner().invoke(app, ["compile", src, "-o", str(out), "--plan-only", "--fuse"])
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["profile"]["fuse"] is True
+    assert "rewrites.json" in manifest["files"]  # hashed like every other file
+    kinds = {o.kind for r in manifest["ladder"] for o in _ops(out, r["name"]).ops}
+    assert kinds >= FUSED_KINDS
