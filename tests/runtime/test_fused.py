@@ -4,12 +4,12 @@ interleaved gate/up weight, R4 linear_qkv over the concatenated q/k/v weight).
 
 On the llama, qwen3 and gemma3 fixtures a fused bundle's greedy tokens equal transformers' on
 the `cpu` (numpy) and `native` executors (and on a 16-worker target whose other ops split their
-reductions); its decode plan has fewer ops, op edges and packets
-than the unfused one; `rewrites.json` names blocks whose canonical ops are the rule's pattern
-in the model's graph and whose fused op is the op table's; the interleaved weight is the
-checkpoint's gate and up rows alternated, the concatenated one q, k, v stacked;
-`plow inspect --rewrites` lists the applied blocks.
-Fusion is off by default: an unfused compile writes no `rewrites.json` and no fused kind.
+reductions), and its native prefill logits equal the unfused bundle's bit for bit; its decode
+plan has fewer ops, op edges and packets than the unfused one; `rewrites.json` names blocks
+whose canonical ops are the rule's pattern in the model's graph and whose fused op is the op
+table's; the interleaved weight is the checkpoint's gate and up rows alternated, the
+concatenated one q, k, v stacked; `plow inspect --rewrites` lists the applied blocks. Fusion
+is off by default: an unfused compile writes no `rewrites.json` and no fused kind.
 The CUDA source's fused tiles, on the emulation build of tests/runtime/test_cuda.py, give the
 native executor's tokens and logits bit for bit.
 """
@@ -35,6 +35,7 @@ from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
+from tests.runtime.helpers import prefill_logits
 from tests.runtime.test_cuda import emulator, fresh_driver, on_emulator  # noqa: F401
 
 FAMILIES = ["llama", "qwen3", "gemma3"]
@@ -107,6 +108,10 @@ def test_fused_bundle_tokens_equal_transformers_on_cpu_and_native(
     reqs = [Request(tuple(p), NEW) for p in PROMPTS]
     assert generate(CpuModel.from_bundle(path, max_batch=4, verify=False), reqs) == want
     assert generate(open_native(path, max_batch=4, verify=False), reqs) == want
+    if which is True:  # the fused tiles keep the unfused dots' order: the same logits, bitwise
+        plain = bundles[family, False]
+        got = prefill_logits(open_native(path, verify=False), PROMPTS[0])
+        assert np.array_equal(got, prefill_logits(open_native(plain, verify=False), PROMPTS[0]))
 
 
 def test_fused_decode_plan_has_fewer_ops_edges_and_packets(bundles: dict) -> None:
