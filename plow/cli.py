@@ -40,10 +40,11 @@ class Executor(str, Enum):
     reference = "reference"
     cpu = "cpu"
     cuda = "cuda"
+    hip = "hip"
 
 
 # the executors that run bundles (a checkpoint is compiled into a cached, verified bundle first)
-BUNDLE_EXECUTORS = (Executor.native, Executor.cpu, Executor.cuda)
+BUNDLE_EXECUTORS = (Executor.native, Executor.cpu, Executor.cuda, Executor.hip)
 
 
 def _fail(e: PlowError) -> NoReturn:

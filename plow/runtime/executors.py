@@ -78,6 +78,19 @@ def _cuda_reason() -> str | None:
     return None
 
 
+def _hip_reason() -> str | None:
+    from plow.runtime.hip.driver import amd_gpu_present
+    from plow.runtime.hip.model import code_objects
+
+    if not amd_gpu_present():
+        return "no AMD GPU on this machine (no /dev/kfd): the hip executor needs one"
+    try:
+        code_objects()
+    except PlowError as e:
+        return str(e)
+    return None
+
+
 def _open_cpu(b: Bundle, **kw: Any) -> CpuModel:
     from plow.runtime.cpu.model import CpuModel
 
@@ -94,6 +107,12 @@ def _open_cuda(b: Bundle, **kw: Any) -> CpuModel:
     from plow.runtime.cuda import open_cuda
 
     return open_cuda(b, **kw)
+
+
+def _open_hip(b: Bundle, **kw: Any) -> CpuModel:
+    from plow.runtime.hip import open_hip
+
+    return open_hip(b, **kw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +248,16 @@ EXECUTORS: dict[str, ExecutorKind] = {
             _open_cuda,
             4,
         ),
+        ExecutorKind(
+            "hip",
+            "the same persistent kernel built by hipcc, on an AMD GPU (HIP module API; not "
+            "yet run on one)",
+            "bundle",
+            False,
+            _hip_reason,
+            _open_hip,
+            4,
+        ),
     )
 }
 
@@ -263,6 +292,8 @@ def gpu_target_of(device_name: str) -> str:
 def checkpoint_target(executor: str) -> str:
     """The target a checkpoint is compiled for (`compile_cached`) to run on `executor`: the
     cpu target (this machine's calibration) for cpu / native, the present GPU's for cuda."""
+    if executor == "hip":
+        return "mi350x"
     if executor != "cuda":
         return "cpu"
     from plow.runtime.cuda.driver import Device

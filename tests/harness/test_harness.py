@@ -379,7 +379,7 @@ def test_shipped_workloads_parse() -> None:
 
 
 def test_executor_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert set(EXECUTORS) == {"reference", "native", "cpu", "cuda"}
+    assert set(EXECUTORS) == {"reference", "native", "cpu", "cuda", "hip"}
     assert get_executor("reference").name == "reference"
     assert get_executor("native").name == "native"  # the native kernel (issue 12)
     assert get_executor("cpu").name == "cpu"  # the CPU executor (issue 6) is registered

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,7 +100,7 @@ class Kernel:
     smem_set: int = 0  # what cuFuncSetAttribute last allowed
 
 
-_KERNELS: dict[tuple[int, str], Kernel] = {}
+_KERNELS: dict[tuple[str, int, str], Kernel] = {}
 
 
 def read_config(dev: Device, module: Any) -> list[int]:
@@ -120,24 +120,49 @@ def read_config(dev: Device, module: Any) -> list[int]:
     return [int(v) for v in out]
 
 
-def load_kernel(ordinal: int = 0) -> Kernel:
-    """The module loaded once per GPU and cubin path; `CudaUnavailable` when it is missing, not
+@dataclass(frozen=True)
+class Backend:
+    """Where the kernel runs: the device of an ordinal (`Device`'s methods) and the compiled
+    images to try, in order (the first that loads on the device is used)."""
+
+    name: str
+    device: Callable[[int], Any]
+    images: Callable[[], list[tuple[Path, bytes]]]
+    rebuild: str  # the command that builds the images
+
+
+CUDA = Backend("cuda", lambda ordinal: device(ordinal), lambda: [read_cubin()], "make cuda")
+
+
+def load_kernel(ordinal: int = 0, backend: Backend = CUDA) -> Kernel:
+    """The module loaded once per GPU and image path; `CudaUnavailable` when it is missing, not
     loadable on this GPU, or built from sources whose ABI is not this loader's."""
-    path, image = read_cubin()
-    got = _KERNELS.get((ordinal, str(path)))
-    if got is not None:
-        return got
-    dev = device(ordinal)
+    images = backend.images()
+    for path, _ in images:
+        got = _KERNELS.get((backend.name, ordinal, str(path)))
+        if got is not None:
+            return got
+    dev = backend.device(ordinal)
     dev.current()
-    module = dev.load_module(image, str(path))
+    failed: CudaUnavailable | None = None
+    for path, image in images:
+        try:
+            module = dev.load_module(image, str(path))
+        except CudaUnavailable as e:  # another architecture's code object: try the next
+            failed = e
+            continue
+        break
+    else:
+        assert failed is not None
+        raise failed
     config = read_config(dev, module)
     bad = abi.config_mismatch(config)
     if bad:
-        raise CudaUnavailable(path, f"built from other sources ({bad}); rebuild: make cuda")
+        raise CudaUnavailable(path, f"built from other sources ({bad}); rebuild: {backend.rebuild}")
     func = dev.function(module, abi.KERNEL)
     per_sm = dev.occupancy(func, abi.BLOCK_THREADS)
     k = Kernel(dev, module, func, path, per_sm * dev.sms, dev.max_dynamic_smem(func))
-    _KERNELS[(ordinal, str(path))] = k
+    _KERNELS[(backend.name, ordinal, str(path))] = k
     return k
 
 
@@ -181,9 +206,11 @@ class CudaMachine:
         tensor_cores: bool | None = None,
         smem_pages: bool = True,
         device_quantum: bool = True,
+        backend: Backend = CUDA,
     ) -> None:
         self.model = model
-        self.kernel = load_kernel(ordinal)
+        self.backend = backend
+        self.kernel = load_kernel(ordinal, backend)
         self.dev = self.kernel.dev
         self.timeout_ms = timeout_ms
         self.jitter_ns = jitter_ns
@@ -500,12 +527,14 @@ class CudaModel(CpuModel):
         tensor_cores: bool | None = None,
         smem_pages: bool = True,
         device_quantum: bool = True,
+        backend: Backend = CUDA,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
         self.machine = CudaMachine(  # type: ignore[assignment]
             self, ordinal=ordinal, timeout_ms=timeout_ms, jitter_ns=jitter_ns, timing=timing,
             tensor_cores=tensor_cores, smem_pages=smem_pages, device_quantum=device_quantum,
+            backend=backend,
         )  # fmt: skip
 
     @property
