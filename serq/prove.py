@@ -488,6 +488,54 @@ def prove_spec(spec: Spec, source: str, keep: Path | None = None) -> list[ClaimP
     return [results[i] for i in range(len(ex.claims))]
 
 
+#: the stability theorems of ``Plow/Serq/Theorem2proof.v`` instantiated at the program's engine
+STABILITY = "theorem2 (B4, B5 per node, B6)"
+
+
+def stability_file(ex: Export) -> str:
+    """Theorem 2 (B4, B5's per-node part, B6) for the program's engine ``E``: it is one
+    of the engines the library proves them for (``rad128``: RAD's schedule with 128-token
+    tiles, any cost, an admission ``while`` that always holds), shown by computation."""
+    return "\n".join([
+        ex.prelude,
+        "From Coq Require Import QArith.",
+        "From Plow Require Import Serq.Theorem2 Serq.Theorem2proof.",
+        "Theorem theorem2 :",
+        "  theorem2_one_node_for E /\\ theorem2_nodes_per_node_for E /\\ theorem2_compound_for E.",
+        "Proof.",
+        "  apply theorem2_rad128. split.",
+        "  - serq_schedule ltac:(sq_unfold).",
+        "  - intros c Hc v. unfold E in Hc. cbn in Hc.",
+        "    first [discriminate Hc | injection Hc as <-; cbn; sq_unfold; cbn; reflexivity].",
+        "Qed.",
+        "Print Assumptions theorem2.",
+    ]) + "\n"  # fmt: skip
+
+
+def prove_stability(spec: Spec, source: str) -> ClaimProof:
+    """Whether Theorem 2 holds of the program's engine, checked by the kernel: every
+    reachable job-list state of one node positive recurrent under any finite slot law with
+    fewer than 128 expected tokens a slot (B4), the same per node under uniform routing to
+    ``g`` nodes and fewer than ``128 g`` (B5), a bounded expected return to the empty engine
+    under a countable (compound Poisson) law (B6). The slotted model is Theorem 2's, not the
+    program's ``workload``; the theorem is proved once in the library, for ``rad128`` engines."""
+    ex = export(spec, source)
+    if ex.reason is not None:
+        return ClaimProof(STABILITY, None, False, ex.reason)
+    rc, out, err = coqc(stability_file(ex), library(), "SerqStability")
+    if rc != 0:
+        return ClaimProof(
+            STABILITY,
+            None,
+            False,
+            "the engine is not shown to be RAD with 128-token tiles and an admission 'while'"
+            " that always holds (Theorem 2 is proved for those): " + _first_error(out + err),
+        )
+    if "Closed under the global context" not in out:
+        raise SerqError("Theorem 2 depends on an axiom:\n" + out.strip())
+    return ClaimProof(STABILITY, None, True, "theorem2")
+
+
 def _first_error(out: str) -> str:
     lines = [ln for ln in out.splitlines() if ln.strip()]
     for k, ln in enumerate(lines):
@@ -506,3 +554,16 @@ def prove_file(
     except SerqError as err:
         raise err.attach(str(path), text) from None
     return prove_spec(spec, str(path), keep)
+
+
+def prove_file_stability(
+    path: str | Path, overrides: Mapping[str, Value] | None = None
+) -> ClaimProof:
+    """:func:`prove_stability` of the program in ``path``."""
+    program, text = parse_file(path)
+    info = check(program, str(path), text)
+    try:
+        spec = prepare(info, overrides)
+    except SerqError as err:
+        raise err.attach(str(path), text) from None
+    return prove_stability(spec, str(path))

@@ -117,9 +117,17 @@ Inductive reachable (E : engine) (D : dist) : joblist -> Prop :=
 
 (** ** B4: one node, a finite slot-arrival distribution, [L < 128] *)
 
-Definition theorem2_one_node : Prop :=
+Definition theorem2_one_node_for (E : engine) : Prop :=
   forall D : dist, valid_dist D -> load D < inject_Z 128 ->
-  forall s, reachable E128 D s -> positive_recurrent E128 D s.
+  forall s, reachable E D s -> positive_recurrent E D s.
+
+Definition theorem2_one_node : Prop := theorem2_one_node_for E128.
+
+(** The engines B4's proof covers: RAD's schedule with 128-token tiles ([Rad.rad_schedule],
+    any [execute]: the job-list chain does not read durations) and an admission [while] that
+    always holds.  [serq prove] shows a program's engine is one of them. *)
+Definition rad128 (E : engine) : Prop :=
+  rad_schedule 128 E /\ (forall c, e_admit E = Some c -> forall v, guard (c_while c) v = true).
 
 (** ** The Foster-Lyapunov part of B4 (proved in [Theorem2proof.v])
 
@@ -199,9 +207,11 @@ Fixpoint route_list (g : positive) (a : list rtype) : list (Q * list rtype) :=
 Definition route (g : positive) (D : dist) : dist :=
   flat_map (fun pa => map (fun pr => (fst pa * fst pr, snd pr)) (route_list g (snd pa))) D.
 
-Definition theorem2_nodes_per_node : Prop :=
+Definition theorem2_nodes_per_node_for (E : engine) : Prop :=
   forall (g : positive) (D : dist), valid_dist D -> load D < inject_Z (128 * Zpos g) ->
-  forall s, reachable E128 (route g D) s -> positive_recurrent E128 (route g D) s.
+  forall s, reachable E (route g D) s -> positive_recurrent E (route g D) s.
+
+Definition theorem2_nodes_per_node : Prop := theorem2_nodes_per_node_for E128.
 
 (** The joint part of B5 (with a positive probability of an empty slot, the joint chain
     returns to every engine empty in bounded expected time, uniformly over empty starting
@@ -234,8 +244,10 @@ Definition valid_cdist (P : cdist) : Prop :=
   (forall k, 0 <= fst (P k) /\ Forall valid_type (snd (P k)))
   /\ (forall N, fold_right (fun pa acc => fst pa + acc) 0 (cprefix P N) <= 1).
 
-Definition theorem2_compound : Prop :=
+Definition theorem2_compound_for (E : engine) : Prop :=
   forall (P : cdist) (L : Q), valid_cdist P -> (forall N, load (cprefix P N) <= L) ->
   L < inject_Z 128 ->
-  exists M : Q, forall N n, partial_return E128 (cprefix P N) jl_empty n <= M.
+  exists M : Q, forall N n, partial_return E (cprefix P N) jl_empty n <= M.
+
+Definition theorem2_compound : Prop := theorem2_compound_for E128.
 

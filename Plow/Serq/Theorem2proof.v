@@ -363,6 +363,12 @@ Qed.
 Lemma e128_while (c : clause) : e_admit E128 = Some c -> forall v, guard (c_while c) v = true.
 Proof. intros H v. cbn in H. injection H as <-. reflexivity. Qed.
 
+Section rad128.
+  Variable Eng : engine.
+  Hypothesis E_rad : rad128 Eng.
+  Let E_schedule : rad_schedule 128 Eng := proj1 E_rad.
+  Let E_while : forall c, e_admit Eng = Some c -> forall v, guard (c_while c) v = true := proj2 E_rad.
+
 (** *** One iteration *)
 
 Lemma forall_dec1 (l : list job) :
@@ -384,7 +390,7 @@ Proof. reflexivity. Qed.
 
 Lemma rad_iteration (st1 : state) (t : nat) :
   Forall job_w (s_waiting st1) -> Forall job_w (s_prefilling st1) -> Forall job_d (s_decoding st1) ->
-  let b := form_batch E128 st1 in
+  let b := form_batch Eng st1 in
   let st' := finish st1 b t in
   (Forall job_w (s_waiting st') /\ Forall job_w (s_prefilling st') /\ Forall job_d (s_decoding st')
    /\ mwork st' + b_tokens b <= mwork st1)
@@ -395,7 +401,7 @@ Proof.
     by (eapply Forall_impl; [|exact HW]; intros j (H1 & H2 & _); tauto).
   assert (HP' : Forall (fun j => j_pre j mod 128 = 0 /\ 0 < j_pre j) (s_prefilling st1))
     by (eapply Forall_impl; [|exact HP]; intros j (H1 & H2 & _); tauto).
-  pose proof (rad_form_batch_pos 128 E128 st1 ltac:(lia) e128_schedule e128_while HW' HP') as Hfb.
+  pose proof (rad_form_batch_pos 128 Eng st1 ltac:(lia) E_schedule E_while HW' HP') as Hfb.
   cbv zeta in Hfb.
   destruct Hfb as [[Hm ->] | [[Hm [[p0 [ps HPe]] ->]] | [Hm [HPe [h [ws [HWe ->]]]]]]].
   - (* Decode Mode *)
@@ -471,16 +477,16 @@ Qed.
 
 Lemma slot_step (a : list rtype) (x : joblist) :
   jl_inv x -> Forall valid_type a ->
-  jl_inv (slot E128 a x)
-  /\ work (slot E128 a x) <= work x + tokens_of a
-  /\ (small_bound <= work x -> work (slot E128 a x) + 128 <= work x + tokens_of a).
+  jl_inv (slot Eng a x)
+  /\ work (slot Eng a x) <= work x + tokens_of a
+  /\ (small_bound <= work x -> work (slot Eng a x) + 128 <= work x + tokens_of a).
 Proof.
   intros Hx Ha. rewrite slot_unfold.
   pose proof (arrive_slot a x Hx Ha) as H0. cbv zeta in H0. destruct H0 as (Hpe & Hw & HW & HP & HD).
   unfold step. set (st1 := arrive (slot_state a x)) in *.
-  pose proof (rad_iteration st1 (s_now st1 + e_execute E128 (claim_view st1 (form_batch E128 st1))) HW HP HD)
+  pose proof (rad_iteration st1 (s_now st1 + e_execute Eng (claim_view st1 (form_batch Eng st1))) HW HP HD)
     as H1. cbv zeta in H1. destruct H1 as [(HW' & HP' & HD' & Hk) Hbig].
-  destruct (b_tokens (form_batch E128 st1) =? 0) eqn:Hz.
+  destruct (b_tokens (form_batch Eng st1) =? 0) eqn:Hz.
   - rewrite Hpe. cbn [next]. rewrite project_work. split; [apply project_inv; assumption|]. split; [lia|].
     intros Hs. apply Nat.eqb_eq in Hz. specialize (Hbig ltac:(lia)). lia.
   - cbn [next]. rewrite project_work. split; [apply project_inv; assumption|]. split; [lia|].
@@ -497,7 +503,7 @@ Proof.
   intros pa [Hp Ha]. split; [apply Qlt_le_weak; exact Hp|exact Ha].
 Qed.
 
-Lemma reachable_inv (D : dist) (s : joblist) : valid_dist0 D -> reachable E128 D s -> jl_inv s.
+Lemma reachable_inv (D : dist) (s : joblist) : valid_dist0 D -> reachable Eng D s -> jl_inv s.
 Proof.
   intros [HD _] Hr. induction Hr as [|x p a Hr IH Hin Hp].
   - unfold jl_inv, jl_empty; cbn. repeat split; constructor.
@@ -533,7 +539,7 @@ Proof.
 Qed.
 
 Lemma chain_ok (D : dist) : valid_dist0 D ->
-  forall x, jl_inv x -> forall py, In py (chain E128 D x) -> 0 <= fst py /\ jl_inv (snd py).
+  forall x, jl_inv x -> forall py, In py (chain Eng D x) -> 0 <= fst py /\ jl_inv (snd py).
 Proof.
   intros [HD _] x Hx py Hin. unfold chain in Hin. apply in_map_iff in Hin as [[p a] [<- Hin]].
   rewrite Forall_forall in HD. destruct (HD (p, a) Hin) as [Hp Ha]. cbn [fst snd] in *.
@@ -541,15 +547,15 @@ Proof.
 Qed.
 
 Lemma chain_expect (D : dist) (x : joblist) :
-  expect (chain E128 D) work_q x = qsum (fun pa => fst pa * nq (work (slot E128 (snd pa) x))) D.
+  expect (chain Eng D) work_q x = qsum (fun pa => fst pa * nq (work (slot Eng (snd pa) x))) D.
 Proof. unfold expect, chain. rewrite qsum_map. reflexivity. Qed.
 
 Lemma chain_drift (D : dist) (x : joblist) : valid_dist0 D -> jl_inv x -> small x = false ->
-  expect (chain E128 D) work_q x + (inject_Z 128 - load D) <= work_q x.
+  expect (chain Eng D) work_q x + (inject_Z 128 - load D) <= work_q x.
 Proof.
   intros [HD H1] Hx Hs. unfold small in Hs. apply Nat.ltb_ge in Hs.
   rewrite chain_expect.
-  assert (Hle : qsum (fun pa => fst pa * nq (work (slot E128 (snd pa) x))) D
+  assert (Hle : qsum (fun pa => fst pa * nq (work (slot Eng (snd pa) x))) D
                 <= qsum (fun pa => fst pa * ((nq (work x) - 128) + nq (tokens_of (snd pa)))) D).
   { apply qsum_le. intros [p a] Hin. rewrite Forall_forall in HD. destruct (HD (p, a) Hin) as [Hp Ha].
     cbn [fst snd] in *. destruct (slot_step a x Hx Ha) as (_ & _ & Hd).
@@ -562,11 +568,11 @@ Proof.
 Qed.
 
 Lemma chain_inside (D : dist) (x : joblist) : valid_dist0 D -> jl_inv x -> small x = true ->
-  expect (chain E128 D) work_q x <= 65536 + load D.
+  expect (chain Eng D) work_q x <= 65536 + load D.
 Proof.
   intros [HD H1] Hx Hs. unfold small, small_bound in Hs. apply Nat.ltb_lt in Hs.
   rewrite chain_expect.
-  assert (Hle : qsum (fun pa => fst pa * nq (work (slot E128 (snd pa) x))) D
+  assert (Hle : qsum (fun pa => fst pa * nq (work (slot Eng (snd pa) x))) D
                 <= qsum (fun pa => fst pa * (nq (work x) + nq (tokens_of (snd pa)))) D).
   { apply qsum_le. intros [p a] Hin. rewrite Forall_forall in HD. destruct (HD (p, a) Hin) as [Hp Ha].
     cbn [fst snd] in *. destruct (slot_step a x Hx Ha) as (_ & Hd & _).
@@ -579,13 +585,16 @@ Proof.
   rewrite H1 in He. lra.
 Qed.
 
-Theorem theorem2_one_node_small_set_holds : theorem2_one_node_small_set.
+Lemma small_set_general : forall D : dist, valid_dist D -> load D < inject_Z 128 ->
+  forall s, reachable Eng D s -> forall n,
+    (inject_Z 128 - load D) * hit_partial (chain Eng D) small n s
+      <= (if small s then inject_Z 65664 else work_q s).
 Proof.
   intros D HD' HL s Hr n. pose proof (valid_dist_0 D HD') as HD.
   assert (Hi : jl_inv s) by exact (reachable_inv D s HD Hr).
   change (inject_Z 128) with 128 in *.
   assert (He : 0 < 128 - load D) by lra.
-  destruct (foster_criterion_holds joblist (chain E128 D) small jl_inv work_q (128 - load D) (65536 + load D)
+  destruct (foster_criterion_holds joblist (chain Eng D) small jl_inv work_q (128 - load D) (65536 + load D)
               He (chain_ok D HD) (fun x _ => nq_nonneg (work x))
               (fun x Hx Hs => chain_drift D x HD Hx Hs)
               (fun x Hx Hs => chain_inside D x HD Hx Hs) s Hi n) as [Hout Hin].
@@ -726,7 +735,7 @@ Section regeneration.
                 <= qsum (fun py => inject_Z (Z.of_nat n) * fst py) (K x)).
     { apply qsum_le. intros [p y] Hin. destruct (kernel_ok x Hx _ Hin) as [Hp Hy]. cbn [fst snd] in *.
       pose proof (IH y Hy). pose proof (hit_nonneg A n y Hy). destruct (A y); nra. }
-    assert (E : qsum (fun py => inject_Z (Z.of_nat n) * fst py) (K x) == inject_Z (Z.of_nat n)).
+    assert (E0 : qsum (fun py => inject_Z (Z.of_nat n) * fst py) (K x) == inject_Z (Z.of_nat n)).
     { transitivity (qsum (fun py => inject_Z (Z.of_nat n) * fst py + 0 * fst py) (K x)).
       - apply qsum_eq. intros; ring.
       - rewrite qsum_lin, (mass x Hx). ring. }
@@ -837,14 +846,14 @@ Local Open Scope nat_scope.
 
 Lemma rad_batch_pos (st1 : state) :
   Forall job_w (s_waiting st1) -> Forall job_w (s_prefilling st1) -> Forall job_d (s_decoding st1) ->
-  0 < mwork st1 -> 0 < b_tokens (form_batch E128 st1).
+  0 < mwork st1 -> 0 < b_tokens (form_batch Eng st1).
 Proof.
   intros HW HP HD Hpos.
   assert (HW' : Forall (fun j => j_pre j mod 128 = 0 /\ 0 < j_pre j) (s_waiting st1))
     by (eapply Forall_impl; [|exact HW]; intros j (H1 & H2 & _); tauto).
   assert (HP' : Forall (fun j => j_pre j mod 128 = 0 /\ 0 < j_pre j) (s_prefilling st1))
     by (eapply Forall_impl; [|exact HP]; intros j (H1 & H2 & _); tauto).
-  pose proof (rad_form_batch_pos 128 E128 st1 ltac:(lia) e128_schedule e128_while HW' HP') as Hfb.
+  pose proof (rad_form_batch_pos 128 Eng st1 ltac:(lia) E_schedule E_while HW' HP') as Hfb.
   cbv zeta in Hfb.
   destruct Hfb as [[Hm ->] | [[_ [_ ->]] | [_ [_ [h [ws [_ ->]]]]]]]; cbn [b_tokens]; [|lia|lia].
   destruct (length (s_decoding st1)) as [|nd] eqn:Hl; [|lia]. exfalso.
@@ -858,16 +867,16 @@ Qed.
 
 (** A slot with no arrivals serves at least one token of a node that has work. *)
 Lemma slot_empty_serves (x : joblist) :
-  jl_inv x -> 0 < work x -> work (slot E128 [] x) < work x.
+  jl_inv x -> 0 < work x -> work (slot Eng [] x) < work x.
 Proof.
   intros Hx Hw. rewrite slot_unfold.
   pose proof (arrive_slot [] x Hx (Forall_nil _)) as H0. cbv zeta in H0.
   destruct H0 as (Hpe & Hm & HW & HP & HD). cbn [tokens_of fold_right] in Hm. rewrite Nat.add_0_r in Hm.
   unfold step. set (st1 := arrive (slot_state [] x)) in *.
   pose proof (rad_batch_pos st1 HW HP HD ltac:(lia)) as Hb.
-  pose proof (rad_iteration st1 (s_now st1 + e_execute E128 (claim_view st1 (form_batch E128 st1))) HW HP HD)
+  pose proof (rad_iteration st1 (s_now st1 + e_execute Eng (claim_view st1 (form_batch Eng st1))) HW HP HD)
     as H1. cbv zeta in H1. destruct H1 as [(_ & _ & _ & Hk) _].
-  destruct (b_tokens (form_batch E128 st1) =? 0) eqn:Hz; [apply Nat.eqb_eq in Hz; lia|].
+  destruct (b_tokens (form_batch Eng st1) =? 0) eqn:Hz; [apply Nat.eqb_eq in Hz; lia|].
   cbn [next]. rewrite project_work. lia.
 Qed.
 
@@ -882,7 +891,7 @@ Qed.
 Fixpoint drain (n : nat) (x : joblist) : joblist :=
   match n with
   | O => x
-  | S n' => drain n' (slot E128 [] x)
+  | S n' => drain n' (slot Eng [] x)
   end.
 
 Lemma drain_empty (n : nat) (x : joblist) : jl_inv x -> work x <= n -> drain n x = jl_empty.
@@ -908,11 +917,11 @@ Fixpoint qpow (q : Q) (n : nat) : Q :=
 Inductive traj (D : dist) : joblist -> joblist -> nat -> Q -> Prop :=
   | traj_refl x : traj D x x 0 1
   | traj_step x p a y k r :
-      In (p, a) D -> 0 < p -> traj D (slot E128 a x) y k r -> traj D x y (S k) (p * r)
+      In (p, a) D -> 0 < p -> traj D (slot Eng a x) y k r -> traj D x y (S k) (p * r)
   | traj_eq x y k r r' : traj D x y k r -> r == r' -> traj D x y k r'.
 
 Lemma traj_snoc (D : dist) (x y : joblist) (k : nat) (r : Q) (p : Q) (a : list rtype) :
-  traj D x y k r -> In (p, a) D -> 0 < p -> traj D x (slot E128 a y) (S k) (r * p).
+  traj D x y k r -> In (p, a) D -> 0 < p -> traj D x (slot Eng a y) (S k) (r * p).
 Proof.
   intros Ht Hin Hp. induction Ht as [x|x p' a' y k r Hin' Hp' Ht IH|x y k r r' Ht IH Heq].
   - apply traj_eq with (p * 1); [apply (traj_step D x p a); [exact Hin|exact Hp|apply traj_refl]|ring].
@@ -972,7 +981,7 @@ Proof.
 Qed.
 
 Lemma reachable_traj (D : dist) (s : joblist) :
-  reachable E128 D s -> exists k r, 0 < r /\ traj D jl_empty s k r.
+  reachable Eng D s -> exists k r, 0 < r /\ traj D jl_empty s k r.
 Proof.
   induction 1 as [|x p a Hr IH Hin Hp].
   - exists 0%nat, 1. split; [lra|apply traj_refl].
@@ -980,26 +989,26 @@ Proof.
     split; [nra|]. apply traj_snoc; assumption.
 Qed.
 
-Lemma chain_mass (D : dist) : valid_dist0 D -> forall x, qsum fst (chain E128 D x) == 1.
+Lemma chain_mass (D : dist) : valid_dist0 D -> forall x, qsum fst (chain Eng D x) == 1.
 Proof. intros [_ H1] x. unfold chain. rewrite qsum_map. exact H1. Qed.
 
 Lemma in_chain (D : dist) (x : joblist) (p : Q) (a : list rtype) :
-  In (p, a) D -> In (p, slot E128 a x) (chain E128 D x).
-Proof. intros Hin. unfold chain. apply (in_map (fun pa => (fst pa, slot E128 (snd pa) x)) D (p, a) Hin). Qed.
+  In (p, a) D -> In (p, slot Eng a x) (chain Eng D x).
+Proof. intros Hin. unfold chain. apply (in_map (fun pa => (fst pa, slot Eng (snd pa) x)) D (p, a) Hin). Qed.
 
 Lemma traj_kill (D : dist) (A : joblist -> bool) (x y : joblist) (k : nat) (r : Q) :
   valid_dist0 D -> traj D x y k r -> jl_inv x -> A y = true -> (1 <= k)%nat ->
-  kill joblist (chain E128 D) A k (fun _ => 1) x <= 1 - r.
+  kill joblist (chain Eng D) A k (fun _ => 1) x <= 1 - r.
 Proof.
   intros HD. induction 1 as [x|x p a y k r Hin Hp Ht IH|x y k r r' Ht IH Heq]; intros Hx HA Hk.
   - lia.
   - pose proof (traj_prob D _ _ _ _ HD Ht) as Hr.
-    assert (Hx' : jl_inv (slot E128 a x)).
+    assert (Hx' : jl_inv (slot Eng a x)).
     { destruct HD as [HD _]. rewrite Forall_forall in HD. destruct (HD _ Hin) as [_ Ha].
       exact (proj1 (slot_step a x Hx Ha)). }
-    apply (kill_hit_entry joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x) A k x p r
-             (slot E128 a x) Hx (in_chain D x p a Hin)); [|lra].
-    destruct (A (slot E128 a x)) eqn:HA'; [left; reflexivity|right].
+    apply (kill_hit_entry joblist (chain Eng D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x) A k x p r
+             (slot Eng a x) Hx (in_chain D x p a Hin)); [|lra].
+    destruct (A (slot Eng a x)) eqn:HA'; [left; reflexivity|right].
     destruct k as [|k].
     + destruct (traj_zero D _ _ _ _ Ht eq_refl) as [Hxy _]. rewrite Hxy in HA'. congruence.
     + apply IH; [exact Hx'|exact HA|lia].
@@ -1087,10 +1096,10 @@ Proof.
 Qed.
 
 Lemma chain_expect_le (D : dist) (x : joblist) : valid_dist0 D -> jl_inv x ->
-  expect (chain E128 D) work_q x <= work_q x + load D.
+  expect (chain Eng D) work_q x <= work_q x + load D.
 Proof.
   intros [HD H1] Hx. rewrite chain_expect.
-  assert (Hle : qsum (fun pa => fst pa * nq (work (slot E128 (snd pa) x))) D
+  assert (Hle : qsum (fun pa => fst pa * nq (work (slot Eng (snd pa) x))) D
                 <= qsum (fun pa => fst pa * (nq (work x) + nq (tokens_of (snd pa)))) D).
   { apply qsum_le. intros [p a] Hin. rewrite Forall_forall in HD. destruct (HD (p, a) Hin) as [Hp Ha].
     cbn [fst snd] in *. destruct (slot_step a x Hx Ha) as (_ & Hd & _).
@@ -1105,18 +1114,18 @@ Qed.
 
 Lemma small_hit_le (D : dist) : valid_dist0 D -> load D < 128 ->
   forall m z, jl_inv z ->
-    hit_partial (chain E128 D) small m z <= / (128 - load D) * work_q z + (/ (128 - load D) * 65664) * 1.
+    hit_partial (chain Eng D) small m z <= / (128 - load D) * work_q z + (/ (128 - load D) * 65664) * 1.
 Proof.
   intros HD HL m z Hz.
   assert (He : 0 < 128 - load D) by lra.
-  destruct (foster_criterion_holds joblist (chain E128 D) small jl_inv work_q (128 - load D) (65536 + load D)
+  destruct (foster_criterion_holds joblist (chain Eng D) small jl_inv work_q (128 - load D) (65536 + load D)
               He (chain_ok D HD) (fun x _ => nq_nonneg (work x))
               (fun x Hx Hs => chain_drift D x HD Hx Hs)
               (fun x Hx Hs => chain_inside D x HD Hx Hs) z Hz m) as [Hout Hin].
-  assert (Hb : (128 - load D) * hit_partial (chain E128 D) small m z <= work_q z + 65664).
+  assert (Hb : (128 - load D) * hit_partial (chain Eng D) small m z <= work_q z + 65664).
   { pose proof (nq_nonneg (work z)) as H0. change (nq (work z)) with (work_q z) in H0.
     destruct (small z) eqn:Hs; [pose proof (Hin eq_refl)|pose proof (Hout eq_refl)]; lra. }
-  set (h := hit_partial (chain E128 D) small m z) in *. set (e := 128 - load D) in *.
+  set (h := hit_partial (chain Eng D) small m z) in *. set (e := 128 - load D) in *.
   assert (Hie : 0 < / e) by (apply Qinv_lt_0_compat; exact He).
   assert (Hinv : / e * e == 1) by (field; lra).
   setoid_replace h with (/ e * (e * h)) by (rewrite Qmult_assoc, Hinv; ring).
@@ -1124,7 +1133,7 @@ Proof.
 Qed.
 
 Lemma one_node_general (D : dist) : valid_dist0 D -> load D < 128 ->
-  forall s, reachable E128 D s -> positive_recurrent E128 D s.
+  forall s, reachable Eng D s -> positive_recurrent Eng D s.
 Proof.
   intros HD HL s Hr.
   set (A := fun y => jl_eqb y s).
@@ -1155,42 +1164,42 @@ Proof.
   assert (HcL : 0 <= Tq * load D) by nra.
   assert (HGb : 0 <= Gb) by (unfold Gb; nra).
   (* from the small set, [s] within [T] slots with probability at least [delta] *)
-  assert (Hkill : forall y, jl_inv y -> small y = true -> kill joblist (chain E128 D) A T (fun _ => 1) y <= 1 - delta).
+  assert (Hkill : forall y, jl_inv y -> small y = true -> kill joblist (chain Eng D) A T (fun _ => 1) y <= 1 - delta).
   { intros y Hy Hs. unfold small in Hs. apply Nat.ltb_lt in Hs.
     pose proof (traj_drain D q Hq Hq0 small_bound y) as Hdr.
     rewrite (drain_empty small_bound y Hy ltac:(lia)) in Hdr.
     pose proof (traj_app D _ _ _ _ _ _ _ Hdr Ht) as Hyt.
     apply (traj_kill D A y s T delta HD); [exact Hyt|exact Hy|apply jl_eqb_refl|unfold T, small_bound; lia]. }
   (* after [T] slots from the small set, the expected time back to it *)
-  assert (HkG : forall y, jl_inv y -> small y = true -> kill joblist (chain E128 D) A T G y <= Gb).
+  assert (HkG : forall y, jl_inv y -> small y = true -> kill joblist (chain Eng D) A T G y <= Gb).
   { intros y Hy Hs. unfold small in Hs. apply Nat.ltb_lt in Hs.
-    pose proof (kill_lin joblist (chain E128 D) A T ie (ie * 65664) work_q (fun _ => 1) y) as E.
-    cbv beta in E. fold G in E.
-    pose proof (kill_lyapunov joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+    pose proof (kill_lin joblist (chain Eng D) A T ie (ie * 65664) work_q (fun _ => 1) y) as E0.
+    cbv beta in E0. fold G in E0.
+    pose proof (kill_lyapunov joblist (chain Eng D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
                   A work_q (load D) HL0 (fun x _ => nq_nonneg (work x)) (fun x Hx => chain_expect_le D x HD Hx) T y Hy) as HV.
     fold Tq in HV.
-    pose proof (kill_one_le joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x) A T y Hy) as H1.
+    pose proof (kill_one_le joblist (chain Eng D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x) A T y Hy) as H1.
     assert (Hw : work_q y <= 65536)
       by (unfold work_q; change 65536 with (inject_Z 65536); rewrite <- Zle_Qle; unfold small_bound in Hs; lia).
-    assert (HV' : kill joblist (chain E128 D) A T work_q y <= 65536 + Tq * load D) by lra.
+    assert (HV' : kill joblist (chain Eng D) A T work_q y <= 65536 + Tq * load D) by lra.
     set (c := Tq * load D) in *. unfold Gb. clearbody c.
-    set (kv := kill joblist (chain E128 D) A T work_q y) in *.
-    set (k1 := kill joblist (chain E128 D) A T (fun _ => 1) y) in *.
+    set (kv := kill joblist (chain Eng D) A T work_q y) in *.
+    set (k1 := kill joblist (chain Eng D) A T (fun _ => 1) y) in *.
     nra. }
-  assert (HG : forall m z, jl_inv z -> hit_partial (chain E128 D) small m z <= G z)
+  assert (HG : forall m z, jl_inv z -> hit_partial (chain Eng D) small m z <= G z)
     by (intros m z Hz; exact (small_hit_le D HD HL m z Hz)).
-  pose proof (hit_regenerate joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+  pose proof (hit_regenerate joblist (chain Eng D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
                 A small G T delta Gb ltac:(unfold T, small_bound; lia) Hd0 Hd1 HGb HG Hkill HkG) as Hreg.
   set (M := / delta * (Tq + Gb)) in *.
   assert (HM0 : 0 <= M) by (unfold M; apply Qmult_le_0_compat; [apply Qinv_le_0_compat|]; lra).
   exists (G s + M). intros n.
-  rewrite partial_return_from, (pr_hit E128 D s n s).
-  pose proof (hit_via joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+  rewrite partial_return_from, (pr_hit Eng D s n s).
+  pose proof (hit_via joblist (chain Eng D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
                 A small M n HM0 (fun m y _ Hy Hc => Hreg m y Hy Hc) s (reachable_inv D s HD Hr)) as Hv.
   pose proof (HG n s (reachable_inv D s HD Hr)). fold A. lra.
 Qed.
 
-Theorem theorem2_one_node_holds : theorem2_one_node.
+Lemma one_node_for : theorem2_one_node_for Eng.
 Proof. intros D HD HL. apply one_node_general; [apply valid_dist_0; exact HD|exact HL]. Qed.
 
 (** ** B5, the per-node part: the routed distribution is a slot distribution with [L / g] *)
@@ -1258,7 +1267,7 @@ Proof.
     + rewrite qsum_scale, Ht. ring.
 Qed.
 
-Theorem theorem2_nodes_per_node_holds : theorem2_nodes_per_node.
+Lemma nodes_per_node_for : theorem2_nodes_per_node_for Eng.
 Proof.
   intros g D HD HL s Hr. destruct (route_valid g D HD) as [HD' HLr].
   apply one_node_general; [exact HD'| |exact Hr].
@@ -1402,18 +1411,18 @@ Qed.
 
 Lemma small_hit_le_eps (D : dist) (eps : Q) : valid_dist0 D -> 0 < eps -> eps <= 128 - load D ->
   forall m z, jl_inv z ->
-    hit_partial (chain E128 D) small m z <= / eps * work_q z + (/ eps * 65664) * 1.
+    hit_partial (chain Eng D) small m z <= / eps * work_q z + (/ eps * 65664) * 1.
 Proof.
   intros HD He Heps m z Hz.
-  assert (Hdr : forall x, jl_inv x -> small x = false -> expect (chain E128 D) work_q x + eps <= work_q x).
+  assert (Hdr : forall x, jl_inv x -> small x = false -> expect (chain Eng D) work_q x + eps <= work_q x).
   { intros x Hx Hs. pose proof (chain_drift D x HD Hx Hs) as H0. change (inject_Z 128) with 128 in H0. lra. }
-  destruct (foster_criterion_holds joblist (chain E128 D) small jl_inv work_q eps (65536 + load D)
+  destruct (foster_criterion_holds joblist (chain Eng D) small jl_inv work_q eps (65536 + load D)
               He (chain_ok D HD) (fun x _ => nq_nonneg (work x)) Hdr
               (fun x Hx Hs => chain_inside D x HD Hx Hs) z Hz m) as [Hout Hin].
-  assert (Hb : eps * hit_partial (chain E128 D) small m z <= work_q z + 65664).
+  assert (Hb : eps * hit_partial (chain Eng D) small m z <= work_q z + 65664).
   { pose proof (nq_nonneg (work z)) as H0. change (nq (work z)) with (work_q z) in H0.
     destruct (small z) eqn:Hs; [pose proof (Hin eq_refl)|pose proof (Hout eq_refl)]; lra. }
-  set (h := hit_partial (chain E128 D) small m z) in *.
+  set (h := hit_partial (chain Eng D) small m z) in *.
   assert (Hie : 0 < / eps) by (apply Qinv_lt_0_compat; exact He).
   assert (Hinv : / eps * eps == 1) by (field; lra).
   setoid_replace h with (/ eps * (eps * h)) by (rewrite Qmult_assoc, Hinv; ring).
@@ -1432,7 +1441,7 @@ Proof. unfold jl_inv, jl_empty; cbn. repeat split; constructor. Qed.
 Lemma one_node_empty_bound (D : dist) (q q0 eps Lb : Q) :
   valid_dist0 D -> In (q, []) D -> 0 < q0 -> q0 <= q -> 0 < eps -> eps <= 128 - load D ->
   load D <= Lb ->
-  forall n, partial_return E128 D jl_empty n <= empty_bound eps Lb q0.
+  forall n, partial_return Eng D jl_empty n <= empty_bound eps Lb q0.
 Proof.
   intros HD Hq Hq00 Hq0q He Heps HLb.
   set (A := fun y => jl_eqb y jl_empty).
@@ -1460,38 +1469,38 @@ Proof.
   set (Gb := ie * (65536 + Tq * Lb) + ie * 65664).
   assert (HcL : 0 <= Tq * Lb) by nra.
   assert (HGb : 0 <= Gb) by (unfold Gb; nra).
-  assert (Hkill : forall y, jl_inv y -> small y = true -> kill joblist (chain E128 D) A T (fun _ => 1) y <= 1 - delta).
+  assert (Hkill : forall y, jl_inv y -> small y = true -> kill joblist (chain Eng D) A T (fun _ => 1) y <= 1 - delta).
   { intros y Hy Hs. unfold small in Hs. apply Nat.ltb_lt in Hs.
     pose proof (traj_drain D q Hq Hq0 small_bound y) as Hdr.
     rewrite (drain_empty small_bound y Hy ltac:(lia)) in Hdr. fold qp in Hdr.
     pose proof (traj_kill D A y jl_empty T qp HD Hdr Hy (jl_eqb_refl jl_empty) ltac:(unfold T, small_bound; lia)).
     lra. }
-  assert (HkG : forall y, jl_inv y -> small y = true -> kill joblist (chain E128 D) A T G y <= Gb).
+  assert (HkG : forall y, jl_inv y -> small y = true -> kill joblist (chain Eng D) A T G y <= Gb).
   { intros y Hy Hs. unfold small in Hs. apply Nat.ltb_lt in Hs.
-    pose proof (kill_lin joblist (chain E128 D) A T ie (ie * 65664) work_q (fun _ => 1) y) as E.
-    cbv beta in E. fold G in E.
-    assert (Hexp : forall x, jl_inv x -> expect (chain E128 D) work_q x <= work_q x + Lb).
+    pose proof (kill_lin joblist (chain Eng D) A T ie (ie * 65664) work_q (fun _ => 1) y) as E0.
+    cbv beta in E0. fold G in E0.
+    assert (Hexp : forall x, jl_inv x -> expect (chain Eng D) work_q x <= work_q x + Lb).
     { intros x Hx. pose proof (chain_expect_le D x HD Hx). lra. }
-    pose proof (kill_lyapunov joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+    pose proof (kill_lyapunov joblist (chain Eng D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
                   A work_q Lb HLb0 (fun x _ => nq_nonneg (work x)) Hexp T y Hy) as HV.
     fold Tq in HV.
-    pose proof (kill_one_le joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x) A T y Hy) as H1.
+    pose proof (kill_one_le joblist (chain Eng D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x) A T y Hy) as H1.
     assert (Hw : work_q y <= 65536)
       by (unfold work_q; change 65536 with (inject_Z 65536); rewrite <- Zle_Qle; unfold small_bound in Hs; lia).
-    assert (HV' : kill joblist (chain E128 D) A T work_q y <= 65536 + Tq * Lb) by lra.
+    assert (HV' : kill joblist (chain Eng D) A T work_q y <= 65536 + Tq * Lb) by lra.
     set (c := Tq * Lb) in *. unfold Gb. clearbody c.
-    set (kv := kill joblist (chain E128 D) A T work_q y) in *.
-    set (k1 := kill joblist (chain E128 D) A T (fun _ => 1) y) in *.
+    set (kv := kill joblist (chain Eng D) A T work_q y) in *.
+    set (k1 := kill joblist (chain Eng D) A T (fun _ => 1) y) in *.
     nra. }
-  assert (HG : forall m z, jl_inv z -> hit_partial (chain E128 D) small m z <= G z)
+  assert (HG : forall m z, jl_inv z -> hit_partial (chain Eng D) small m z <= G z)
     by (intros m z Hz; exact (small_hit_le_eps D eps HD He Heps m z Hz)).
-  pose proof (hit_regenerate joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+  pose proof (hit_regenerate joblist (chain Eng D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
                 A small G T delta Gb ltac:(unfold T, small_bound; lia) Hd0 Hd1 HGb HG Hkill HkG) as Hreg.
   set (M := / delta * (Tq + Gb)) in *.
   assert (HM0 : 0 <= M) by (unfold M; apply Qmult_le_0_compat; [apply Qinv_le_0_compat|]; lra).
   intros n.
-  rewrite partial_return_from, (pr_hit E128 D jl_empty n jl_empty).
-  pose proof (hit_via joblist (chain E128 D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
+  rewrite partial_return_from, (pr_hit Eng D jl_empty n jl_empty).
+  pose proof (hit_via joblist (chain Eng D) jl_inv (chain_ok D HD) (fun x _ => chain_mass D HD x)
                 A small M n HM0 (fun m y _ Hy Hc => Hreg m y Hy Hc) jl_empty jl_inv_empty) as Hv.
   pose proof (HG n jl_empty jl_inv_empty) as Hge. fold A.
   assert (Hw0 : work_q jl_empty == 0) by reflexivity.
@@ -1501,7 +1510,7 @@ Qed.
 
 (** *** B6 *)
 
-Theorem theorem2_compound_holds : theorem2_compound.
+Lemma compound_for : theorem2_compound_for Eng.
 Proof.
   intros P L [Hk Hm] HL HL128. change (inject_Z 128) with 128 in HL128.
   set (eps := 128 - L). set (q0 := 1 - (1 # 129) * L).
@@ -1516,10 +1525,35 @@ Proof.
   assert (HL0 : 0 <= load D).
   { rewrite load_qsum. apply qsum_nonneg. intros [p a] Hin. rewrite Forall_forall in HDp.
     pose proof (HDp _ Hin). cbn [fst snd] in *. pose proof (nq_nonneg (tokens_of a)). nra. }
-  apply Qle_trans with (partial_return E128 (complete D) jl_empty n).
+  apply Qle_trans with (partial_return Eng (complete D) jl_empty n).
   - apply partial_return_dominated; [exact HDp| |apply complete_dominates; assumption].
     destruct Hv as [Hv _]. eapply Forall_impl; [|exact Hv]. intros pa []; assumption.
   - apply (one_node_empty_bound (complete D) (1 - qsum fst (filter nonempty D)) q0 eps L Hv);
       unfold q0, eps; try lra.
     unfold complete. apply in_or_app. right. now left.
 Qed.
+
+End rad128.
+
+(** ** The theorems for [bari_rad.sq]'s engine, and for every engine [serq prove] shows is
+    RAD with 128-token tiles *)
+
+Lemma e128_rad : rad128 E128.
+Proof. split; [exact e128_schedule|exact e128_while]. Qed.
+
+Theorem theorem2_one_node_small_set_holds : theorem2_one_node_small_set.
+Proof. exact (small_set_general E128 e128_rad). Qed.
+
+Theorem theorem2_one_node_holds : theorem2_one_node.
+Proof. exact (one_node_for E128 e128_rad). Qed.
+
+Theorem theorem2_nodes_per_node_holds : theorem2_nodes_per_node.
+Proof. exact (nodes_per_node_for E128 e128_rad). Qed.
+
+Theorem theorem2_compound_holds : theorem2_compound.
+Proof. exact (compound_for E128 e128_rad). Qed.
+
+(** What [serq prove] instantiates: B4, B5 per node and B6 for an engine shown [rad128]. *)
+Theorem theorem2_rad128 (E : engine) :
+  rad128 E -> theorem2_one_node_for E /\ theorem2_nodes_per_node_for E /\ theorem2_compound_for E.
+Proof. intros H. split; [|split]; [exact (one_node_for E H)|exact (nodes_per_node_for E H)|exact (compound_for E H)]. Qed.

@@ -58,6 +58,9 @@ def test_prove_cli_json_and_exit_status() -> None:
         ("slot_table", False),
     ]
     assert out["claims"][0]["detail"].startswith("the engine is not exported to Rocq at ")
+    # Theorem 2 is reported beside the claims, and is not about this engine
+    assert out["stability"]["proved"] is False
+    assert out["stability"]["detail"].startswith("the engine is not exported to Rocq at ")
 
 
 def test_prove_cli_without_the_library(rad_path: Path) -> None:

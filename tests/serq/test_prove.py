@@ -165,3 +165,41 @@ def test_theorem2_proved_without_axioms() -> None:
     rc, out, err = coqc(text, library())
     assert rc == 0, out + err
     assert out.count("Closed under the global context") == 3
+
+
+@needs_rocq
+def test_theorem2_for_the_programs_engine(rad_text: str) -> None:
+    """`serq prove` instantiates Theorem 2 (B4, B5 per node, B6) at the program's engine when
+    it is RAD with 128-token tiles and an admission `while` that always holds; a node with
+    64-token tiles, or one whose admission can stop, is not shown to be one of them."""
+    from serq.prove import prove_stability
+
+    r = prove_stability(_spec(rad_text), "rad")
+    assert r.proved and r.detail == "theorem2"
+    other_costs = rad_text.replace("let tlin = 4000;", "let tlin = 3000;")
+    assert prove_stability(_spec(other_costs), "rad").proved  # durations do not enter
+    for change in (
+        ("let bcol = 128;", "let bcol = 64;"),
+        ("while (running.preempted == 0)", "while (waiting.count < 3)"),
+    ):
+        bad = prove_stability(_spec(rad_text.replace(*change)), "rad")
+        assert not bad.proved, change
+        assert bad.detail.startswith("the engine is not shown to be RAD with 128-token tiles")
+
+
+def test_theorem2_bound_is_not_met_with_64_token_tiles(rad_text: str) -> None:
+    """The witness for the 64-token variant (with the same prompts, whole 128-token tiles):
+    at 30 requests/s, 4640 µs slots bring 4640 * 3e-5 * E[vp + vd] = about 107 < 128 tokens,
+    Theorem 2's condition for 128-token tiles; the 128-token node keeps up, and the 64-token
+    one (at most 64 tokens per 4320 µs) falls behind, its backlog growing with the horizon."""
+
+    def backlog(text: str, horizon: float) -> int:
+        stats = simulate(load(text=text, overrides={"rate": 0.00003}), horizon, 0.0, 1).stats
+        return int(stats["in_system_at_end"])
+
+    small = rad_text.replace("let bcol = 128;", "let bcol = 64;")
+    small = small.replace("set vp = bcol * floor(", "set vp = 128 * floor(")
+    assert small.count("set vp = 128 * floor(") == 1
+    assert backlog(rad_text, 4e7) < 150
+    b1, b2 = backlog(small, 2e7), backlog(small, 4e7)
+    assert b1 > 200 and b2 > 1.5 * b1
