@@ -6,7 +6,7 @@ claims on every iteration, and are timed in the same process. The SimPy model is
 way a SimPy user would write it: an arrival process, an engine process that forms a batch,
 waits ``env.timeout(duration)`` and then updates every request in the batch.
 
-Usage: ``python benchmarks/serq_vs_simpy.py [--horizon US] [--seed N] [--repeat K]``.
+Usage: ``python benchmarks/serq_vs_simpy.py [--horizon US] [--seed N] [--repeat K] [--rounds R]``.
 Writes ``results/benchmarks/serq_vs_simpy.json`` and ``results/benchmarks/serq_vs_simpy.md``.
 """
 
@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -160,62 +161,68 @@ def serq_rad(rate: float, horizon: float, seed: int) -> tuple[dict[str, Any], fl
     )
 
 
+def _measure(rate: float, horizon: float, seed: int, repeat: int) -> dict[str, Any]:
+    """One round at one rate: the best of ``repeat`` interleaved runs of each model."""
+    best_simpy = math.inf
+    best_serq = math.inf
+    best_serq_total = math.inf
+    sp: dict[str, Any] = {}
+    sq: dict[str, Any] = {}
+    for _ in range(repeat):
+        t = CLOCK()
+        sp = simpy_rad(rate, horizon, seed)
+        best_simpy = min(best_simpy, CLOCK() - t)
+        t = CLOCK()
+        sq, _compile_s = serq_rad(rate, horizon, seed)
+        best_serq_total = min(best_serq_total, CLOCK() - t)
+        best_serq = min(best_serq, sq["sim_s"])
+    row: dict[str, Any] = {
+        "rate_per_us": rate,
+        "simpy": {**sp, "wall_s": best_simpy, "iterations_per_s": sp["iterations"] / best_simpy},
+        "serq": {
+            **sq,
+            "wall_s": best_serq,
+            "wall_with_compile_s": best_serq_total,
+            "iterations_per_s": sq["iterations"] / best_serq,
+            "iterations_per_s_with_compile": sq["iterations"] / best_serq_total,
+        },
+    }
+    row["ratio"] = row["serq"]["iterations_per_s"] / row["simpy"]["iterations_per_s"]
+    row["ratio_with_compile"] = (
+        row["serq"]["iterations_per_s_with_compile"] / row["simpy"]["iterations_per_s"]
+    )
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--horizon", type=float, default=100_000_000.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="independent rounds (the spread)")
     args = ap.parse_args()
 
     load_before = os.getloadavg()[0]
-    rows: list[dict[str, Any]] = []
-    for rate in (0.00002, 0.00003):
-        best_simpy = math.inf
-        best_serq = math.inf
-        best_serq_total = math.inf
-        sp: dict[str, Any] = {}
-        sq: dict[str, Any] = {}
-        for _ in range(args.repeat):
-            t = CLOCK()
-            sp = simpy_rad(rate, args.horizon, args.seed)
-            best_simpy = min(best_simpy, CLOCK() - t)
-            t = CLOCK()
-            sq, _compile_s = serq_rad(rate, args.horizon, args.seed)
-            best_serq_total = min(best_serq_total, CLOCK() - t)
-            best_serq = min(best_serq, sq["sim_s"])
-        row = {
-            "rate_per_us": rate,
-            "simpy": {
-                **sp,
-                "wall_s": best_simpy,
-                "iterations_per_s": sp["iterations"] / best_simpy,
-            },
-            "serq": {
-                **sq,
-                "wall_s": best_serq,
-                "wall_with_compile_s": best_serq_total,
-                "iterations_per_s": sq["iterations"] / best_serq,
-                "iterations_per_s_with_compile": sq["iterations"] / best_serq_total,
-            },
-        }
-        row["ratio"] = row["serq"]["iterations_per_s"] / row["simpy"]["iterations_per_s"]
-        row["ratio_with_compile"] = (
-            row["serq"]["iterations_per_s_with_compile"] / row["simpy"]["iterations_per_s"]
-        )
-        rows.append(row)
+    rates = (0.00002, 0.00003)
+    rounds: list[list[dict[str, Any]]] = []
+    for k in range(args.rounds):
+        rows = [_measure(rate, args.horizon, args.seed, args.repeat) for rate in rates]
+        rounds.append(rows)
         print(
-            f"rate {rate}: serq {row['serq']['iterations_per_s']:.0f} it/s "
-            f"({row['serq']['iterations_per_s_with_compile']:.0f} with parse+compile), "
-            f"simpy {row['simpy']['iterations_per_s']:.0f} it/s, "
-            f"ratio {row['ratio']:.1f}x ({row['ratio_with_compile']:.1f}x)"
+            f"round {k + 1}: "
+            + ", ".join(f"rate {r['rate_per_us']}: ratio {r['ratio']:.1f}x" for r in rows)
         )
-
+    # the round whose lowest ratio is the median of the rounds' lowest ratios is shown whole
+    order = sorted(range(len(rounds)), key=lambda k: min(r["ratio"] for r in rounds[k]))
+    shown = rounds[order[len(order) // 2]]
+    ratios = {str(rate): [rows[i]["ratio"] for rows in rounds] for i, rate in enumerate(rates)}
     result = {
         "benchmark": "serq_vs_simpy",
         "program": str(PROGRAM.relative_to(ROOT)),
         "horizon_us": args.horizon,
         "seed": args.seed,
         "repeat": args.repeat,
+        "rounds": args.rounds,
         "python": platform.python_version(),
         "simpy": simpy.__version__,
         "numpy": np.__version__,
@@ -223,9 +230,12 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "goal_ratio": 10.0,
-        "rows": rows,
-        "min_ratio": min(r["ratio"] for r in rows),
-        "min_ratio_with_compile": min(r["ratio_with_compile"] for r in rows),
+        "rows": shown,
+        "ratios_by_round": ratios,
+        "min_ratio": min(min(v) for v in ratios.values()),
+        "median_ratio": min(statistics.median(v) for v in ratios.values()),
+        "min_ratio_with_compile": min(r["ratio_with_compile"] for r in shown),
+        "all_rounds": rounds,
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "serq_vs_simpy.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -237,10 +247,12 @@ def _markdown(res: dict[str, Any]) -> str:
         "# serQ simulator vs a SimPy model of the same RAD node",
         "",
         f"Program `{res['program']}`, horizon {res['horizon_us'] / 1e6:g} s simulated, "
-        f"seed {res['seed']}, best of {res['repeat']} interleaved runs each, process CPU time, "
-        "one process "
+        f"seed {res['seed']}, {res['rounds']} rounds, each the best of {res['repeat']} "
+        "interleaved runs per model, process CPU time, one process "
         f"(Python {res['python']}, SimPy {res['simpy']}, numpy {res['numpy']}).",
         "Produced by `python benchmarks/serq_vs_simpy.py`; raw numbers in `serq_vs_simpy.json`.",
+        "",
+        "The median round (by its lower ratio):",
         "",
         "| rate (req/s) | model | iterations | arrivals | completions | claims hold | CPU (s) "
         "| iterations/s |",
@@ -252,61 +264,91 @@ def _markdown(res: dict[str, Any]) -> str:
             holds = "yes" if m["token_rate"] and m["optimal_tiling"] else "NO"
             lines.append(
                 f"| {r['rate_per_us'] * 1e6:g} | {name} | {m['iterations']} | {m['arrivals']} | "
-                f"{m['completions']} | {holds} | {m['wall_s']:.3f} | "
+                f"{m['completions']} | {holds} | {m['wall_s']:.4f} | "
                 f"{m['iterations_per_s']:.0f} |"
             )
     lines += [
         "",
-        "| rate (req/s) | ratio (simulation only) | ratio (including parse, check, compile) |",
-        "| --- | --- | --- |",
+        "Simulation-only ratio (serQ iterations/s over SimPy iterations/s, both measured in "
+        "the same round) in every round:",
+        "",
+        "| rate (req/s) | "
+        + " | ".join(f"round {k + 1}" for k in range(res["rounds"]))
+        + " | min | median | max |",
+        "| --- | " + " | ".join("---" for _ in range(res["rounds"] + 3)) + " |",
     ]
-    for r in res["rows"]:
+    for rate, v in res["ratios_by_round"].items():
+        cells = " | ".join(f"{x:.1f}x" for x in v)
         lines.append(
-            f"| {r['rate_per_us'] * 1e6:g} | {r['ratio']:.1f}x | {r['ratio_with_compile']:.1f}x |"
+            f"| {float(rate) * 1e6:g} | {cells} | {min(v):.1f}x | "
+            f"{statistics.median(v):.1f}x | {max(v):.1f}x |"
         )
-    ok = "met in this run" if res["min_ratio"] >= res["goal_ratio"] else "NOT met in this run"
     lines += [
         "",
-        f"Goal: at least {res['goal_ratio']:g}x the SimPy model's iterations per second — "
-        f"{ok} (lowest ratio {res['min_ratio']:.1f}x; "
-        f"{res['min_ratio_with_compile']:.1f}x counting serQ's front end).",
+        "Including serQ's front end (parse, check, compile) the median round's ratios are "
+        + ", ".join(
+            f"{r['ratio_with_compile']:.1f}x at {r['rate_per_us'] * 1e6:g} req/s"
+            for r in res["rows"]
+        )
+        + ".",
+    ]
+    g = res["goal_ratio"]
+    if res["min_ratio"] >= g:
+        verdict = f"met in every round (lowest {res['min_ratio']:.1f}x)"
+    elif res["median_ratio"] >= g:
+        verdict = (
+            f"met in the median round but NOT in every round (lowest {res['min_ratio']:.1f}x), "
+            "so not reliably"
+        )
+    else:
+        verdict = f"NOT met (median {res['median_ratio']:.1f}x, lowest {res['min_ratio']:.1f}x)"
+    lines += [
+        "",
+        f"Goal: at least {g:g}x the SimPy model's iterations per second in every round — "
+        f"{verdict}.",
         "",
         "## Limits",
         "",
-        "- One machine, one process, CPU time (`time.process_time`) of single-threaded runs, "
-        f"best of N interleaved runs. The machine is a shared {res['cpus']}-core box with other "
-        "jobs running (1-minute load average "
-        f"{res['load_avg_1m'][0]:g} before and {res['load_avg_1m'][1]:g} after this run): CPU "
-        "time still varies with cache and memory-bandwidth contention, and repeated invocations "
-        "under such load gave simulation-only ratios of about 9.5x to 10.7x, so the ratio is "
-        "near the goal rather than safely above it; treat it as an order of magnitude, not a "
-        "constant. A noise-free measure, counted separately with callgrind (instructions per "
-        "`simulate` call at rate 20, as the difference between a process making 3 calls and "
-        "one making 1, after a warm-up call): about 148 million before the latest changes "
-        "(claims that read neither `now` nor `served` checked once per run, decode runs chained "
-        "through completions and completed prefills when the queues are empty, durations "
-        "remembered per token count, completion statistics computed after the loop with "
-        "numpy) and 106 million after them (1.4x fewer; the earlier step, runs of identical "
-        "iterations, had gone from about 228 to 133 million measured another way). The goal "
-        "needs roughly another 1.1-1.3x.",
+        "- One machine, one process, CPU time (`time.process_time`) of single-threaded runs. "
+        f"The machine is a shared {res['cpus']}-core box with other jobs running (1-minute load "
+        f"average {res['load_avg_1m'][0]:g} before and {res['load_avg_1m'][1]:g} after this "
+        "run): CPU time still varies with cache and memory-bandwidth contention, which is why "
+        "every round is listed and the goal is judged on the lowest. A serQ run is about 10 ms "
+        "of CPU, so a round's number is a best of a few such runs.",
         "- The two models draw from different random streams (serQ pre-draws blocks from three "
         "spawned numpy generators; the SimPy model draws scalars from one), so their iteration "
         "and completion counts differ slightly; the ratio is computed per model from its own "
         "iteration count.",
         "- The SimPy model is hand-written for RAD only (no parser, no generic scheduler); it "
         "updates every request in the batch after each iteration, as a straightforward SimPy "
-        "model does. A SimPy model written with the same O(1) decode bookkeeping as serQ would "
-        "narrow the gap; event-loop overhead (one timeout per iteration) would remain.",
-        "- serQ's speed comes partly from that bookkeeping (when every decoding request takes a "
-        "token, an iteration costs O(1) plus the requests finishing in it) and from stepping "
-        "runs of identical iterations between events (decode-only batches until the next "
-        "finish; full-tile chunks of one prefill) in a tight loop that still checks both claims "
-        "on every iteration (docs/serq.md, section 9). This program spends most iterations in "
-        "such runs; programs whose cap is below the decoder count, or whose batch formation "
-        "reads `now` or `served`, take the general per-iteration path, which is not measured "
-        "here.",
+        "model does, and computes no statistics. serQ's time includes its statistics "
+        "(percentiles of TTFT, TBT, response time, batch sizes). A SimPy model written with "
+        "the same O(1) decode bookkeeping as serQ would narrow the gap; event-loop overhead "
+        "(one timeout per iteration) would remain.",
+        "- serQ's speed comes partly from that bookkeeping and from stepping runs of identical "
+        "iterations between events (decode-only batches until the next finish; full-tile "
+        "chunks of one prefill) in a tight loop that still checks both claims on every "
+        "iteration (docs/serq.md, section 9). This program spends about 98% of its iterations "
+        "in such runs; programs whose cap is below the decoder count, or whose batch "
+        "formation reads `now` or `served`, take the general per-iteration path, which is not "
+        "measured here.",
+        "- Where serQ's time goes (counted with `sys.settrace` line events, rate 20): about 22% "
+        "of the executed lines are the tight loops' iterations, the other 78% the per-event "
+        "work around them (about 2,000 arrivals, each breaking a decode run, forming a "
+        "Prefill Mode batch and starting a prefill run; about 1,800 decode-run ends at a "
+        "request's last token). Raising the ratio by another 1.3x needs that per-event path "
+        "made cheaper, not the tight loop.",
         "- Both models check the same two claims on every iteration; neither records a "
         "per-token latency trace.",
+        "- Instruction counts, measured separately with callgrind (not by this script; "
+        "instructions per `simulate` call as the difference between a process making 3 calls "
+        "and one making 1 after a warm-up call, `OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0`, "
+        "which makes them repeatable to the instruction): before and after the latest changes "
+        "(batch statistics from their counts instead of a 23,000-element array per run; a "
+        "constant cap set once, the admission's constant `while` not tested), rate 20: 108.9 "
+        "to 104.9 million (-3.7%); rate 30: 146.3 to 141.9 million (-3.0%). CPU time fell "
+        "more than that (about 8% at rate 20, best of 20 runs), the array's allocation and "
+        "sorting costing more time than instructions.",
         "",
     ]
     return "\n".join(lines)
