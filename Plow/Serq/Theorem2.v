@@ -6,7 +6,8 @@
     Foster-Lyapunov part stated here as [foster_criterion] and
     [theorem2_one_node_small_set]; [serq prove] uses none of them.  B6 (compound Poisson
     arrivals, [theorem2_compound]) is stated below for countable laws with rational weights,
-    and proved ([theorem2_compound_holds]).
+    and proved ([theorem2_compound_holds]).  B5's joint part ([theorem2_nodes_joint]) is
+    stated and not proved.
 
     The model, as the seed's account of the Lean proofs describes it.  Time is slotted: in a
     slot, the slot's list of requests arrives (drawn from a finite distribution over lists
@@ -213,9 +214,55 @@ Definition theorem2_nodes_per_node_for (E : engine) : Prop :=
 
 Definition theorem2_nodes_per_node : Prop := theorem2_nodes_per_node_for E128.
 
-(** The joint part of B5 (with a positive probability of an empty slot, the joint chain
-    returns to every engine empty in bounded expected time, uniformly over empty starting
-    machines) is not stated here. *)
+(** ** B5, the joint part (stated, not proved)
+
+    The [g] nodes together: a state is the list of their job lists; in a slot, the slot's
+    request list is drawn from [D], each of its requests goes to one of the nodes, each node
+    with probability [1/g], independently ([jroute]: the routings with their probabilities),
+    and every node takes one slot step with what it got ([jslot]).  With an empty slot of
+    positive probability (without it the nodes need not ever be empty together: every slot
+    could bring a request), the expected return time of the joint chain to all nodes empty is
+    finite: [hit_partial] of the all-empty set from the all-empty state is bounded at every
+    horizon.  The job lists forget the clocks, so "every engine empty" is this one state.
+
+    Not proved: the work left summed over the nodes is no Lyapunov function here (a node
+    with a large backlog drains [128] a slot while an empty one gains [L / g] in expectation,
+    and [L / g + L / g - 128] can be positive when [g > 1]); the route we see is the sum of the
+    squares of the nodes' work, whose drift is at most [-2 (128 - L / g) w + C] at a node
+    with [w >= 2^16] tokens left and at most a constant elsewhere, so it is negative once
+    one node has a large enough backlog, then regeneration from the finite set of states
+    with every node below it, as in B4. *)
+Fixpoint add_at (i : nat) (t : rtype) (l : list (list rtype)) : list (list rtype) :=
+  match l, i with
+  | [], _ => []
+  | a :: l', O => (t :: a) :: l'
+  | a :: l', S i' => a :: add_at i' t l'
+  end.
+
+Fixpoint jroute (g : positive) (a : list rtype) : list (Q * list (list rtype)) :=
+  match a with
+  | [] => [(1, repeat [] (Pos.to_nat g))]
+  | t :: rest =>
+      flat_map (fun pr => map (fun i => ((1 # g) * fst pr, add_at i t (snd pr)))
+                              (seq 0 (Pos.to_nat g)))
+        (jroute g rest)
+  end.
+
+Definition jslot (E : engine) (arr : list (list rtype)) (x : list joblist) : list joblist :=
+  map (fun '(a, s) => slot E a s) (combine arr x).
+
+Definition jchain (E : engine) (g : positive) (D : dist) : kernel (list joblist) :=
+  fun x => flat_map (fun pa => map (fun ro => (fst pa * fst ro, jslot E (snd ro) x))
+                                   (jroute g (snd pa))) D.
+
+Definition jempty (g : positive) : list joblist := repeat jl_empty (Pos.to_nat g).
+
+Definition all_empty (x : list joblist) : bool := forallb (fun s => jl_eqb s jl_empty) x.
+
+Definition theorem2_nodes_joint : Prop :=
+  forall (g : positive) (D : dist), valid_dist D -> load D < inject_Z (128 * Zpos g) ->
+  (exists q, In (q, []) D /\ 0 < q) ->
+  exists M : Q, forall n, hit_partial (jchain E128 g D) all_empty n (jempty g) <= M.
 
 (** ** B6: compound Poisson arrivals, one node
 
