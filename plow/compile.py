@@ -120,15 +120,22 @@ def compile_plan(
     spec = stage("import", "", load_spec, Path(source))
     options = TilingOptions(activation_dtype=profile.activation_dtype, cache_dtype=profile.kv_dtype)
     plans = []
+    chosen = None
+    if profile.fuse:  # the extraction decides once, on the one-row decode rung (plow/egraph)
+        from plow.egraph.apply import RULES, extracted_instances
+
+        ladder = profile.buckets(spec.max_position)
+        ref = min(ladder, key=lambda b: (b.phase.value != "decode", b.batch * b.seq))
+        chosen = stage("fuse", "", extracted_instances, build_graph(spec, ref), target, RULES)
     for bucket in profile.buckets(spec.max_position):
         name = bucket.name
         budget = profile.budget_ns(bucket)
         graph = stage("graph", name, build_graph, spec, bucket)
         applied = None
         if profile.fuse:  # the extraction decides (plow/egraph/apply.py)
-            from plow.egraph.apply import fuse_graph
+            from plow.egraph.apply import RULES, fuse_graph
 
-            applied = stage("fuse", name, fuse_graph, graph, target)
+            applied = stage("fuse", name, fuse_graph, graph, target, RULES, None, chosen)
             graph = applied.graph
         tg = stage("tile", name, tile_graph, graph, target, options)
         bounds = stage("bounds", name, bounds_stage, tg, budget)

@@ -121,9 +121,14 @@ def fuse_graph(
     target: Target,
     rules: tuple[str, ...] = RULES,
     limits: Limits | None = None,
+    chosen: dict[str, set[tuple[str, ...]]] | None = None,
 ) -> Applied:
-    """`graph` with the extraction's instances of `rules` fused (see the module doc)."""
-    chosen = extracted_instances(graph, target, rules, limits)
+    """`graph` with the extraction's instances of `rules` fused (see the module doc).
+    `chosen`: the instances to fuse (`extracted_instances` of another bucket of the ladder:
+    every rung of a bundle is fused alike, as every rung reduces a row alike); None: this
+    graph's own extraction."""
+    if chosen is None:
+        chosen = extracted_instances(graph, target, rules, limits)
     norms = {name for outs in chosen.get("add_rmsnorm", ()) for name in outs}
     prod = graph.producers()
     # R1: residual_add R (two operands) read by a full-width rmsnorm N that the extraction

@@ -64,6 +64,8 @@ MATMUL_WEIGHT = {
 }
 _ATTN_CACHE = {"attend": 1, "attention": 3, "attention_rope": 3}
 _PAIRS = {"add_rmsnorm", "lm_head_argmax", "embedding_rmsnorm"}
+# fused kinds whose plow tiles hold whole rows (plow/tiles/tiler.py: columns never split)
+WHOLE_ROWS = frozenset({"add_rmsnorm"})
 _ALWAYS = frozenset({"T.leaf", "nobias", "Vec"})
 ACT_BYTES = 4  # activations are float32 in plow's graph
 
@@ -191,7 +193,14 @@ def node_cost_ns(n: Node, info: Mapping[int, Info], target: Target, dtype: str) 
         flops = 4 * math.prod(q) * info[n.children[_ATTN_CACHE[n.op]]][0][0][2]
     else:
         flops = 4 * sum(math.prod(s) for s, _ in out)
-    t = max(moved / target.bandwidth_bytes_per_s, flops / target.peak(dtype)) * 1e9
+    # plow's add_rmsnorm tile holds whole rows (its norm reads the sums the tile wrote): at
+    # most one worker per row streams it, so a one-token row gets 1 / workers of the device
+    share = 1.0
+    if n.op in WHOLE_ROWS:
+        shape = out[0][0]
+        share = min(1.0, (math.prod(shape) // max(1, shape[-1])) / max(1, target.workers))
+    bandwidth = target.bandwidth_bytes_per_s * share
+    t = max(moved / bandwidth, flops / (target.peak(dtype) * share)) * 1e9
     return t + target.tile_overhead_ns + target.atomic_latency_ns["device"]
 
 
