@@ -4,8 +4,11 @@ For each shape (Llama-3.2-1B, Llama-3.1-8B): a checkpoint with the model's confi
 (transformers' LlamaConfig) and generated bf16 weights (random bits of a small magnitude,
 streamed straight into safetensors: no framework, no download), compiled for the h200 target
 with one decode rung (batch 1) and no prefill rungs, run by `open_cuda`: a short prompt, then
-greedy decode. Reported per shape: µs per decode step (wall: host + launch + copies; and
-kernel: CUDA events around the launch), and the roofline — the bytes a step must read from
+greedy decode in quanta of 4 steps (one launch each), twice: tensor-core linears (the default
+for bf16 weights) and the scalar tiles. Reported per shape: µs per decode step (wall: host +
+launch + copies; and kernel: CUDA events around the launch; a launch of k steps counts k
+steps), the tensor-core linears and shared-memory pages used, whether both runs' tokens
+agree, and the roofline — the bytes a step must read from
 HBM (every weight the step reads, in its stored dtype, plus the key-value rows attention reads)
 over the target's bandwidth (H200: 4.8 TB/s) — and the measured fraction of it.
 
@@ -71,6 +74,12 @@ class Row:
     wall_fraction: float | None = None  # roofline / measured
     kernel_fraction: float | None = None
     tokens: list[int] = field(default_factory=list)
+    # the same bundle on the scalar tiles (tensor cores off): the bitwise-deterministic path
+    scalar_wall_us: float | None = None
+    scalar_kernel_us: float | None = None
+    tensor_core_ops: int = 0  # linears of the decode rung on tensor cores (the default run)
+    smem_bytes: int = 0  # dynamic shared memory per CTA (the plan's on-chip pages)
+    tokens_equal: bool | None = None  # tensor-core tokens == scalar tokens
     note: str = ""
 
 
@@ -203,32 +212,40 @@ def step_bytes(
     return params, stored, sum(read.values()) + float(np.mean(kv)), workers, len(records)
 
 
-def measure(bundle: Path, verify: bool, new: int) -> tuple[float, float, list[int]]:
-    """(wall µs, kernel µs) per decode step, and the tokens."""
+def measure(
+    bundle: Path, verify: bool, new: int, tensor_cores: bool
+) -> tuple[float, float, list[int], int, int]:
+    """(wall µs, kernel µs) per decode step, the tokens, the decode rung's tensor-core linears
+    and its dynamic shared memory. Greedy decode in quanta of 4 steps: one launch each (the
+    kernel's step barrier and epilogue); a launch of k steps counts k steps."""
     from plow.runtime.cpu import Request, generate
     from plow.runtime.cuda import open_cuda
 
-    m = open_cuda(bundle, verify=verify, max_batch=1, timing=True)
+    m = open_cuda(bundle, verify=verify, max_batch=1, timing=True, tensor_cores=tensor_cores)
     walls: list[float] = []
     kernels: list[float] = []
-    inner = m.machine.dispatch
+    machine = m.cuda
+    inner = machine._launch
 
-    def timed(plan: Any, **kw: Any) -> Any:
+    def timed(plan: Any, steps: int, quantum: Any) -> Any:
         t0 = time.perf_counter()
-        st = inner(plan, **kw)
+        st = inner(plan, steps, quantum)
         if plan.bucket.phase.value == "decode":
-            walls.append(time.perf_counter() - t0)
-            kernels.append(m.cuda.last_kernel_us)
+            walls.extend([(time.perf_counter() - t0) / steps] * steps)
+            kernels.extend([machine.last_kernel_us / steps] * steps)
         return st
 
-    m.machine.dispatch = timed  # type: ignore[method-assign]
-    generate(m, [Request(tuple(PROMPT), 4)])  # warm-up: module, uploads, first launches
-    walls.clear()
-    kernels.clear()
-    toks = generate(m, [Request(tuple(PROMPT), new)], multi_step=4)[0]
-    steady = walls[len(PROMPT) :] or walls  # the decode steps after the prompt
-    ksteady = kernels[len(PROMPT) :] or kernels
-    return 1e6 * float(np.median(steady)), float(np.median(ksteady)), toks
+    machine._launch = timed  # type: ignore[method-assign]
+    try:
+        generate(m, [Request(tuple(PROMPT), 8)], multi_step=4)  # warm-up: module, uploads
+        walls.clear()
+        kernels.clear()
+        toks = generate(m, [Request(tuple(PROMPT), new)], multi_step=4)[0]
+        rung = machine._rung(m.plan(m.decode_bucket(1)))
+        tc, smem = rung.tensor_core_ops, rung.smem_bytes
+    finally:
+        machine.close()  # the 8B shape's weights: freed before the next run uploads its own
+    return 1e6 * float(np.median(walls)), float(np.median(kernels)), toks, tc, smem
 
 
 def tool_versions() -> dict[str, str]:
@@ -251,8 +268,10 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         "",
         "| shape | parameters | weights (GB) | bytes/step (GB) | context | workers | "
         "roofline (µs) | wall (µs/token) | kernel (µs/token) | % roofline (wall) | "
-        "% roofline (kernel) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "% roofline (kernel) | scalar kernel (µs/token) | tensor-core linears | "
+        "smem/CTA (KiB) | tokens equal |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | --- |",
     ]
 
     def f(v: float | None, spec: str) -> str:
@@ -264,7 +283,9 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
             f"{r.step_bytes / 1e9:.3f} | {r.context} | {r.workers} | {r.roofline_us:.0f} | "
             f"{f(r.wall_us, '.0f')} | {f(r.kernel_us, '.0f')} | "
             f"{f(None if r.wall_fraction is None else 100 * r.wall_fraction, '.1f')} | "
-            f"{f(None if r.kernel_fraction is None else 100 * r.kernel_fraction, '.1f')} |"
+            f"{f(None if r.kernel_fraction is None else 100 * r.kernel_fraction, '.1f')} | "
+            f"{f(r.scalar_kernel_us, '.0f')} | {r.tensor_core_ops} | {r.smem_bytes / 1024:.0f} "
+            f"| {'—' if r.tokens_equal is None else r.tokens_equal} |"
         )
     lines += ["", "Notes:"] + [f"- {r.shape}: {r.note}" for r in rows if r.note]
     return "\n".join(lines) + "\n"
@@ -278,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--new", type=int, default=64, help="decode tokens per shape")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: plan-only, no timings")
+    ap.add_argument("--no-scalar", action="store_true", help="skip the scalar-tile run")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s (default: target's)")
     a = ap.parse_args(argv)
     from plow.target import load_target
@@ -310,10 +332,17 @@ def main(argv: list[str] | None = None) -> int:
             else " (plan only)"
         )
         if not a.dry_run:
-            wall, kern, toks = measure(bundle, verify, new)
+            # the default (tensor cores for the bf16 linears), then the scalar tiles
+            wall, kern, toks, row.tensor_core_ops, row.smem_bytes = measure(
+                bundle, verify, new, True
+            )
             row.wall_us, row.kernel_us, row.tokens = wall, kern, toks
             row.wall_fraction = row.roofline_us / wall
             row.kernel_fraction = row.roofline_us / kern if kern > 0 else None
+            if not a.no_scalar:
+                sw, sk, stoks, _, _ = measure(bundle, verify, new, False)
+                row.scalar_wall_us, row.scalar_kernel_us = sw, sk
+                row.tokens_equal = stoks == toks
         rows.append(row)
         print(json.dumps({k: v for k, v in asdict(row).items() if k != "tokens"}), flush=True)
         if not a.dry_run:

@@ -13,8 +13,9 @@
 #    module (kernels/Makefile.device, nvcc -arch=sm_90a, warnings as errors).
 # 3. The gpu tests (tests/runtime/test_cuda.py -m gpu), log in $OUT/gpu_tests.log.
 # 4. The decode study (benchmarks/gpu/decode.py): batch-1 µs/token for Llama-3.2-1B- and
-#    Llama-3.1-8B-shaped bf16 bundles with generated weights against the HBM roofline;
-#    $OUT/gpu_decode.json and $OUT/gpu_decode.md.
+#    Llama-3.1-8B-shaped bf16 bundles with generated weights against the HBM roofline, greedy
+#    quanta of 4 steps per launch, each shape twice: tensor-core linears (the default for bf16)
+#    and the scalar tiles; $OUT/gpu_decode.json and $OUT/gpu_decode.md (the summary prints it).
 #
 # Sized for 8 minutes with the build (about 1.5 min build, 2 min tests, 3 min study on 16
 # cores); each stage is bounded by `timeout`, and a failed stage does not stop the next one:
@@ -93,11 +94,12 @@ stage "gpu tests"
 timeout 240 "$PY" -m pytest -q -s -rA -m gpu -p no:cacheprovider tests/runtime/test_cuda.py \
   >"$OUT/gpu_tests.log" 2>&1 || fail "gpu tests" 6
 tail -15 "$OUT/gpu_tests.log" | tee -a "$OUT/summary.txt"
-grep -h "bitwise equal" "$OUT/gpu_tests.log" | tee -a "$OUT/summary.txt"
+grep -h "bitwise equal\|tensor cores:" "$OUT/gpu_tests.log" | tee -a "$OUT/summary.txt"
 
 stage "decode study"
 timeout 270 "$PY" benchmarks/gpu/decode.py --out "$OUT" 2>&1 | tee "$OUT/decode.log" \
   || fail "decode study" 7
+[ -f "$OUT/gpu_decode.md" ] && cat "$OUT/gpu_decode.md" >>"$OUT/summary.txt"
 
 stage "done (status $status)"
 exit $status

@@ -406,6 +406,72 @@ def test_cuda_tokens_equal_the_native_executors_on_the_same_bundle(
           f"{bool(np.array_equal(got_logits, want_logits))}")  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def h200_bf16(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(checkpoint, bundle): a tiny llama with bf16 weights, compiled for the h200 target."""
+    from plow.testing import make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("cuda-bf16")
+    ck = make_tiny_checkpoint("llama", 4, root / "ckpt", dtype="bfloat16")
+    out = root / "bundle"
+    compile_bundle(ck, out, load_target("h200"), PROFILE, verify=VERIFY)
+    return ck, out
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_tensor_core_tiles_agree_with_the_scalar_path_and_transformers(
+    h200_bf16: tuple[Path, Path],
+) -> None:
+    """bf16 linears on mma.sync (x as bf16 hi + lo, fp32 accumulate): logits within 1e-3 of
+    the scalar device path's and within 2e-3 of transformers' fp32 forward of the same bf16
+    weights (stated tolerances: a different summation order, x kept to ~16 mantissa bits);
+    greedy tokens equal both."""
+    import torch
+    import transformers
+
+    from plow.runtime.cuda import open_cuda
+
+    ck, path = h200_bf16
+    tc = open_cuda(path, max_batch=4, verify=VERIFY, tensor_cores=True)
+    scalar = open_cuda(path, max_batch=4, verify=VERIFY, tensor_cores=False)
+    got, got_logits = _tokens_and_logits(tc)
+    want, want_logits = _tokens_and_logits(scalar)
+    assert tc.cuda._rung(tc.plan(tc.decode_bucket(4))).tensor_core_ops >= 4
+    assert got == want
+    np.testing.assert_allclose(got_logits, want_logits, rtol=1e-3, atol=1e-3)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        ck, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([PROMPTS[0]])).logits[0, -1].numpy()
+        ref_toks = [
+            hf.generate(torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
+                        eos_token_id=None, pad_token_id=0)[0, len(p) :].tolist()
+            for p in PROMPTS
+        ]  # fmt: skip
+    np.testing.assert_allclose(got_logits, ref, rtol=2e-3, atol=2e-3)
+    assert got == ref_toks
+    print(f"tensor cores: max |logit - scalar| {np.abs(got_logits - want_logits).max():.2e}, "
+          f"max |logit - transformers| {np.abs(got_logits - ref).max():.2e}")  # fmt: skip
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_quantum_launch_equals_one_launch_per_step(h200_bundles: dict) -> None:
+    from plow.runtime.cuda import open_cuda
+
+    path = h200_bundles["llama"]
+    reqs = [Request(tuple(p), NEW) for p in PROMPTS]
+    runs = []
+    for quantum in (False, True):
+        m = open_cuda(path, max_batch=4, verify=VERIFY, device_quantum=quantum)
+        toks = generate(m, reqs, multi_step=4)
+        runs.append((toks, m.cuda.launches, m.steps))
+    assert runs[1][0] == runs[0][0] and runs[1][2] == runs[0][2]
+    assert runs[1][1] < runs[0][1]  # fewer launches: 4 steps in one
+
+
 def _run(path: Path, **kw: object) -> tuple[list[list[int]], bytes]:
     from plow.runtime.cuda import open_cuda
 
