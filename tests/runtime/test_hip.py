@@ -189,3 +189,20 @@ def test_hip_tokens_equal_the_native_executors(tiny_llama: Path, tmp_path: Path)
     want = generate(NativeModel.from_bundle(out, max_batch=4, verify=False), reqs)
     assert generate(open_hip(out, max_batch=4, verify=False), reqs) == want
     assert generate(open_hip(out, max_batch=4, verify=False), reqs, multi_step=4) == want
+
+
+def test_plow_generate_executor_hip_without_an_amd_gpu_is_one_line_exit_2(
+    tiny_llama: Path,
+) -> None:
+    if amd_gpu_present():
+        pytest.skip("an AMD GPU is present")
+    from typer.testing import CliRunner
+
+    from plow.cli import app
+
+    res = CliRunner().invoke(
+        app, ["generate", str(tiny_llama), "--prompt-ids", "5,17,93", "--executor", "hip"]
+    )
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "no AMD GPU" in lines[0], res.output
