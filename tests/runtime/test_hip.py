@@ -24,6 +24,7 @@ from plow.runtime.cuda import abi
 from plow.runtime.hip import driver
 from plow.runtime.hip.driver import HipUnavailable, amd_gpu_present
 from plow.target import load_target
+from tests.runtime.test_cuda import emulator  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = CompileProfile(name="test", decode_batches=(1, 4), prefill_seqs=(16,), context=96)
@@ -206,3 +207,159 @@ def test_plow_generate_executor_hip_without_an_amd_gpu_is_one_line_exit_2(
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "no AMD GPU" in lines[0], res.output
+
+
+# -- the HIP loader end to end on an emulated GPU: a fake libamdhip64 (ctypes calling
+#    convention: outputs through byref) whose plow_step launch runs the kernel's own code
+#    (device.cu's emulation build) -----------------------------------------------------------
+class FakeHipLib:
+    """Enough of libamdhip64 for `HipDevice`: device memory is host memory; a launch of
+    plow_config writes the module's config words, one of plow_step runs the emulated kernel
+    with the packed `void*[]` and the dynamic LDS size."""
+
+    def __init__(self, emu: ctypes.CDLL, cus: int = 132) -> None:
+        self.emu = emu
+        self.mem: dict[int, object] = {}
+        self.funcs: dict[int, str] = {}
+        self.launches: list[tuple[str, int, int]] = []
+        self.attrs = {
+            driver.ATTR_MULTIPROCESSOR_COUNT: cus,
+            driver.ATTR_WARP_SIZE: 64,
+            driver.ATTR_MAX_SHARED_MEMORY_PER_BLOCK: 160 * 1024 + 16,
+        }
+
+    @staticmethod
+    def _out(ref: object, value: object) -> int:
+        ref._obj.value = value  # type: ignore[attr-defined]  # byref(x)._obj is x
+        return 0
+
+    def hipInit(self, flags: int) -> int:
+        return 0
+
+    def hipGetErrorName(self, err: int) -> bytes:
+        return b"hipErrorFake"
+
+    def hipGetDeviceCount(self, ref: object) -> int:
+        return self._out(ref, 1)
+
+    def hipSetDevice(self, i: int) -> int:
+        return 0
+
+    def hipDeviceGetAttribute(self, ref: object, attr: int, dev: int) -> int:
+        return self._out(ref, self.attrs[attr])
+
+    def hipDeviceGetName(self, buf: ctypes.Array, n: int, dev: int) -> int:  # type: ignore[type-arg]
+        buf.value = b"Fake MI300X"
+        return 0
+
+    def hipStreamCreateWithFlags(self, ref: object, flags: int) -> int:
+        assert flags == driver.STREAM_NON_BLOCKING
+        return self._out(ref, 0x5000)
+
+    def hipStreamSynchronize(self, s: object) -> int:
+        return 0
+
+    def hipMalloc(self, ref: object, n: int) -> int:
+        buf = ctypes.create_string_buffer(int(n) + 64)
+        self.mem[ctypes.addressof(buf)] = buf
+        return self._out(ref, ctypes.addressof(buf))
+
+    def hipFree(self, p: int) -> int:
+        return 0
+
+    def hipMemcpyHtoDAsync(self, dst: int, src: int, n: int, s: object) -> int:
+        ctypes.memmove(dst, src, n)
+        return 0
+
+    hipMemcpyDtoHAsync = hipMemcpyHtoDAsync
+    hipMemcpyDtoDAsync = hipMemcpyHtoDAsync
+
+    def hipMemsetD8Async(self, p: int, v: int, n: int, s: object) -> int:
+        ctypes.memset(p, v, n)
+        return 0
+
+    def hipModuleLoadData(self, ref: object, image: ctypes.Array) -> int:  # type: ignore[type-arg]
+        assert bytes(image[:24]) == b"__CLANG_OFFLOAD_BUNDLE__"
+        return self._out(ref, 0x6000)
+
+    def hipModuleGetFunction(self, ref: object, module: object, name: bytes) -> int:
+        h = 0x7000 + len(self.funcs)
+        self.funcs[h] = name.decode()
+        return self._out(ref, h)
+
+    def hipFuncGetAttribute(self, ref: object, attr: int, f: object) -> int:
+        assert attr == driver.FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+        return self._out(ref, 16)
+
+    def hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(
+        self, ref: object, f: object, threads: int, smem: int
+    ) -> int:
+        return self._out(ref, 1)
+
+    def hipModuleLaunchKernel(
+        self, f: ctypes.c_void_p, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+        shmem: int, stream: object, params: int, extra: object,
+    ) -> int:  # fmt: skip
+        name = self.funcs[int(f.value or 0)]
+        self.launches.append((name, gx, shmem))
+        if name == abi.CONFIG_KERNEL:
+            out = ctypes.c_uint64.from_address(int(ctypes.c_void_p.from_address(params).value or 0))
+            cfg = (ctypes.c_int64 * 8)(*abi.expected_config())
+            ctypes.memmove(int(out.value), cfg, 64)
+            return 0
+        assert name == abi.KERNEL and shmem <= self.attrs[driver.ATTR_MAX_SHARED_MEMORY_PER_BLOCK]
+        assert self.emu.plow_emu_launch(gx, bx, shmem, params) == 0
+        return 0
+
+    def hipEventCreate(self, ref: object) -> int:
+        return self._out(ref, 0x8000)
+
+    def hipEventRecord(self, e: object, s: object) -> int:
+        return 0
+
+    def hipEventSynchronize(self, e: object) -> int:
+        return 0
+
+    def hipEventElapsedTime(self, ref: object, a: object, b: object) -> int:
+        return self._out(ref, 0.5)
+
+
+def test_the_hip_loader_end_to_end_on_an_emulated_gpu_gives_the_native_bits(
+    tiny_llama: Path, tmp_path: Path, code_object: Path, monkeypatch: pytest.MonkeyPatch,
+    emulator: ctypes.CDLL,  # noqa: F811
+) -> None:  # fmt: skip
+    """HipModel through HipDevice's own ctypes calls on a fake libamdhip64 whose launches run
+    the kernel's code on CPU threads: an mi350x plan for 8 CUs with its pages in (emulated)
+    LDS gives the native executor's tokens and logits bit for bit, one step per launch and a
+    greedy quantum of 4 steps per launch."""
+    from plow.runtime.cpu import Request, generate
+    from plow.runtime.cuda import model as cuda_model
+    from plow.runtime.hip import HipModel, open_hip
+    from plow.runtime.native import NativeModel
+    from tests.runtime.test_cuda import EMU_THREADS, EMU_WORKERS, _tokens_and_logits
+
+    fake = FakeHipLib(emulator)
+    monkeypatch.setattr(driver, "library", lambda: fake)
+    monkeypatch.setattr(abi, "BLOCK_THREADS", EMU_THREADS)
+    monkeypatch.setattr(cuda_model, "_KERNELS", {})
+    monkeypatch.setenv("PLOW_HIP_HSACO", str(code_object))
+    driver.device.cache_clear()
+    try:
+        target = load_target("mi350x").model_copy(update={"workers": EMU_WORKERS})
+        out = tmp_path / "mi350x"
+        compile_bundle(tiny_llama, out, target, PROFILE)
+        native = NativeModel.from_bundle(out, max_batch=4, verify=False)
+        want, want_logits = _tokens_and_logits(native)
+        m = open_hip(out, max_batch=4, verify=False)
+        assert isinstance(m, HipModel) and m.cuda.dev.name == "Fake MI300X"
+        got, got_logits = _tokens_and_logits(m)
+        assert got == want and bytes(got_logits.tobytes()) == want_logits.tobytes()
+        rung = m.cuda._rung(m.plan(m.decode_bucket(4)))
+        assert rung.smem_bytes == 160 * 1024 and rung.tensor_core_ops == 0
+        reqs = [Request((5, 17, 93, 2), 8), Request((3, 250), 8)]
+        before = len(fake.launches)
+        assert generate(m, reqs, multi_step=4) == generate(native, reqs, multi_step=4)
+        assert any(n == abi.KERNEL for n, _, _ in fake.launches[before:])
+        assert sum(1 for n, _, _ in fake.launches[before:] if n == abi.KERNEL) < 16
+    finally:
+        driver.device.cache_clear()
