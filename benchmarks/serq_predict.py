@@ -186,7 +186,12 @@ def pcts(xs: list[float]) -> dict[str, float]:
 
 
 def one_load(srv: so.ServerProc, costs: dict[str, float], rho: float, n: int, seed: int) -> dict[str, Any]:
-    hold = (costs["d0_us"] + costs["d1_us"] * so.SLOTS) / 1e6 * 32  # ~32 tokens at full batch
+    # a slot is held for ~32 tokens at full batch, each a tick as the probe measured it (the
+    # calibrated launch alone, d0 + d1 * slots, is a quarter of it: loads defined from it were
+    # overloads, see `_analysis`)
+    tick_us = max(costs["d0_us"] + costs["d1_us"] * so.SLOTS,
+                  costs.get("probe_tpot_full_us", 0.0))  # fmt: skip
+    hold = tick_us / 1e6 * 32
     rate = rho * so.SLOTS / hold
     n = max(12, min(n, int(rate * LOAD_SECONDS)))  # a slow calibration must not stretch the run
     res, dur, windows = asyncio.run(_load(srv, rate, n, seed))
@@ -210,6 +215,49 @@ def one_load(srv: so.ServerProc, costs: dict[str, float], rho: float, n: int, se
         }
     return {"load": rho, "request_rate_per_s": rate, "requests": len(ok), "window_us": window_us,
             "failed": len(res) - len(ok), "duration_s": dur, "metrics": rows}  # fmt: skip
+
+
+def _analysis(data: dict[str, Any]) -> list[str]:
+    """Why the errors are what they are, from the run's own numbers: whether each load was
+    above what the server served, and the tick the prediction priced against the one measured."""
+    out = []
+    for run in data["runs"]:
+        served = run["requests"] / run["duration_s"]
+        tp = run["metrics"]["tpot"]
+        m, p = tp["measured_ms"]["p50"], tp["predicted_ms"]["p50"]
+        cap = so.SLOTS / (32 * m / 1e3)  # 4 slots, ~32 tokens each at the measured tick
+        state = ("an overload: the queue grows through the run" if run["request_rate_per_s"] > served * 1.05
+                 else "below what the server served")  # fmt: skip
+        out.append(
+            f"- Load {run['load']:.2f}: offered {run['request_rate_per_s']:.1f} req/s, served "
+            f"{served:.1f} req/s (requests / duration), {state}; the measured TPOT p50 "
+            f"{m:.2f} ms (decode capacity about {cap:.1f} req/s, so {run['request_rate_per_s'] / cap:.1f}x "
+            f"of it was offered) against {p:.2f} ms predicted ({(p / m - 1) * 100:+.0f}%).")  # fmt: skip
+    amp = ""
+    over = [r for r in data["runs"]
+            if r["request_rate_per_s"] > r["requests"] / r["duration_s"] * 1.05]  # fmt: skip
+    if over:
+        lam, mu = over[0]["request_rate_per_s"], over[0]["requests"] / over[0]["duration_s"]
+        cut = 1 - (1 / (1.13 * mu) - 1 / lam) / (1 / mu - 1 / lam)
+        amp = (f" (offered {lam:.1f} req/s and served {mu:.1f}, serving 13% faster would cut "
+               f"every wait by {cut * 100:.0f}%)")  # fmt: skip
+    c = data["costs"]
+    launch = c["d0_us"] + c["d1_us"] * so.SLOTS
+    out += [
+        "- In an overload a request's TTFT is mostly its wait behind the earlier ones, about "
+        "`k (1/mu - 1/lambda)` for the k-th, so an error in the service rate `mu` comes out "
+        f"several times larger in TTFT and end-to-end{amp}. The prediction's tick is low "
+        "where the host's per-tick cost, fitted on the probe (decodes of 16-token prompts, no "
+        "prefill in the ticks), misses what the loads' ticks carry (new requests' prefill "
+        "chunks, a contended machine); an overload then amplifies it.",
+        "- Loads before the change that added this section were `rate = load * slots / (32 * "
+        f"(d0 + d1 * slots))`, the calibrated launch alone ({launch / 1e3:.2f} ms here, "
+        f"{launch / max(c.get('probe_tpot_full_us', launch), 1e-9):.0%} of the probe's "
+        "full-batch tick), so they could be overloads. The script now takes the tick as the "
+        "larger of that and the probe's full-batch TPOT (`probe_tpot_full_us`), so its loads "
+        "are fractions of the decode capacity the probe measured.",
+    ]
+    return out
 
 
 def write_md(data: dict[str, Any], path: Path) -> None:
@@ -251,6 +299,7 @@ def write_md(data: dict[str, Any], path: Path) -> None:
           "request of the run was admitted or the run counts it as failed.",
           "- The decode tick is the calibration's line `d0 + d1 * rows` measured at startup, not "
           "the tick measured during the run."]  # fmt: skip
+    L += ["", "## Why the prediction is low", "", *_analysis(data)]
     path.write_text("\n".join(L) + "\n")
 
 
