@@ -831,12 +831,13 @@ __device__ const float* stage_x(const Ctx& c, const PlowOp& op, const Range* r, 
 
 // A task record with the device's extras (tensor cores, shared-memory pages), else
 // run_record_cta. `page`: the record's activation window {byte offset, bytes}, or nullptr.
-__device__ int64_t run_record_dev(const Ctx& c, const plow::Record& rec, float* scratch,
-                                  int64_t scratch_floats, unsigned mode, unsigned char* smem,
-                                  const int32_t* page) {
+// The records with the device's extras; false (nothing done) for every other record.
+__device__ bool run_record_extras(const Ctx& c, const plow::Record& rec, int64_t scratch_floats,
+                                  unsigned mode, unsigned char* smem, const int32_t* page,
+                                  int64_t* work) {
   if (rec.opcode == PLOW_OP_NOP || rec.opcode == PLOW_OP_LOAD ||
       (rec.flags & PLOW_FLAG_ACCUMULATE) != 0)
-    return run_record_cta(c, rec, scratch, scratch_floats);
+    return false;
   const PlowOp& op = c.plan->ops[rec.op_index];
   float* act = page != nullptr && page[1] > 0 ? reinterpret_cast<float*>(smem + page[0])
                                               : nullptr;
@@ -850,19 +851,32 @@ __device__ int64_t run_record_dev(const Ctx& c, const plow::Record& rec, float* 
       plow::tile_ranges(op, rec.row_start + k, r, &step);
       const float* xs = act != nullptr ? stage_x(c, op, r, act, act_floats, &key) : nullptr;
       const int64_t ldx = xs != nullptr ? r[2].b - r[2].a : 0;
-      if (!(tc && tile_linear_tc(c, op, r, step, xs, ldx))) tile_linear_cta(c, op, r, step, xs, ldx);
+      if (!(tc && tile_linear_tc(c, op, r, step, xs, ldx)))
+        tile_linear_cta(c, op, r, step, xs, ldx);
     }
-    return 0;
+    *work = 0;
+    return true;
   }
   if (op.kind == PLOW_ATTENTION && act != nullptr &&
       PLOW_ATTN_THREADS * scratch_floats <= act_floats) {
-    int64_t work = 0;
+    *work = 0;
     for (uint32_t k = 0; k < rec.rows; ++k) {
       plow::tile_ranges(op, rec.row_start + k, r, &step);
-      work += tile_attention_cta(c, op, r, step, act, scratch_floats);
+      *work += tile_attention_cta(c, op, r, step, act, scratch_floats);
     }
-    return work;
+    return true;
   }
+  return false;
+}
+
+// A task record with the device's extras (tensor cores, shared-memory pages), else
+// run_record_cta (one call site, so the compiler may inline it as before).
+// `page`: the record's activation window {byte offset, bytes}, or nullptr.
+__device__ int64_t run_record_dev(const Ctx& c, const plow::Record& rec, float* scratch,
+                                  int64_t scratch_floats, unsigned mode, unsigned char* smem,
+                                  const int32_t* page) {
+  int64_t work = 0;
+  if (run_record_extras(c, rec, scratch_floats, mode, smem, page, &work)) return work;
   return run_record_cta(c, rec, scratch, scratch_floats);
 }
 
