@@ -1557,3 +1557,133 @@ Proof. exact (compound_for E128 e128_rad). Qed.
 Theorem theorem2_rad128 (E : engine) :
   rad128 E -> theorem2_one_node_for E /\ theorem2_nodes_per_node_for E /\ theorem2_compound_for E.
 Proof. intros H. split; [|split]; [exact (one_node_for E H)|exact (nodes_per_node_for E H)|exact (compound_for E H)]. Qed.
+
+(** ** B5's joint part: the routing ([Theorem2.jroute]), what its outcomes are and what a
+    node gets in expectation (lemmas toward [theorem2_nodes_joint], which is not proved) *)
+
+Local Open Scope Q_scope.
+
+Definition tok (t : rtype) : nat := (fst t + snd t)%nat.
+
+Definition lsum_tok (arr : list (list rtype)) : nat := fold_right (fun l acc => tokens_of l + acc)%nat 0%nat arr.
+
+Fixpoint wdot (w : list Q) (arr : list (list rtype)) : Q :=
+  match w, arr with
+  | a :: w', l :: arr' => a * nq (tokens_of l) + wdot w' arr'
+  | _, _ => 0
+  end.
+
+Lemma add_at_length (i : nat) (t : rtype) (arr : list (list rtype)) : length (add_at i t arr) = length arr.
+Proof. revert i. induction arr as [|l arr IH]; intros [|i]; cbn; auto. Qed.
+
+Lemma add_at_tok (i : nat) (t : rtype) (arr : list (list rtype)) :
+  (i < length arr)%nat -> lsum_tok (add_at i t arr) = (lsum_tok arr + tok t)%nat.
+Proof.
+  revert i. induction arr as [|l arr IH]; intros [|i] Hi; cbn [add_at length] in *; try lia.
+  - unfold lsum_tok, tok, tokens_of; cbn [fold_right]. lia.
+  - unfold lsum_tok in *; cbn [fold_right]. rewrite IH by lia. lia.
+Qed.
+
+Lemma add_at_valid (i : nat) (t : rtype) (arr : list (list rtype)) :
+  valid_type t -> Forall (Forall valid_type) arr -> Forall (Forall valid_type) (add_at i t arr).
+Proof.
+  intros Ht H. revert i. induction H as [|l arr Hl Harr IH]; intros [|i]; cbn; try constructor; auto.
+Qed.
+
+Lemma wdot_add_at (i : nat) (t : rtype) (arr : list (list rtype)) (w : list Q) :
+  (i < length arr)%nat -> length w = length arr ->
+  wdot w (add_at i t arr) == wdot w arr + nth i w 0 * nq (tok t).
+Proof.
+  revert i w. induction arr as [|l arr IH]; intros [|i] [|a w] Hi Hw; cbn in *; try lia.
+  - fold (tokens_of l). unfold tok. rewrite nq_add. fold (tokens_of l). ring_simplify.
+    change (fold_right (fun t0 n => (fst t0 + snd t0 + n)%nat) 0%nat l) with (tokens_of l).
+    rewrite !nq_add. ring.
+  - rewrite IH by lia. ring.
+Qed.
+
+Lemma wdot_nil (w : list Q) (n : nat) : wdot w (repeat [] n) == 0.
+Proof.
+  revert w. induction n as [|n IH]; intros [|a w]; cbn; try reflexivity.
+  rewrite IH. change (nq 0) with 0. ring.
+Qed.
+
+Lemma qsum_seq_const (c : Q) (n : nat) : qsum (fun _ : nat => c) (seq 0 n) == nq n * c.
+Proof.
+  induction n as [|n IH]; [cbn; change (nq 0) with 0; ring|].
+  rewrite seq_S, qsum_app, IH, qsum_cons, qsum_nil. unfold nq. rewrite Nat2Z.inj_succ.
+  rewrite <- Z.add_1_r, inject_Z_plus. change (inject_Z 1) with 1. ring.
+Qed.
+
+Lemma qsum_seq_nth (w : list Q) : qsum (fun i => nth i w 0) (seq 0 (length w)) == qsum (fun x => x) w.
+Proof.
+  induction w as [|a w IH]; [reflexivity|]. cbn [length]. rewrite <- cons_seq, qsum_cons, <- seq_shift, qsum_map.
+  cbn [nth]. rewrite IH, qsum_cons. reflexivity.
+Qed.
+
+Lemma nq_pos_g (g : positive) : nq (Pos.to_nat g) * (1 # g) == 1.
+Proof. unfold nq. rewrite positive_nat_Z. unfold Qeq; cbn; lia. Qed.
+
+Lemma jroute_shape (g : positive) (a : list rtype) :
+  Forall valid_type a ->
+  Forall (fun ro => 0 <= fst ro /\ length (snd ro) = Pos.to_nat g
+                    /\ Forall (Forall valid_type) (snd ro) /\ lsum_tok (snd ro) = tokens_of a)
+         (jroute g a).
+Proof.
+  destruct (inv_g_bounds g) as [Hg0 Hg1].
+  induction 1 as [|t a Ht Ha IH].
+  - cbn. constructor; [|constructor]. cbn [fst snd]. split; [lra|]. split; [apply repeat_length|].
+    split; [apply Forall_forall; intros l Hl; apply repeat_spec in Hl; subst; constructor|].
+    generalize (Pos.to_nat g). intros n. induction n; cbn; auto.
+  - cbn [jroute]. apply Forall_forall. intros ro Hro. apply in_flat_map in Hro as [pr [Hpr Hro]].
+    apply in_map_iff in Hro as [i [<- Hi]]. apply in_seq in Hi.
+    rewrite Forall_forall in IH. destruct (IH pr Hpr) as (Hp & Hl & Hv & Hs). cbn [fst snd].
+    split; [nra|]. split; [rewrite add_at_length; exact Hl|]. split; [apply add_at_valid; assumption|].
+    rewrite add_at_tok by lia. rewrite Hs. cbn [tokens_of fold_right]. unfold tok. fold (tokens_of a). lia.
+Qed.
+
+Lemma jroute_mass (g : positive) (a : list rtype) : qsum fst (jroute g a) == 1.
+Proof.
+  induction a as [|t a IH]; [cbn; ring|]. cbn [jroute]. rewrite qsum_flat_map, <- IH.
+  apply qsum_eq. intros pr _. rewrite qsum_map. cbn [fst].
+  rewrite (qsum_seq_const ((1 # g) * fst pr) (Pos.to_nat g)).
+  setoid_replace (nq (Pos.to_nat g) * ((1 # g) * fst pr)) with ((nq (Pos.to_nat g) * (1 # g)) * fst pr) by ring.
+  rewrite nq_pos_g. ring.
+Qed.
+
+Lemma jroute_length (g : positive) (a : list rtype) :
+  Forall (fun ro => length (snd ro) = Pos.to_nat g) (jroute g a).
+Proof.
+  induction a as [|t a IH]; cbn [jroute]; [constructor; [apply repeat_length|constructor]|].
+  apply Forall_forall. intros ro Hro. apply in_flat_map in Hro as [pr [Hpr Hro]].
+  apply in_map_iff in Hro as [i [<- Hi]]. cbn [snd]. rewrite add_at_length.
+  rewrite Forall_forall in IH. exact (IH pr Hpr).
+Qed.
+
+(** What routing gives a node in expectation: [1 / g] of the slot's tokens, so a weighted sum
+    of the nodes' arriving tokens has expectation [tokens / g] times the sum of the weights. *)
+Lemma jroute_dot (g : positive) (a : list rtype) (w : list Q) :
+  length w = Pos.to_nat g ->
+  qsum (fun ro => fst ro * wdot w (snd ro)) (jroute g a)
+  == (1 # g) * nq (tokens_of a) * qsum (fun x => x) w.
+Proof.
+  intros Hw. induction a as [|t a IH].
+  - cbn [jroute]. rewrite qsum_cons, qsum_nil. cbn [fst snd]. rewrite wdot_nil.
+    cbn [tokens_of fold_right]. change (nq 0) with 0. ring.
+  - cbn [jroute]. rewrite qsum_flat_map.
+    assert (Hsh : forall pr, In pr (jroute g a) -> length (snd pr) = Pos.to_nat g)
+      by (apply Forall_forall, jroute_length).
+    transitivity (qsum (fun pr => 1 * (fst pr * wdot w (snd pr))
+                                  + ((1 # g) * nq (tok t) * qsum (fun x => x) w) * fst pr) (jroute g a)).
+    + apply qsum_eq. intros pr Hpr. rewrite qsum_map. cbn [fst snd].
+      pose proof (Hsh pr Hpr) as Hl.
+      transitivity (qsum (fun i => ((1 # g) * fst pr * wdot w (snd pr)) * 1
+                                   + ((1 # g) * fst pr * nq (tok t)) * nth i w 0) (seq 0 (Pos.to_nat g))).
+      * apply qsum_eq. intros i Hi. apply in_seq in Hi. rewrite wdot_add_at by lia. ring.
+      * rewrite qsum_lin, qsum_seq_const. rewrite <- Hw at 2. rewrite qsum_seq_nth.
+        setoid_replace (nq (Pos.to_nat g) * 1) with (nq (Pos.to_nat g)) by ring.
+        transitivity ((nq (Pos.to_nat g) * (1 # g)) * fst pr * wdot w (snd pr)
+                      + (1 # g) * fst pr * nq (tok t) * qsum (fun x => x) w); [ring|].
+        rewrite nq_pos_g. ring.
+    + rewrite qsum_lin, IH, jroute_mass. cbn [tokens_of fold_right]. fold (tokens_of a).
+      unfold tok. rewrite !nq_add. set (S := qsum (fun x => x) w). ring.
+Qed.
