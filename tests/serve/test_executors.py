@@ -3,6 +3,7 @@ generate open, and its refusals."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +37,9 @@ def hf_greedy(ckpt_dir: Path, ids: list[int], n: int) -> list[int]:
 def test_the_registry_names_every_executor_and_refuses_clearly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert set(EXECUTORS) == {"reference", "cpu", "native", "cuda"}
-    assert {n for n, k in EXECUTORS.items() if k.runs == "bundle"} == {"cpu", "native", "cuda"}
+    assert set(EXECUTORS) == {"reference", "cpu", "native", "cuda", "hip"}
+    bundle_kinds = {n for n, k in EXECUTORS.items() if k.runs == "bundle"}
+    assert bundle_kinds == {"cpu", "native", "cuda", "hip"}
     assert [n for n, k in EXECUTORS.items() if k.plans_in_memory] == ["cpu"]
     with pytest.raises(ExecutorUnavailable, match="unknown executor") as e:
         get_executor("tpu")
@@ -45,6 +47,9 @@ def test_the_registry_names_every_executor_and_refuses_clearly(
     monkeypatch.setenv("PLOW_ASSUME_NO_GPU", "1")
     with pytest.raises(ExecutorUnavailable, match="no GPU on this machine"):
         get_executor("cuda")
+    if not os.path.exists("/dev/kfd"):
+        with pytest.raises(ExecutorUnavailable, match="no AMD GPU"):
+            get_executor("hip")
 
 
 def test_every_runnable_executor_gives_transformers_greedy_tokens(
