@@ -248,6 +248,25 @@ def measure(
     return 1e6 * float(np.median(walls)), float(np.median(kernels)), toks, tc, smem
 
 
+def measure_isolated(
+    bundle: Path, verify: bool, new: int, tensor_cores: bool, timeout: float = 240.0
+) -> tuple[float, float, list[int], int, int] | str:
+    """`measure` in a child process (a GPU fault is sticky for its CUDA context: one path's
+    failure must not take the other's numbers with it); the error's last line when it fails."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--measure", str(bundle)]
+    cmd += ["--new", str(new), "--tc", str(int(tensor_cores))] + (["--verify"] if verify else [])
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("MEASURED ")]
+    if r.returncode != 0 or not lines:
+        tail = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["?"])[-1]
+        return f"exit {r.returncode}: {tail[:300]}"
+    w, k, toks, tc, smem = json.loads(lines[-1][len("MEASURED ") :])
+    return float(w), float(k), [int(t) for t in toks], int(tc), int(smem)
+
+
 def tool_versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for cmd, key in ((["nvcc", "--version"], "nvcc"), (["nvidia-smi", "-L"], "gpu")):
@@ -301,7 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="no GPU: plan-only, no timings")
     ap.add_argument("--no-scalar", action="store_true", help="skip the scalar-tile run")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s (default: target's)")
+    ap.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--tc", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--verify", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.measure is not None:  # the child of measure_isolated: one bundle, one path
+        w, k, toks, tc, smem = measure(a.measure, a.verify, a.new, bool(a.tc))
+        print("MEASURED " + json.dumps([w, k, toks, tc, smem]), flush=True)
+        return 0
     from plow.target import load_target
 
     bw = a.bandwidth or float(load_target(TARGET).bandwidth_bytes_per_s)
@@ -332,17 +358,23 @@ def main(argv: list[str] | None = None) -> int:
             else " (plan only)"
         )
         if not a.dry_run:
-            # the default (tensor cores for the bf16 linears), then the scalar tiles
-            wall, kern, toks, row.tensor_core_ops, row.smem_bytes = measure(
-                bundle, verify, new, True
-            )
-            row.wall_us, row.kernel_us, row.tokens = wall, kern, toks
-            row.wall_fraction = row.roofline_us / wall
-            row.kernel_fraction = row.roofline_us / kern if kern > 0 else None
-            if not a.no_scalar:
-                sw, sk, stoks, _, _ = measure(bundle, verify, new, False)
-                row.scalar_wall_us, row.scalar_kernel_us = sw, sk
-                row.tokens_equal = stoks == toks
+            # the scalar tiles, then the default (tensor cores for the bf16 linears), each in
+            # its own process
+            scalar = None if a.no_scalar else measure_isolated(bundle, verify, new, False)
+            if isinstance(scalar, str):
+                row.note += f"; scalar run failed: {scalar}"
+            elif scalar is not None:
+                row.scalar_wall_us, row.scalar_kernel_us = scalar[0], scalar[1]
+            got = measure_isolated(bundle, verify, new, True)
+            if isinstance(got, str):
+                row.note += f"; tensor-core run failed: {got}"
+            else:
+                wall, kern, toks, row.tensor_core_ops, row.smem_bytes = got
+                row.wall_us, row.kernel_us, row.tokens = wall, kern, toks
+                row.wall_fraction = row.roofline_us / wall
+                row.kernel_fraction = row.roofline_us / kern if kern > 0 else None
+                if scalar is not None and not isinstance(scalar, str):
+                    row.tokens_equal = scalar[2] == toks
         rows.append(row)
         print(json.dumps({k: v for k, v in asdict(row).items() if k != "tokens"}), flush=True)
         if not a.dry_run:
