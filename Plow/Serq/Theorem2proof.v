@@ -1687,3 +1687,112 @@ Proof.
     + rewrite qsum_lin, IH, jroute_mass. cbn [tokens_of fold_right]. fold (tokens_of a).
       unfold tok. rewrite !nq_add. set (S := qsum (fun x => x) w). ring.
 Qed.
+
+(** The Lyapunov function of the joint chain: the sum of the squares of the nodes' work. *)
+Definition jV (x : list joblist) : Q := qsum (fun s => nq (work s) * nq (work s)) x.
+
+Definition jws (x : list joblist) : list Q := map (fun s => nq (work s)) x.
+
+(** The work of the nodes with at least [2^16] tokens left (those serve a whole tile). *)
+Definition jbig (x : list joblist) : Q := qsum (fun s => if small s then 0 else nq (work s)) x.
+
+Lemma node_sq (a : list rtype) (x : joblist) :
+  jl_inv x -> Forall valid_type a ->
+  nq (work (slot E128 a x)) * nq (work (slot E128 a x))
+  <= nq (work x) * nq (work x) + 2 * nq (work x) * nq (tokens_of a)
+     - 256 * (if small x then 0 else nq (work x))
+     + (nq (tokens_of a) + 128) * (nq (tokens_of a) + 128).
+Proof.
+  intros Hx Ha. destruct (slot_step E128 e128_rad a x Hx Ha) as (_ & Hle & Hbig).
+  pose proof (nq_nonneg (work (slot E128 a x))) as H0. pose proof (nq_nonneg (work x)) as H1.
+  pose proof (nq_nonneg (tokens_of a)) as H2.
+  set (w' := nq (work (slot E128 a x))) in *. set (w := nq (work x)) in *. set (t := nq (tokens_of a)) in *.
+  destruct (small x) eqn:Hs.
+  - assert (Hq : w' <= w + t).
+    { pose proof (nq_le_add _ 0 _ _ ltac:(rewrite Nat.add_0_r; exact Hle)) as Hq.
+      change (nq 0) with 0 in Hq. fold w' w t in Hq. lra. }
+    assert (w' * w' <= (w + t) * (w + t)) by nra. nra.
+  - unfold small in Hs. apply Nat.ltb_ge in Hs. specialize (Hbig Hs).
+    assert (Hq : w' + 128 <= w + t).
+    { pose proof (nq_le_add _ 128 _ _ Hbig) as Hq. change (nq 128) with 128 in Hq. fold w' w t in Hq. exact Hq. }
+    assert (w' * w' <= (w + t - 128) * (w + t - 128)) by nra. nra.
+Qed.
+
+Lemma tokens_le_lsum (l : list rtype) (arr : list (list rtype)) :
+  In l arr -> (tokens_of l <= lsum_tok arr)%nat.
+Proof.
+  induction arr as [|m arr IH]; intros Hin; [destruct Hin|]. unfold lsum_tok in *; cbn [fold_right].
+  destruct Hin as [<-|Hin]; [lia|]. specialize (IH Hin). lia.
+Qed.
+
+Lemma jslot_V (arr : list (list rtype)) (x : list joblist) (c : Q) :
+  length arr = length x -> Forall (Forall valid_type) arr -> Forall jl_inv x ->
+  (forall l, In l arr -> (nq (tokens_of l) + 128) * (nq (tokens_of l) + 128) <= c) ->
+  jV (jslot E128 arr x) <= jV x + 2 * wdot (jws x) arr - 256 * jbig x + nq (length x) * c.
+Proof.
+  revert arr. induction x as [|s x IH]; intros arr Hl Ha Hx Hc.
+  - destruct arr as [|l arr]; [|discriminate].
+    unfold jslot, jV, jws, jbig. cbn [combine map wdot length].
+    change (qsum (fun s => nq (work s) * nq (work s)) []) with 0.
+    change (qsum (fun s => if small s then 0 else nq (work s)) []) with 0.
+    change (nq 0) with 0. lra.
+  - destruct arr as [|l arr]; [discriminate|]. cbn [length] in Hl.
+    inversion Ha as [|? ? Hla Harr]; subst. inversion Hx as [|? ? Hs Hxs]; subst.
+    pose proof (node_sq l s Hs Hla) as Hn.
+    pose proof (IH arr ltac:(lia) Harr Hxs ltac:(intros m Hm; apply Hc; now right)) as Hr.
+    pose proof (Hc l (or_introl eq_refl)) as Hcl.
+    assert (Hj : jslot E128 (l :: arr) (s :: x) = slot E128 l s :: jslot E128 arr x) by reflexivity.
+    rewrite Hj. unfold jV, jbig in *. rewrite !qsum_cons. cbn [jws map wdot]. fold (jws x).
+    assert (Hn1 : nq (length (s :: x)) == nq (length x) + 1).
+    { cbn [length]. unfold nq. rewrite Nat2Z.inj_succ, <- Z.add_1_r, inject_Z_plus. reflexivity. }
+    rewrite Hn1. set (ws := jws x) in *. set (c0 := nq (length x)) in *.
+    assert (0 <= c) by (pose proof (nq_nonneg (tokens_of l)); nra).
+    nra.
+Qed.
+
+(** The drift of [jV]: one slot adds at most [2 (L / g)] times the total work, takes [256]
+    times the work of the nodes with a whole tile to serve, plus a constant. *)
+Lemma jchain_drift (g : positive) (D : dist) (x : list joblist) (c : Q) :
+  valid_dist0 D -> length x = Pos.to_nat g -> Forall jl_inv x ->
+  (forall pa, In pa D -> (nq (tokens_of (snd pa)) + 128) * (nq (tokens_of (snd pa)) + 128) <= c) ->
+  expect (jchain E128 g D) jV x
+  <= (jV x - 256 * jbig x + nq (length x) * c) + 2 * ((1 # g) * load D) * qsum (fun q => q) (jws x).
+Proof.
+  intros [HD H1] Hl Hx Hc.
+  change (fold_right (fun pa acc => fst pa + acc) 0 D) with (qsum fst D) in H1.
+  set (B0 := jV x - 256 * jbig x + nq (length x) * c).
+  set (S := qsum (fun q => q) (jws x)).
+  unfold expect, jchain. rewrite qsum_flat_map.
+  apply Qle_trans with (qsum (fun pa => fst pa * (B0 * 1 + 2 * ((1 # g) * nq (tokens_of (snd pa)) * S))) D).
+  - apply qsum_le. intros [p a] Hin. rewrite qsum_map. cbn [fst snd].
+    rewrite Forall_forall in HD. destruct (HD _ Hin) as [Hp Ha].
+    assert (Hlw : length (jws x) = Pos.to_nat g) by (unfold jws; rewrite map_length; exact Hl).
+    pose proof (jroute_mass g a) as Hm. pose proof (jroute_dot g a (jws x) Hlw) as Hd. fold S in Hd.
+    assert (Hsh := jroute_shape g a Ha).
+    set (R := jroute g a) in *.
+    apply Qle_trans with (qsum (fun ro => p * (B0 * fst ro + 2 * (fst ro * wdot (jws x) (snd ro)))) R).
+    + apply qsum_le. intros [q arr] Hro. rewrite Forall_forall in Hsh.
+      destruct (Hsh _ Hro) as (Hq & Hla & Hva & Hs). cbn [fst snd] in *.
+      assert (Hcl : forall l, In l arr -> (nq (tokens_of l) + 128) * (nq (tokens_of l) + 128) <= c).
+      { intros l Hli. pose proof (tokens_le_lsum l arr Hli) as Ht. rewrite Hs in Ht.
+        assert (Htq : nq (tokens_of l) <= nq (tokens_of a)) by (unfold nq; rewrite <- Zle_Qle; lia).
+        pose proof (nq_nonneg (tokens_of l)). pose proof (Hc (p, a) Hin) as Hca. cbn [snd] in Hca. nra. }
+      pose proof (jslot_V arr x c ltac:(lia) Hva Hx Hcl) as Hv. fold B0 in Hv.
+      assert (Hpq : 0 <= p * q) by nra.
+      set (wd := wdot (jws x) arr) in *. set (v := jV (jslot E128 arr x)) in *.
+      assert (Hv' : v <= B0 + 2 * wd) by (unfold B0 in *; lra).
+      assert (p * q * v <= p * q * (B0 + 2 * wd)) by nra.
+      nra.
+    + assert (E1 : qsum (fun ro => p * (B0 * fst ro + 2 * (fst ro * wdot (jws x) (snd ro)))) R
+                   == p * (B0 * qsum fst R + 2 * qsum (fun ro => fst ro * wdot (jws x) (snd ro)) R)).
+      { pose proof (qsum_scale p (fun ro => B0 * fst ro + 2 * (fst ro * wdot (jws x) (snd ro))) R) as A.
+        pose proof (qsum_lin B0 2 fst (fun ro => fst ro * wdot (jws x) (snd ro)) R) as B.
+        cbv beta in A, B. rewrite B in A. exact A. }
+      rewrite E1, Hm, Hd. apply Qle_refl.
+  - assert (E2 : qsum (fun pa => fst pa * (B0 * 1 + 2 * ((1 # g) * nq (tokens_of (snd pa)) * S))) D
+                 == B0 * qsum fst D + (2 * (1 # g) * S) * load D).
+    { rewrite load_qsum.
+      pose proof (qsum_lin B0 (2 * (1 # g) * S) fst (fun pa => fst pa * nq (tokens_of (snd pa))) D) as B.
+      cbv beta in B. rewrite <- B. apply qsum_eq. intros pa _. set (t := nq (tokens_of (snd pa))). ring. }
+    rewrite E2, H1. set (LD := load D). lra.
+Qed.
