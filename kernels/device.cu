@@ -646,7 +646,7 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       case plow::PLOW_ADD_RMSNORM:
         for (int64_t i = r[0].a + threadIdx.x; i < r[0].b; i += blockDim.x) {
           const Range s[3] = {{i, i + 1}, r[1], r[2]};
-          plow::tile_add_rmsnorm(c, op, s);
+          plow::tile_add_rmsnorm(c, op, s, step);
         }
         break;
       // linear_glu: the tile's output elements strided over the CTA's threads (fused.h's dots)

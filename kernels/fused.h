@@ -3,10 +3,11 @@
 // Each fused tile does the arithmetic of the canonical ops it replaces, in their order, so its
 // words are the canonical tiles' bits wherever the canonical tiling reduces in the same order:
 //
-//   add_rmsnorm (R1)  s = a + b (tiles.h's residual add), then rmsnorm(s) over the whole row
-//                     (tiles.h's unsplit norm: sumsq over the row's 32 lanes, sqrtf, norm_apply);
-//                     both s and the norm are written. A tile holds whole rows (the tiler never
-//                     splits its columns), so the norm reads only the sums this tile wrote.
+//   add_rmsnorm (R1)  s = a + b (tiles.h's residual add) of the tile's box, written; then, as
+//                     tiles.h's rmsnorm: unsplit, the row's norm (sumsq over its 32 lanes, sqrtf,
+//                     norm_apply); split (column tiles), the box's sums of squares per row into
+//                     the partial, and a merge (merge_add_rmsnorm, merge_rmsnorm's arithmetic)
+//                     that reads the partials in step order and the sums, and writes the norm.
 //   linear_glu (R2+R3+R13)  one linear over the interleaved gate/up weight (row 2n gate row n,
 //                     row 2n + 1 up row n; re-laid-out in the bundle), then the gated MLP's
 //                     act(g) * u: g and u are tiles.h's dots (dot4_w / dot_w, the linear's
@@ -28,9 +29,11 @@ namespace plow {
 // Op kinds of the op table (PlowKind continues here; plow/runtime/native/lower.py).
 enum PlowFusedKind { PLOW_ADD_RMSNORM = 30, PLOW_LINEAR_GLU = 31, PLOW_LINEAR_QKV = 32 };
 
-// add_rmsnorm: t0 a, t1 b, t2 sum (out), t3 norm (out); d0 columns; f0 eps, f1 offset;
+// add_rmsnorm: t0 a, t1 b, t2 sum (out), t3 norm (out), t4 partial (sums of squares); d0
+// columns, d1 rows, d2 merge columns (the output's 2-D view), d3 steps; f0 eps, f1 offset;
 // w0 the norm weight [d0]
-PLOW_HD static void tile_add_rmsnorm(const Ctx& c, const PlowOp& op, const Range* r) {
+PLOW_HD static void tile_add_rmsnorm(const Ctx& c, const PlowOp& op, const Range* r,
+                                     int64_t step) {
   const float* a = c.A + op.t[0];
   const float* b = c.A + op.t[1];
   float* s = c.A + op.t[2];
@@ -38,10 +41,29 @@ PLOW_HD static void tile_add_rmsnorm(const Ctx& c, const PlowOp& op, const Range
   const int64_t C = op.d[0];
   for (int64_t i = r[0].a; i < r[0].b; ++i) {
     float* si = s + i * C;
-    for (int64_t j = 0; j < C; ++j) si[j] = a[i * C + j] + b[i * C + j];
+    for (int64_t j = r[1].a; j < r[1].b; ++j) si[j] = a[i * C + j] + b[i * C + j];
+    if (step >= 0) {  // partial: this column slice's sum of squares
+      c.A[op.t[4] + step * op.d[1] + i] = sumsq(si + r[1].a, r[1].b - r[1].a);
+      continue;
+    }
     const float var = sumsq(si, C) / static_cast<float>(C);
     const float den = sqrtf(var + op.f[0]);
     for (int64_t j = 0; j < C; ++j) out[i * C + j] = norm_apply(op, si[j], den, j);
+  }
+}
+
+// A merge unit of a split add_rmsnorm (u: rows u0..u1, output columns u6..u7): merge_rmsnorm's
+// arithmetic over the sums, into the norm.
+PLOW_HD static void merge_add_rmsnorm(const Ctx& c, const PlowOp& op, const int64_t* u) {
+  const float* s = c.A + op.t[2];
+  const float* part = c.A + op.t[4];
+  float* out = c.A + op.t[3];
+  const int64_t C = op.d[0], R = op.d[1], steps = op.d[3];
+  for (int64_t i = u[0]; i < u[1]; ++i) {
+    float total = part[i];
+    for (int64_t k = 1; k < steps; ++k) total = total + part[k * R + i];
+    const float den = sqrtf(total / static_cast<float>(C) + op.f[0]);
+    for (int64_t j = u[6]; j < u[7]; ++j) out[i * C + j] = norm_apply(op, s[i * C + j], den, j);
   }
 }
 

@@ -74,7 +74,7 @@ PLOW_HD static int64_t run_tile(const Ctx& c, const PlowOp& op, const Range* r, 
     case PLOW_SSM_CONV:
     case PLOW_SSM_SCAN:
     case PLOW_SSM_NORM: ssm_tile(c, op, r); break;  // kernels/ssm.h (Mamba-2)
-    case PLOW_ADD_RMSNORM: tile_add_rmsnorm(c, op, r); break;  // kernels/fused.h (R1)
+    case PLOW_ADD_RMSNORM: tile_add_rmsnorm(c, op, r, step); break;  // kernels/fused.h (R1)
     case PLOW_LINEAR_GLU: tile_linear_glu(c, op, r); break;    // kernels/fused.h (R2+R3+R13)
     case PLOW_LINEAR_QKV: tile_linear_qkv(c, op, r); break;    // kernels/fused.h (R4)
     default: break;  // the loader refuses other kinds
@@ -90,6 +90,7 @@ PLOW_HD static void run_merge(const Ctx& c, const PlowOp& op, const int64_t* u, 
     case PLOW_ATTENTION: merge_attention(c, op, u, scratch); break;
     case PLOW_SAMPLE: merge_sample(c, op, u); break;
     case PLOW_EXPERT_LINEAR: merge_linear(c, op, u); break;  // the sum over experts
+    case PLOW_ADD_RMSNORM: merge_add_rmsnorm(c, op, u); break;  // kernels/fused.h (R1)
     default: break;
   }
 }

@@ -64,8 +64,9 @@ MATMUL_WEIGHT = {
 }
 _ATTN_CACHE = {"attend": 1, "attention": 3, "attention_rope": 3}
 _PAIRS = {"add_rmsnorm", "lm_head_argmax", "embedding_rmsnorm"}
-# fused kinds whose plow tiles hold whole rows (plow/tiles/tiler.py: columns never split)
-WHOLE_ROWS = frozenset({"add_rmsnorm"})
+# fused kinds whose plow tiles hold whole rows (plow/tiles/tiler.py: columns never split);
+# none today (add_rmsnorm splits its columns, as rmsnorm)
+WHOLE_ROWS: frozenset[str] = frozenset()
 _ALWAYS = frozenset({"T.leaf", "nobias", "Vec"})
 ACT_BYTES = 4  # activations are float32 in plow's graph
 
@@ -193,8 +194,7 @@ def node_cost_ns(n: Node, info: Mapping[int, Info], target: Target, dtype: str) 
         flops = 4 * math.prod(q) * info[n.children[_ATTN_CACHE[n.op]]][0][0][2]
     else:
         flops = 4 * sum(math.prod(s) for s, _ in out)
-    # plow's add_rmsnorm tile holds whole rows (its norm reads the sums the tile wrote): at
-    # most one worker per row streams it, so a one-token row gets 1 / workers of the device
+    # fused kinds whose tiles hold whole rows: at most one worker per row streams them
     share = 1.0
     if n.op in WHOLE_ROWS:
         shape = out[0][0]

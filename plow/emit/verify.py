@@ -845,6 +845,7 @@ REDUCTION_AXIS: dict[str, int] = {
     "attention": 1,
     "sample": 1,
     "rmsnorm": 1,
+    "add_rmsnorm": 1,
 }
 
 
@@ -908,7 +909,7 @@ def merge_unit_count(o: OpEntry, tensors: dict[str, TensorEntry], workers: int) 
                 w = heads * hd
             total += _chunks(w, per)
         return total * rest0
-    if o.kind == "rmsnorm":
+    if o.kind in ("rmsnorm", "add_rmsnorm"):
         ncols = _last_dim(shape_out)
         g = int(o.attrs.get("group") or ncols)
         if g <= 0:

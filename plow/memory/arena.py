@@ -39,7 +39,14 @@ from plow.tiles.ir import TileGraph
 ALIGN = 256
 SAMPLED_SLOT = "ids"  # the input the sampled token ids are written into
 
-_SPLIT_AXIS = {"linear": 2, "lm_head": 2, "attention": 1, "sample": 1, "rmsnorm": 1}
+_SPLIT_AXIS = {
+    "linear": 2,
+    "lm_head": 2,
+    "attention": 1,
+    "sample": 1,
+    "rmsnorm": 1,
+    "add_rmsnorm": 1,
+}
 _SPLIT_AXIS["expert_linear"] = 2  # routed experts: the down projection sums over experts
 
 

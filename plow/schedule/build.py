@@ -55,7 +55,9 @@ from plow.schedule.regions import (
     UnitArrays,
     is_split,
     output_columns,
+    partial_name,
     run_bboxes,
+    view,
 )
 from plow.target.model import Target, dtype_bytes
 from plow.tiles.ir import TiledOp, TileGraph
@@ -247,6 +249,11 @@ def build_schedule(
     # an op writing several outputs (R1's add_rmsnorm: the same box of each; R4's linear_qkv:
     # q, k, v side by side) writes each its part of the task's box
     multi = {op.outputs[0]: output_columns(graph, op) for op in graph.ops if len(op.outputs) > 1}
+    # a split add_rmsnorm (R1): its tiles write the partials and the same box of the sum
+    for op in graph.ops:
+        if op.kind.value == "add_rmsnorm":
+            w = view(graph.tensor(op.outputs[0]).shape)[1]
+            multi[partial_name(op.name)] = [(partial_name(op.name), 0, w), (op.outputs[0], 0, w)]
 
     def writes(d: _Draft) -> list[tuple[str, Box]]:
         assert d.write is not None

@@ -57,6 +57,7 @@ REDUCTION_AXIS: dict[str, int] = {
     "attention": 1,
     "sample": 1,
     "rmsnorm": 1,
+    "add_rmsnorm": 1,  # R1 split: tiles write sums + partials, merges write the norm
 }
 
 
@@ -80,6 +81,7 @@ def output_columns(graph: OpGraph, op: Op) -> list[tuple[str, int, int]]:
     other op writes the same box of each of its outputs."""
     if op.kind.value != "linear_qkv":
         return [(t, 0, view(graph.tensor(t).shape)[1]) for t in op.outputs]
+    # (a split add_rmsnorm's tiles write the partials and the sums: `build.writes`)
     out, at = [], 0
     for t in op.outputs:
         w = view(graph.tensor(t).shape)[1]
@@ -524,7 +526,7 @@ class Regions:
         c1 = np.minimum(bl[bi, 3], c0 + step[bi])
         chunks = np.stack([bl[bi, 0], bl[bi, 1], c0, c1], axis=1)
         mwrites = chunks
-        mreads = bl[bi] if top.kind == "rmsnorm" else chunks
+        mreads = bl[bi] if top.kind in ("rmsnorm", "add_rmsnorm") else chunks
         mstripe: list[float] = np.minimum(((c0 + c1) / 2) / ncols, 0.999999).tolist()
         m = len(mwrites)
         if not m:
@@ -534,7 +536,7 @@ class Regions:
             m,
             list(range(m)),
             {partial_name(top.name): mreads},
-            out,
+            op.outputs[-1] if top.kind == "add_rmsnorm" else out,  # R1: the norm
             mwrites,
             [each] * m,
             False,
@@ -610,7 +612,7 @@ class Regions:
             step = -(-width // k)
             for c0 in range(box[2], box[3], step):
                 chunk = (box[0], box[1], c0, min(box[3], c0 + step))
-                read = box if top.kind == "rmsnorm" else chunk
+                read = box if top.kind in ("rmsnorm", "add_rmsnorm") else chunk
                 stripe = min(((chunk[2] + chunk[3]) / 2) / ncols, 0.999999)
                 merges.append(
                     Unit(
@@ -618,7 +620,7 @@ class Regions:
                         True,
                         len(merges),
                         ((partial_name(top.name), read),),
-                        (out, chunk),
+                        (op.outputs[-1] if top.kind == "add_rmsnorm" else out, chunk),
                         0.0,
                         False,
                         0,

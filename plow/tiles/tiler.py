@@ -65,6 +65,7 @@ REDUCTION_AXIS = {
     OpKind.attention: 1,
     OpKind.rmsnorm: 1,
     OpKind.sample: 1,
+    OpKind.add_rmsnorm: 1,  # R1: column tiles write their sums and sums of squares; a merge
 }
 
 
@@ -522,16 +523,14 @@ class _Tiler:
             fpp, per_point, per_row = 1, a, 8
         one_wave = round_up(cdiv(cols, self.target.workers), self.cmin)
         col_sizes = axis_sizes(cols, self.cmin, self.opt.max_tile_elementwise, (one_wave,))
-        if k is OpKind.add_rmsnorm:  # a tile normalises whole rows (no split reduction)
-            col_sizes = (round_up(cols, self.cmin),)
         axes = (
             _AxisSpec("rows", rows, axis_sizes(rows, self.rmin, self.opt.max_tile_rows)),
             _AxisSpec("cols", cols, col_sizes),
         )
         # rmsnorm (sum of squares) and sample (argmax) reduce over the row: a split row
         # writes per-step partials that a merge pass reads; a split norm reads x twice.
-        reduces = k in (OpKind.rmsnorm, OpKind.sample)
-        reread = a if k is OpKind.rmsnorm else 0
+        reduces = k in (OpKind.rmsnorm, OpKind.sample, OpKind.add_rmsnorm)
+        reread = a if k in (OpKind.rmsnorm, OpKind.add_rmsnorm) else 0
 
         def tile_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             pp = per_point + (reread if s[1] > 1 else 0)

@@ -451,7 +451,7 @@ def _layout(
         elif op.kind == "attention":
             shapes = [(pn, (s, op.extents[0], op.extents[2]), "float32")]
             private.append((pn + ".ml", (s, op.extents[0], 2), "float32"))
-        elif op.kind == "rmsnorm":
+        elif op.kind in ("rmsnorm", "add_rmsnorm"):
             shapes = [(pn, (s, op.extents[0]), "float32")]
         elif op.kind == "sample":  # [steps, B, 2]: the values, then the indices
             shapes = [

@@ -19,7 +19,7 @@ sub-blocks; split reductions combine per-tile fp32 partials:
 | linear_qkv (R4) | x @ cat3(wq, wk, wv)^T, columns to q, k, v | - | - |
 | attention | rows (by kv head) over a key range | (o, max, sum) over its keys | rescale, sum |
 | gated_mlp, residual_add | element-wise box | - | - |
-| add_rmsnorm (R1, fused) | whole rows: a + b, then its norm (both written) | - | - |
+| add_rmsnorm (R1) | a + b (written), then its norm | its sums' squares | normalise rows |
 | sample | greedy argmax of the sampled row, cols | (max, index) of its cols | first maximum |
 | router | whole rows: softmax, top-k, renormalise | - | - |
 | expert_linear | one expert: its rows (others 0) | down: weighted k-slice | sum, ascending |
@@ -162,15 +162,41 @@ def _elementwise(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | No
 
 
 def _add_rmsnorm(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
-    """R1 (plow/egraph): whole rows of a + b, written, and their full-width norm, written."""
-    (a, b), _ = r
+    """R1 (plow/egraph): a + b of the tile's box, written; unsplit (whole rows) its
+    full-width norm, written; split, the box's sums of squares per row (the partial)."""
+    (a, b), (c0, c1) = r
     v = _view2(_shape(plan, op.inputs[0]))
-    x = acc.get(op.inputs[0], v, np.s_[a:b, :])
-    y = acc.get(op.inputs[1], v, np.s_[a:b, :])
+    x = acc.get(op.inputs[0], v, np.s_[a:b, c0:c1])
+    y = acc.get(op.inputs[1], v, np.s_[a:b, c0:c1])
     s = K.residual_add(x, y, None)
-    acc.put(op.outputs[0], v, np.s_[a:b, :], s)
+    acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], s)
+    if step is not None:  # as rmsnorm's partial, over the sums just written
+        ss = np.asarray(np.sum(s * s, axis=-1, dtype=F32))
+        acc.put(partial_name(op.name), (op.steps[1], v[0]), np.s_[step, a:b], ss)
+        return
     w = acc.weight(op.inputs[2])
     acc.put(op.outputs[1], v, np.s_[a:b, :], K.rmsnorm(s, w, {**op.attrs, "group": v[1]}))
+
+
+def _add_rmsnorm_merge(
+    plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access
+) -> None:
+    """A split add_rmsnorm's merge: rmsnorm's merge over the sums the tiles wrote, into the
+    norm (the op's second output)."""
+    (a, b), _ = r
+    v = _view2(_shape(plan, op.inputs[0]))
+    steps = op.steps[1]
+    parts = acc.get(partial_name(op.name), (steps, v[0]), np.s_[:, a:b])
+    total = parts[0].copy()
+    for k in range(1, steps):
+        total = total + parts[k]
+    var = total / F32(v[1])
+    c0, c1 = cols
+    x = acc.get(op.outputs[0], v, np.s_[a:b, c0:c1])
+    w = acc.weight(op.inputs[2]).astype(F32)[c0:c1]
+    y = x / np.sqrt(var[:, None] + F32(op.attrs["eps"]))
+    y = (y * (F32(op.attrs.get("offset", 0.0)) + w)).astype(F32)
+    acc.put(op.outputs[1], v, np.s_[a:b, c0:c1], y)
 
 
 # -- matmul ----------------------------------------------------------------------------------
@@ -705,6 +731,7 @@ TILE: dict[str, TileFn] = {
 }
 MERGE: dict[str, MergeFn] = {
     "rmsnorm": _rmsnorm_merge,
+    "add_rmsnorm": _add_rmsnorm_merge,
     "linear": _linear_merge,
     "lm_head": _linear_merge,
     "attention": _attention_merge,

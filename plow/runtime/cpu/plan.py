@@ -262,7 +262,7 @@ def layout_for(graph: OpGraph, ops: tuple[OpEntry, ...], kv: KVShape, ring: int)
             rows, d = op.extents[0], op.extents[2]
             lb.add(pn, (s, rows, d))
             lb.add(pn + ".ml", (s, rows, 2))
-        elif op.kind == "rmsnorm":
+        elif op.kind in ("rmsnorm", "add_rmsnorm"):
             lb.add(pn, (s, op.extents[0]))
         elif op.kind == "sample":
             lb.add(pn, (s, op.extents[0]))

@@ -328,8 +328,9 @@ def _lower_op(
         o.w0, o.w0_dtype = weight(op.inputs[2])
     elif k == "add_rmsnorm":  # kernels/fused.h (R1)
         o.t[0], o.t[1] = word(op.inputs[0]), word(op.inputs[1])
-        o.t[2], o.t[3] = word(op.outputs[0]), word(op.outputs[1])
-        o.d[0] = _view2(shape(op.inputs[0]).shape)[1]
+        o.t[2], o.t[3], o.t[4] = word(op.outputs[0]), word(op.outputs[1]), part
+        xs = _view2(shape(op.inputs[0]).shape)
+        o.d[0], o.d[1], o.d[2], o.d[3] = xs[1], xs[0], xs[1], op.steps[1]
         o.f[0], o.f[1] = float(op.attrs["eps"]), float(op.attrs.get("offset", 0.0))
         o.w0, o.w0_dtype = weight(op.inputs[2])
     elif k == "linear_glu":  # kernels/fused.h (R2+R3+R13): the interleaved gate/up weight
