@@ -7,7 +7,7 @@
     [theorem2_one_node_small_set]; [serq prove] uses none of them.  B6 (compound Poisson
     arrivals, [theorem2_compound]) is stated below for countable laws with rational weights,
     and proved ([theorem2_compound_holds]).  B5's joint part ([theorem2_nodes_joint]) is
-    stated and not proved.
+    proved ([theorem2_nodes_joint_holds]).
 
     The model, as the seed's account of the Lean proofs describes it.  Time is slotted: in a
     slot, the slot's list of requests arrives (drawn from a finite distribution over lists
@@ -214,7 +214,7 @@ Definition theorem2_nodes_per_node_for (E : engine) : Prop :=
 
 Definition theorem2_nodes_per_node : Prop := theorem2_nodes_per_node_for E128.
 
-(** ** B5, the joint part (stated, not proved)
+(** ** B5, the joint part (proved: [Theorem2proof.theorem2_nodes_joint_holds])
 
     The [g] nodes together: a state is the list of their job lists; in a slot, the slot's
     request list is drawn from [D], each of its requests goes to one of the nodes, each node
@@ -225,13 +225,12 @@ Definition theorem2_nodes_per_node : Prop := theorem2_nodes_per_node_for E128.
     finite: [hit_partial] of the all-empty set from the all-empty state is bounded at every
     horizon.  The job lists forget the clocks, so "every engine empty" is this one state.
 
-    Not proved: the work left summed over the nodes is no Lyapunov function here (a node
-    with a large backlog drains [128] a slot while an empty one gains [L / g] in expectation,
-    and [L / g + L / g - 128] can be positive when [g > 1]); the route we see is the sum of the
-    squares of the nodes' work, whose drift is at most [-2 (128 - L / g) w + C] at a node
-    with [w >= 2^16] tokens left and at most a constant elsewhere, so it is negative once
-    one node has a large enough backlog, then regeneration from the finite set of states
-    with every node below it, as in B4. *)
+    The proof: the work left summed over the nodes is no Lyapunov function (a node with a
+    large backlog drains [128] a slot while an empty one gains [L / g] in expectation, and
+    [L / g + L / g - 128] can be positive when [g > 1]); the sum of the squares of the nodes'
+    work is, its drift being at most [-2 (128 - L / g) w + C] at a node with [w >= 2^16]
+    tokens left and at most a constant elsewhere; then regeneration from the states with
+    every node below a threshold, as in B4. *)
 Fixpoint add_at (i : nat) (t : rtype) (l : list (list rtype)) : list (list rtype) :=
   match l, i with
   | [], _ => []

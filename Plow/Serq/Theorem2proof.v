@@ -1,5 +1,6 @@
-(** * Theorem 2 of Bari et al., B4, B5's per-node part and B6, proved: [theorem2_one_node_holds],
-    [theorem2_nodes_per_node_holds], [theorem2_compound_holds]
+(** * Theorem 2 of Bari et al., B4, B5 (per node and joint) and B6, proved:
+    [theorem2_one_node_holds], [theorem2_nodes_per_node_holds], [theorem2_nodes_joint_holds],
+    [theorem2_compound_holds]
 
     One RAD node with 128-token tiles ([Theorem2.E128]), a finite slot-arrival distribution
     with rational probabilities, [L < 128]: every reachable state of the job-list chain is
@@ -36,7 +37,9 @@
       uniform independent routing to [g] nodes ([Theorem2.route]) is a slot distribution
       (probabilities [>= 0], zero for [g = 1], summing to 1) whose load is [L / g]
       ([route_valid]), and the proof of B4 ([one_node_general]) needs only probabilities
-      [>= 0].  B5's joint part is not stated, and not proved;
+      [>= 0];
+    - B5's joint part ([theorem2_nodes_joint_holds], for [bari_rad.sq]'s engine): the sum of the
+      squares of the nodes' work as the Lyapunov function (see its section below);
     - B6 ([theorem2_compound_holds]): a prefix of a countable slot law is dominated
       ([dominated], [partial_return_dominated]) by the distribution that keeps its requesting
       entries and puts the rest of the mass on one empty slot ([complete]); that one has mass
@@ -1558,8 +1561,18 @@ Theorem theorem2_rad128 (E : engine) :
   rad128 E -> theorem2_one_node_for E /\ theorem2_nodes_per_node_for E /\ theorem2_compound_for E.
 Proof. intros H. split; [|split]; [exact (one_node_for E H)|exact (nodes_per_node_for E H)|exact (compound_for E H)]. Qed.
 
-(** ** B5's joint part: the routing ([Theorem2.jroute]), what its outcomes are and what a
-    node gets in expectation (lemmas toward [theorem2_nodes_joint], which is not proved) *)
+(** ** B5's joint part ([theorem2_nodes_joint_holds])
+
+    The joint chain of the [g] nodes under uniform independent routing ([Theorem2.jroute]).
+    The summed work is no Lyapunov function here, the sum of the squares of the nodes' work
+    ([jV]) is: the routing gives each node [1 / g] of the slot's tokens in expectation
+    ([jroute_dot]), so one slot adds at most [2 (L / g)] times the total work and takes [256]
+    times the work of every node with a whole tile to serve, plus a constant
+    ([jchain_drift], from [node_sq]); a node with [w >= W] tokens left makes the drift at most
+    [-1] for [W] large enough ([Qarchimedean]), and Foster's criterion bounds the expected time
+    to the set where every node has less than [W] ([jsmall]).  From there [W] empty slots
+    empty every node ([jdrain_kill]), and the regeneration lemmas of B4 ([hit_regenerate],
+    [hit_via]) bound the expected return time to all nodes empty. *)
 
 Local Open Scope Q_scope.
 
@@ -1795,4 +1808,277 @@ Proof.
       pose proof (qsum_lin B0 (2 * (1 # g) * S) fst (fun pa => fst pa * nq (tokens_of (snd pa))) D) as B.
       cbv beta in B. rewrite <- B. apply qsum_eq. intros pa _. set (t := nq (tokens_of (snd pa))). ring. }
     rewrite E2, H1. set (LD := load D). lra.
+Qed.
+
+(** *** The joint chain's kernel *)
+
+Definition jinv (g : positive) (x : list joblist) : Prop := length x = Pos.to_nat g /\ Forall jl_inv x.
+
+Lemma jslot_cons (E : engine) (l : list rtype) (arr : list (list rtype)) (s : joblist) (x : list joblist) :
+  jslot E (l :: arr) (s :: x) = slot E l s :: jslot E arr x.
+Proof. reflexivity. Qed.
+
+Lemma jslot_length (E : engine) (arr : list (list rtype)) (x : list joblist) :
+  length arr = length x -> length (jslot E arr x) = length x.
+Proof. intros H. unfold jslot. rewrite map_length, combine_length. lia. Qed.
+
+Lemma jslot_inv (arr : list (list rtype)) (x : list joblist) :
+  length arr = length x -> Forall (Forall valid_type) arr -> Forall jl_inv x ->
+  Forall jl_inv (jslot E128 arr x).
+Proof.
+  revert arr. induction x as [|s x IH]; intros arr Hl Ha Hx.
+  - destruct arr; [constructor|discriminate].
+  - destruct arr as [|l arr]; [discriminate|]. cbn [length] in Hl.
+    inversion Ha as [|? ? Hla Harr]; subst. inversion Hx as [|? ? Hs Hxs]; subst.
+    rewrite jslot_cons. constructor; [exact (proj1 (slot_step E128 e128_rad l s Hs Hla))|].
+    apply IH; [lia|exact Harr|exact Hxs].
+Qed.
+
+Lemma jchain_ok (g : positive) (D : dist) : valid_dist0 D ->
+  forall x, jinv g x -> forall py, In py (jchain E128 g D x) -> 0 <= fst py /\ jinv g (snd py).
+Proof.
+  intros [HD _] x [Hl Hx] py Hin. unfold jchain in Hin. apply in_flat_map in Hin as [[p a] [Hpa Hin]].
+  apply in_map_iff in Hin as [[q arr] [<- Hro]]. cbn [fst snd] in *.
+  rewrite Forall_forall in HD. destruct (HD _ Hpa) as [Hp Ha]. cbn [fst snd] in *.
+  pose proof (jroute_shape g a Ha) as Hsh. rewrite Forall_forall in Hsh.
+  destruct (Hsh _ Hro) as (Hq & Hla & Hva & _). cbn [fst snd] in *.
+  split; [nra|]. split; [rewrite jslot_length; lia|apply jslot_inv; [lia|exact Hva|exact Hx]].
+Qed.
+
+Lemma jchain_mass (g : positive) (D : dist) : valid_dist0 D -> forall x, qsum fst (jchain E128 g D x) == 1.
+Proof.
+  intros [_ H1] x. change (fold_right (fun pa acc => fst pa + acc) 0 D) with (qsum fst D) in H1.
+  unfold jchain. rewrite qsum_flat_map, <- H1. apply qsum_eq. intros [p a] _. rewrite qsum_map. cbn [fst snd].
+  transitivity (qsum (fun ro => p * fst ro) (jroute g a)); [apply qsum_eq; intros; reflexivity|].
+  rewrite (qsum_scale p fst (jroute g a)), jroute_mass. ring.
+Qed.
+
+Lemma jV_nonneg (x : list joblist) : 0 <= jV x.
+Proof. apply qsum_nonneg. intros s _. pose proof (nq_nonneg (work s)). nra. Qed.
+
+Lemma qsum_const {A : Type} (c : Q) (l : list A) : qsum (fun _ => c) l == nq (length l) * c.
+Proof.
+  induction l as [|a l IH]; [cbn; change (nq 0) with 0; ring|]. rewrite qsum_cons, IH.
+  cbn [length]. unfold nq. rewrite Nat2Z.inj_succ, <- Z.add_1_r, inject_Z_plus. change (inject_Z 1) with 1. ring.
+Qed.
+
+(** The work-weighted part of the drift, node by node. *)
+Definition jh (l : Q) (s : joblist) : Q := 2 * l * nq (work s) - 256 * (if small s then 0 else nq (work s)).
+
+Lemma jdrift_split (l : Q) (x : list joblist) :
+  2 * l * qsum (fun q => q) (jws x) - 256 * jbig x == qsum (jh l) x.
+Proof.
+  unfold jws, jbig. induction x as [|s x IH]; [cbn; ring|]. cbn [map]. rewrite !qsum_cons.
+  set (A1 := qsum (fun q => q) (map (fun s0 => nq (work s0)) x)) in *.
+  set (A2 := qsum (fun s0 => if small s0 then 0 else nq (work s0)) x) in *.
+  set (A3 := qsum (jh l) x) in *. unfold jh. destruct (small s); rewrite <- IH; ring.
+Qed.
+
+Lemma jh_le (l : Q) (s : joblist) : 0 <= l -> l < 128 -> jh l s <= 2 * l * 65536.
+Proof.
+  intros H0 H1. unfold jh. pose proof (nq_nonneg (work s)). destruct (small s) eqn:Hs.
+  - unfold small, small_bound in Hs. apply Nat.ltb_lt in Hs.
+    assert (nq (work s) <= 65536) by (unfold nq; change 65536 with (inject_Z 65536); rewrite <- Zle_Qle; lia). nra.
+  - nra.
+Qed.
+
+Lemma jh_big (l : Q) (s : joblist) (W : nat) : 0 <= l -> l < 128 -> (small_bound <= W)%nat -> (W <= work s)%nat ->
+  jh l s <= - (2 * (128 - l) * nq W).
+Proof.
+  intros H0 H1 HW Hw. unfold jh. replace (small s) with false
+    by (symmetry; unfold small; apply Nat.ltb_ge; lia).
+  assert (nq W <= nq (work s)) by (unfold nq; rewrite <- Zle_Qle; lia). nra.
+Qed.
+
+Definition jsmall (W : nat) (x : list joblist) : bool := forallb (fun s => (work s <? W)%nat) x.
+
+Lemma jsmall_false (W : nat) (x : list joblist) : jsmall W x = false -> exists s, In s x /\ (W <= work s)%nat.
+Proof.
+  induction x as [|s x IH]; [discriminate|]. unfold jsmall; cbn [forallb]. intros H.
+  destruct (work s <? W)%nat eqn:Hs.
+  - destruct (IH H) as (s' & Hin & Hw). exists s'. split; [now right|exact Hw].
+  - exists s. split; [now left|]. apply Nat.ltb_ge in Hs. exact Hs.
+Qed.
+
+Lemma jsmall_V (W : nat) (x : list joblist) : jsmall W x = true -> jV x <= nq (length x) * (nq W * nq W).
+Proof.
+  intros H. unfold jsmall in H. rewrite forallb_forall in H. unfold jV. rewrite <- qsum_const.
+  apply qsum_le. intros s Hs. specialize (H s Hs). apply Nat.ltb_lt in H.
+  assert (nq (work s) <= nq W) by (unfold nq; rewrite <- Zle_Qle; lia). pose proof (nq_nonneg (work s)). nra.
+Qed.
+
+(** *** Emptying every node: empty slots *)
+
+Lemma jslot_empty (x : list joblist) : jslot E128 (repeat [] (length x)) x = map (slot E128 []) x.
+Proof. induction x as [|s x IH]; [reflexivity|]. cbn [length repeat]. rewrite jslot_cons, IH. reflexivity. Qed.
+
+Lemma slot_empty_le (s : joblist) (m : nat) : jl_inv s -> (work s <= S m)%nat -> (work (slot E128 [] s) <= m)%nat.
+Proof.
+  intros Hs Hw. destruct (Nat.eq_dec (work s) 0) as [H0|H0].
+  - destruct (slot_step E128 e128_rad [] s Hs (Forall_nil _)) as (_ & Hle & _). cbn [tokens_of fold_right] in Hle. lia.
+  - pose proof (slot_empty_serves E128 e128_rad s Hs ltac:(lia)). lia.
+Qed.
+
+Lemma jempty_step (g : positive) (D : dist) (q : Q) (x : list joblist) :
+  In (q, []) D -> length x = Pos.to_nat g ->
+  In (q * 1, map (slot E128 []) x) (jchain E128 g D x).
+Proof.
+  intros Hq Hl. unfold jchain. apply in_flat_map. exists (q, []). split; [exact Hq|].
+  cbn [snd fst jroute map]. left. rewrite <- Hl, jslot_empty. reflexivity.
+Qed.
+
+Lemma jdrain_kill (g : positive) (D : dist) (q : Q) : valid_dist0 D -> In (q, []) D -> 0 < q ->
+  forall m x, jinv g x -> Forall (fun s => (work s <= S m)%nat) x ->
+  kill (list joblist) (jchain E128 g D) all_empty (S m) (fun _ => 1) x <= 1 - qpow q (S m).
+Proof.
+  intros HD Hq Hq0. pose proof (dist_entry_le D q [] HD Hq) as Hq1.
+  assert (Hok := jchain_ok g D HD). assert (Hm := fun x (_ : jinv g x) => jchain_mass g D HD x).
+  induction m as [|m IH]; intros x [Hl Hx] Hw.
+  - pose proof (jempty_step g D q x Hq Hl) as Hin.
+    pose proof (kill_hit_entry (list joblist) (jchain E128 g D) (jinv g) Hok Hm all_empty 0 x (q * 1) 1
+                  (map (slot E128 []) x) (conj Hl Hx) Hin) as Hk.
+    assert (He : all_empty (map (slot E128 []) x) = true).
+    { unfold all_empty. apply forallb_forall. intros y Hy. apply in_map_iff in Hy as [s [<- Hs]].
+      rewrite Forall_forall in Hx, Hw. pose proof (slot_empty_le s 0 (Hx s Hs) (Hw s Hs)) as H0.
+      rewrite (work_zero _ (proj1 (slot_step E128 e128_rad [] s (Hx s Hs) (Forall_nil _))) ltac:(lia)).
+      apply jl_eqb_refl. }
+    specialize (Hk (or_introl He) ltac:(lra)). cbn [qpow]. lra.
+  - pose proof (jempty_step g D q x Hq Hl) as Hin.
+    set (y := map (slot E128 []) x) in *.
+    destruct (Hok x (conj Hl Hx) _ Hin) as [_ Hy]. cbn [snd] in Hy.
+    assert (Hwy : Forall (fun s => (work s <= S m)%nat) y).
+    { apply Forall_forall. intros z Hz. unfold y in Hz. apply in_map_iff in Hz as [s [<- Hs]].
+      rewrite Forall_forall in Hx, Hw. exact (slot_empty_le s (S m) (Hx s Hs) (Hw s Hs)). }
+    assert (Hr0 : 0 <= qpow q (S m) <= 1).
+    { split; [apply Qlt_le_weak, qpow_pos; exact Hq0|].
+      clear -Hq0 Hq1. induction (S m) as [|k IHk]; cbn [qpow]; [lra|]. assert (0 <= qpow q k) by
+        (clear IHk; induction k; cbn [qpow]; [lra|nra]). nra. }
+    pose proof (kill_hit_entry (list joblist) (jchain E128 g D) (jinv g) Hok Hm all_empty (S m) x (q * 1)
+                  (qpow q (S m)) y (conj Hl Hx) Hin) as Hk.
+    destruct (all_empty y) eqn:Hay.
+    + specialize (Hk (or_introl eq_refl) Hr0). change (qpow q (S (S m))) with (q * qpow q (S m)). nra.
+    + specialize (Hk (or_intror (IH y Hy Hwy)) Hr0). change (qpow q (S (S m))) with (q * qpow q (S m)). nra.
+Qed.
+
+(** *** B5's joint part *)
+
+Lemma jempty_facts (g : positive) (W : nat) : (0 < W)%nat ->
+  jinv g (jempty g) /\ jsmall W (jempty g) = true /\ jV (jempty g) == 0.
+Proof.
+  intros HW. unfold jempty. split; [split; [apply repeat_length|]|split].
+  - apply Forall_forall. intros s Hs. apply repeat_spec in Hs. subst. exact jl_inv_empty.
+  - unfold jsmall. apply forallb_forall. intros s Hs. apply repeat_spec in Hs. subst.
+    apply Nat.ltb_lt. exact HW.
+  - generalize (Pos.to_nat g). intros n. induction n as [|n IH]; [reflexivity|].
+    cbn [repeat]. unfold jV in *. rewrite qsum_cons, IH. reflexivity.
+Qed.
+
+Theorem theorem2_nodes_joint_holds : theorem2_nodes_joint.
+Proof.
+  intros g D HD' HL [q [Hq Hq0]].
+  pose proof (valid_dist_0 D HD') as HD.
+  assert (Hok := jchain_ok g D HD). assert (Hm := fun x (_ : jinv g x) => jchain_mass g D HD x).
+  set (K := jchain E128 g D) in *.
+  assert (HL0 : 0 <= load D).
+  { rewrite load_qsum. apply qsum_nonneg. intros [p a] Hin. destruct HD as [HDf _].
+    rewrite Forall_forall in HDf. destruct (HDf _ Hin) as [Hp _]. cbn [fst snd] in *.
+    pose proof (nq_nonneg (tokens_of a)). nra. }
+  destruct (inv_g_bounds g) as [Hg0 Hg1].
+  set (l := (1 # g) * load D).
+  assert (Hl0 : 0 <= l) by (unfold l; nra).
+  assert (Hl1 : l < 128).
+  { unfold l. assert (Hgg : (1 # g) * inject_Z (Z.pos g) == 1) by (unfold Qeq; cbn; lia).
+    rewrite inject_Z_mult in HL. change (inject_Z 128) with 128 in HL. nra. }
+  set (c := qsum (fun pa => (nq (tokens_of (snd pa)) + 128) * (nq (tokens_of (snd pa)) + 128)) D).
+  assert (Hc : forall pa, In pa D -> (nq (tokens_of (snd pa)) + 128) * (nq (tokens_of (snd pa)) + 128) <= c).
+  { intros pa Hin.
+    apply (qsum_entry (fun pa => (nq (tokens_of (snd pa)) + 128) * (nq (tokens_of (snd pa)) + 128)) D pa Hin).
+    intros [p a] _. cbn [snd]. pose proof (nq_nonneg (tokens_of a)). nra. }
+  assert (Hc0 : 0 <= c).
+  { apply qsum_nonneg. intros [p a] _. cbn [snd]. pose proof (nq_nonneg (tokens_of a)). nra. }
+  set (ng := nq (Pos.to_nat g)).
+  assert (Hng : 0 <= ng) by apply nq_nonneg.
+  set (B0 := 2 * l * 65536).
+  assert (HB0 : 0 <= B0) by (unfold B0; nra).
+  set (Lc := ng * c + ng * B0).
+  assert (HLc : 0 <= Lc) by (unfold Lc; nra).
+  set (e := 2 * (128 - l)).
+  assert (He : 0 < e) by (unfold e; lra).
+  destruct (Qarchimedean ((Lc + 1) / e)) as [pw Hpw].
+  set (m0 := (Pos.to_nat pw + small_bound)%nat).
+  set (W := S m0).
+  assert (HeW : Lc + 1 <= e * nq W).
+  { assert (Hid : (Lc + 1) / e * e == Lc + 1) by (field; lra).
+    assert (HWq : (Z.pos pw # 1) <= nq W).
+    { unfold nq, W, m0. change (Z.pos pw # 1) with (inject_Z (Z.pos pw)). rewrite <- Zle_Qle. lia. }
+    nra. }
+  assert (HWb : (small_bound <= W)%nat) by (unfold W, m0; lia).
+  (* one-step bounds *)
+  assert (Hexp : forall x, jinv g x ->
+            expect K jV x <= jV x + ng * c + qsum (jh l) x).
+  { intros x [Hl Hx]. pose proof (jchain_drift g D x c HD Hl Hx Hc) as H.
+    rewrite Hl in H. fold K ng l in H.
+    pose proof (jdrift_split l x) as Hs. set (S := qsum (fun q => q) (jws x)) in *. lra. }
+  assert (Hhle : forall x, jinv g x -> qsum (jh l) x <= ng * B0).
+  { intros x [Hl _]. unfold ng. rewrite <- Hl, <- qsum_const. apply qsum_le.
+    intros s _. exact (jh_le l s Hl0 Hl1). }
+  assert (HLy : forall x, jinv g x -> expect K jV x <= jV x + Lc).
+  { intros x Hx. pose proof (Hexp x Hx). pose proof (Hhle x Hx). unfold Lc. lra. }
+  set (b := ng * (nq W * nq W) + Lc).
+  assert (Hdrift : forall x, jinv g x -> jsmall W x = false -> expect K jV x + 1 <= jV x).
+  { intros x Hx Hs. destruct (jsmall_false W x Hs) as (s & Hin & Hw).
+    pose proof (qsum_le_minus (jh l) (fun _ => B0) x s (B0 + e * nq W) Hin
+                  (fun s' _ => jh_le l s' Hl0 Hl1)
+                  ltac:(pose proof (jh_big l s W Hl0 Hl1 HWb Hw); unfold e; nra)) as Hq'.
+    rewrite qsum_const in Hq'. destruct Hx as [Hl Hxs]. rewrite Hl in Hq'. fold ng in Hq'.
+    pose proof (Hexp x (conj Hl Hxs)). unfold Lc in HeW. lra. }
+  assert (Hinside : forall x, jinv g x -> jsmall W x = true -> expect K jV x <= b).
+  { intros x Hx Hs. pose proof (HLy x Hx). pose proof (jsmall_V W x Hs) as HV.
+    destruct Hx as [Hl _]. rewrite Hl in HV. fold ng in HV. unfold b. lra. }
+  assert (Hb0 : 0 <= b) by (unfold b; pose proof (nq_nonneg W); nra).
+  (* the time to the small set *)
+  set (G := fun z => 1 * jV z + (1 + b) * 1).
+  assert (HG : forall m z, jinv g z -> hit_partial K (jsmall W) m z <= G z).
+  { intros m z Hz.
+    destruct (foster_criterion_holds (list joblist) K (jsmall W) (jinv g) jV 1 b ltac:(lra) Hok
+                (fun x _ => jV_nonneg x) Hdrift Hinside z Hz m) as [Hout Hin].
+    pose proof (jV_nonneg z). unfold G.
+    destruct (jsmall W z) eqn:Hs; [pose proof (Hin eq_refl)|pose proof (Hout eq_refl)]; lra. }
+  (* from the small set, every node empty within [W] slots with probability [q^W] *)
+  set (T := W).
+  set (delta := qpow q T).
+  pose proof (dist_entry_le D q [] HD Hq) as Hq1.
+  assert (Hd0 : 0 < delta) by (apply qpow_pos; exact Hq0).
+  assert (Hd1 : delta <= 1).
+  { unfold delta. clear -Hq0 Hq1. induction T as [|k IHk]; cbn [qpow]; [lra|].
+    assert (0 <= qpow q k) by (clear IHk; induction k; cbn [qpow]; [lra|nra]). nra. }
+  assert (Hkill : forall y, jinv g y -> jsmall W y = true -> kill (list joblist) K all_empty T (fun _ => 1) y <= 1 - delta).
+  { intros y Hy Hs. unfold T, W, delta. apply (jdrain_kill g D q HD Hq Hq0 m0 y Hy).
+    unfold jsmall in Hs. rewrite forallb_forall in Hs. apply Forall_forall. intros s Hin.
+    specialize (Hs s Hin). apply Nat.ltb_lt in Hs. fold W in Hs. unfold W in Hs. lia. }
+  set (Tq := inject_Z (Z.of_nat T)).
+  assert (HTq : 0 <= Tq) by (unfold Tq; change 0 with (inject_Z 0); rewrite <- Zle_Qle; lia).
+  set (Gb := ng * (nq W * nq W) + Tq * Lc + (1 + b)).
+  assert (HGb : 0 <= Gb) by (unfold Gb; pose proof (nq_nonneg W); nra).
+  assert (HkG : forall y, jinv g y -> jsmall W y = true -> kill (list joblist) K all_empty T G y <= Gb).
+  { intros y Hy Hs.
+    pose proof (kill_lin (list joblist) K all_empty T 1 (1 + b) jV (fun _ => 1) y) as E0.
+    cbv beta in E0. fold G in E0.
+    pose proof (kill_lyapunov (list joblist) K (jinv g) Hok Hm all_empty jV Lc HLc
+                  (fun x _ => jV_nonneg x) HLy T y Hy) as HV. fold Tq in HV.
+    pose proof (kill_one_le (list joblist) K (jinv g) Hok Hm all_empty T y Hy) as H1.
+    pose proof (kill_nonneg (list joblist) K (jinv g) Hok all_empty T (fun _ => 1) ltac:(intros; cbv beta; lra) y Hy) as H2.
+    pose proof (jsmall_V W y Hs) as HW. destruct Hy as [Hl _]. rewrite Hl in HW. fold ng in HW.
+    set (kv := kill (list joblist) K all_empty T jV y) in *.
+    set (k1 := kill (list joblist) K all_empty T (fun _ => 1) y) in *.
+    unfold Gb. nra. }
+  pose proof (hit_regenerate (list joblist) K (jinv g) Hok Hm all_empty (jsmall W) G T delta Gb
+                ltac:(unfold T, W; lia) Hd0 Hd1 HGb HG Hkill HkG) as Hreg.
+  set (M := / delta * (Tq + Gb)) in *.
+  assert (HM0 : 0 <= M) by (unfold M; apply Qmult_le_0_compat; [apply Qinv_le_0_compat|]; lra).
+  destruct (jempty_facts g W ltac:(unfold W; lia)) as (Hje & Hjs & HjV).
+  exists ((1 + b) + M). intros n.
+  pose proof (hit_via (list joblist) K (jinv g) Hok Hm all_empty (jsmall W) M n HM0
+                (fun m y _ Hy Hc' => Hreg m y Hy Hc') (jempty g) Hje) as Hv.
+  pose proof (HG n (jempty g) Hje) as Hg. unfold G in Hg. rewrite HjV in Hg. lra.
 Qed.
