@@ -242,3 +242,16 @@ def test_plow_compile_fuse_flag_writes_a_fused_plan(
     assert "rewrites.json" in manifest["files"]  # hashed like every other file
     kinds = {o.kind for r in manifest["ladder"] for o in _ops(out, r["name"]).ops}
     assert kinds >= FUSED_KINDS
+
+
+def test_checkpoint_a_accepts_the_fused_bundles_and_c_e_f_their_plans(bundles: dict) -> None:
+    """Checkpoint A (Plow/Rewritescheck.v) certifies the blocks of `rewrites.json` as rule
+    instances of the model's graph; C, E and F take the fused plans as they take any. (B and D
+    have no rules for the fused kinds yet: docs/egraph.md, "Status".)"""
+    from plow.emit.verify import verify_bundle
+
+    for fam in ("llama", "gemma3"):
+        rep = verify_bundle(bundles[fam, True], checkpoints=("A", "C", "E", "F"))
+        rows = [r for r in rep.rows if r.checkpoint in ("A", "C", "E", "F")]
+        assert {r.checkpoint for r in rows} == {"A", "C", "E", "F"}
+        assert all(r.verdict == "accept" for r in rows), [r.reason for r in rows if r.reason]
