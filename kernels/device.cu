@@ -829,6 +829,39 @@ __device__ const float* stage_x(const Ctx& c, const PlowOp& op, const Range* r, 
   return act;
 }
 
+// A hoisted weight load (the plan's page timeline opens a task's weight window at the start of
+// the task before it on the queue): while this record runs, the next one's weight rows are
+// prefetched into L2 (`prefetch.global.L2`, one per 128-byte line, spread over the CTA), so
+// its loads find them there. Linear / lm_head weights in fp32 or bf16; nothing elsewhere, and
+// nothing on HIP or in the emulation (a prefetch changes no value).
+__device__ void prefetch_weights(const Ctx& c, int64_t idx) {
+#if defined(PLOW_EMULATE) || defined(__HIPCC__)
+  (void)c, (void)idx;
+#else
+  const plow::Record rec = plow::decode_record(c.plan->records + idx * PLOW_RECORD_SIZE);
+  if (rec.opcode == PLOW_OP_NOP || rec.opcode == PLOW_OP_LOAD ||
+      (rec.flags & PLOW_FLAG_ACCUMULATE) != 0)
+    return;
+  const PlowOp& op = c.plan->ops[rec.op_index];
+  if ((op.kind != PLOW_LINEAR && op.kind != PLOW_LM_HEAD) || op.w0 == nullptr) return;
+  const int64_t eb = op.w0_dtype == PLOW_BF16 ? 2 : op.w0_dtype == PLOW_F32 ? 4 : 0;
+  if (eb == 0) return;
+  const int64_t K = op.d[2];
+  const char* w = static_cast<const char*>(op.w0);
+  Range r[3];
+  int64_t step;
+  for (uint32_t k = 0; k < rec.rows; ++k) {
+    plow::tile_ranges(op, rec.row_start + k, r, &step);
+    const int64_t first = r[2].a * eb, bytes = (r[2].b - r[2].a) * eb;
+    const int64_t lines = (bytes + 127) / 128, n = (r[1].b - r[1].a) * lines;
+    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+      const char* at = w + (r[1].a + e / lines) * K * eb + first + (e % lines) * 128;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+    }
+  }
+#endif
+}
+
 // A task record with the device's extras (tensor cores, shared-memory pages), else
 // run_record_cta. `page`: the record's activation window {byte offset, bytes}, or nullptr.
 // The records with the device's extras; false (nothing done) for every other record.
@@ -979,7 +1012,8 @@ __device__ void quantum_epilogue(float* arena, const PlowDeviceQuantum* dq, int6
 //                   (tests: it widens the window a lowered threshold leaves open)
 //   op_mode         nullptr, or one byte per op: PLOW_MODE_TC (bf16 linear on tensor cores)
 //   pages           nullptr, or per record {byte offset, bytes} of its activation window in
-//                   the dynamic shared memory (bytes 0: none); the launch's dynamic shared
+//                   the dynamic shared memory (bytes 0: none), the record whose weights it
+//                   prefetches (its hoisted load; -1: none), 0; the launch's dynamic shared
 //                   memory is the plan's page budget
 //   quantum         nullptr (n_steps must be 1), or the quantum's epilogue and step barrier:
 //                   after each step every CTA arrives, CTA 0 runs the epilogue, the others
@@ -1034,7 +1068,8 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
       }
       const unsigned mode = op_mode != nullptr && rec.opcode != PLOW_OP_NOP
                                 ? op_mode[rec.op_index] : 0u;  // NOP records name no op
-      const int32_t* page = pages != nullptr ? pages + 2 * idx : nullptr;
+      const int32_t* page = pages != nullptr ? pages + 4 * idx : nullptr;
+      if (page != nullptr && page[2] >= 0) plow_dev::prefetch_weights(ctx, page[2]);
       const int64_t work =
           plow_dev::run_record_dev(ctx, rec, my_scratch, scratch_floats, mode, smem, page);
       if (work != 0) atomicAdd(op_work + rec.op_index, static_cast<unsigned long long>(work));

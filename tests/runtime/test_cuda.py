@@ -991,6 +991,19 @@ def test_the_page_table_follows_the_plans_page_timeline(small_h200_bundles: dict
             for s1, e1, o1, n1 in lst[j + 1 :]:
                 if s0 < e1 and s1 < e0:  # live together
                     assert o0 + n0 <= o1 or o1 + n1 <= o0
+    # hoisted weight loads: the record before a hoisted task on its worker prefetches it, and
+    # the task's load opens at that record's start (plow.memory.onchip.plan_pages)
+    assert t.prefetch is not None
+    index = {int(r): i for i, r in enumerate(tasks.tolist())}
+    hoisted = [i for i in range(len(tasks)) if pg.weight_pages[i] and pg.load[i] < pg.start[i]]
+    assert hoisted and int(np.count_nonzero(t.prefetch >= 0)) == len(hoisted)
+    for rec in np.flatnonzero(t.prefetch >= 0).tolist():
+        nxt = int(t.prefetch[rec])
+        assert index[nxt] in hoisted and records["worker"][nxt] == records["worker"][rec]
+        assert pg.load[index[nxt]] == pg.start[index[rec]]
+        same = [r for r in tasks.tolist() if records["worker"][r] == records["worker"][rec]]
+        assert same[same.index(rec) + 1] == nxt  # the next task on the queue
+    assert (t.device_table()[:, 2] == t.prefetch).all()
     # nothing past the budget is placed: one page short, the timeline's peak does not fit
     with pytest.raises(PlowError, match="free pages"):
         assign_pages(records, 1, pg.page_bytes, pg.start, pg.finish, pg.load,

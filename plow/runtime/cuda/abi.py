@@ -49,7 +49,7 @@ PARAMS: tuple[tuple[str, Any], ...] = (
     ("timeout_ns", ctypes.c_uint64),
     ("jitter_ns", ctypes.c_uint32),
     ("op_mode", ctypes.c_uint64),  # u8 per op (MODE_TC), or 0
-    ("pages", ctypes.c_uint64),  # int32 {offset, bytes} per record in dynamic smem, or 0
+    ("pages", ctypes.c_uint64),  # int32 {offset, bytes, hoisted record, 0} per record, or 0
     ("quantum", ctypes.c_uint64),  # DeviceQuantum, or 0 (one step)
     ("n_steps", ctypes.c_uint32),
 )

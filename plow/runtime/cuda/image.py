@@ -163,6 +163,17 @@ class PageTable:
     weights: np.ndarray  # int32 [n_records, 2]
     smem_bytes: int
     page_bytes: int
+    # per record: the record whose weight load the plan hoists to this one's start (the next
+    # task on the worker's queue, when its weight window opens before it starts), else -1
+    prefetch: np.ndarray | None = None
+
+    def device_table(self) -> np.ndarray:
+        """What the kernel reads: int32 [n_records, 4] = {activation window offset, bytes,
+        hoisted record (-1: none), 0}."""
+        out = np.zeros((len(self.table), 4), dtype=np.int32)
+        out[:, :2] = self.table
+        out[:, 2] = -1 if self.prefetch is None else self.prefetch
+        return out
 
 
 def assign_pages(
@@ -214,7 +225,17 @@ def assign_pages(
                 free_at[p] = en
             dst = weights if is_w else table
             dst[rec] = (base * page_bytes, pg * page_bytes)
-    return PageTable(table, weights, budget_pages * page_bytes, page_bytes)
+    # hoisted weight loads: a task's load opens before its start, at the start of the task
+    # before it on the same queue (plow.memory.onchip.plan_pages) — that record prefetches it
+    prefetch = np.full(n, -1, dtype=np.int32)
+    last: dict[int, tuple[int, int]] = {}  # worker -> (its previous task, that task's record)
+    for i, rec in enumerate(task_rec.tolist()):
+        w = int(records["worker"][rec])
+        prev = last.get(w)
+        if prev is not None and weight_pages[i] and int(load[i]) < int(start[i]):
+            prefetch[prev[1]] = rec
+        last[w] = (i, rec)
+    return PageTable(table, weights, budget_pages * page_bytes, page_bytes, prefetch)
 
 
 def op_modes(ops: Any, n_ops: int, tensor_cores: bool) -> np.ndarray:

@@ -341,7 +341,7 @@ class CudaMachine:
         if per_sm * self.dev.sms < st.image.n_workers:
             return  # the pages would leave too few CTAs resident: the arena path
         st.page_table, st.smem_bytes = table, table.smem_bytes
-        st.pages = self._upload(np.ascontiguousarray(table.table), False)
+        st.pages = self._upload(table.device_table(), False)
 
     def _slot(self, plan: Plan, name: str) -> tuple[int, int]:
         """(byte offset in the arena, bytes) of a tensor of `plan`'s layout."""
