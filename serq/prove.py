@@ -489,11 +489,11 @@ def prove_spec(spec: Spec, source: str, keep: Path | None = None) -> list[ClaimP
 
 
 #: the stability theorems of ``Plow/Serq/Theorem2proof.v`` instantiated at the program's engine
-STABILITY = "theorem2 (B4, B5 per node, B6)"
+STABILITY = "theorem2 (B4, B5, B6)"
 
 
 def stability_file(ex: Export) -> str:
-    """Theorem 2 (B4, B5's per-node part, B6) for the program's engine ``E``: it is one
+    """Theorem 2 (B4, B5 per node and joint, B6) for the program's engine ``E``: it is one
     of the engines the library proves them for (``rad128``: RAD's schedule with 128-token
     tiles, any cost, an admission ``while`` that always holds), shown by computation."""
     return "\n".join([
@@ -501,9 +501,10 @@ def stability_file(ex: Export) -> str:
         "From Coq Require Import QArith.",
         "From Plow Require Import Serq.Theorem2 Serq.Theorem2proof.",
         "Theorem theorem2 :",
-        "  theorem2_one_node_for E /\\ theorem2_nodes_per_node_for E /\\ theorem2_compound_for E.",
+        "  theorem2_one_node_for E /\\ theorem2_nodes_per_node_for E",
+        "  /\\ theorem2_nodes_joint_for E /\\ theorem2_compound_for E.",
         "Proof.",
-        "  apply theorem2_rad128. split.",
+        "  apply theorem2_all_rad128. split.",
         "  - serq_schedule ltac:(sq_unfold).",
         "  - intros c Hc v. unfold E in Hc. cbn in Hc.",
         "    first [discriminate Hc | injection Hc as <-; cbn; sq_unfold; cbn; reflexivity].",
@@ -516,7 +517,8 @@ def prove_stability(spec: Spec, source: str) -> ClaimProof:
     """Whether Theorem 2 holds of the program's engine, checked by the kernel: every
     reachable job-list state of one node positive recurrent under any finite slot law with
     fewer than 128 expected tokens a slot (B4), the same per node under uniform routing to
-    ``g`` nodes and fewer than ``128 g`` (B5), a bounded expected return to the empty engine
+    ``g`` nodes and fewer than ``128 g``, and the nodes' joint return to all empty when an
+    empty slot has positive probability (B5), a bounded expected return to the empty engine
     under a countable (compound Poisson) law (B6). The slotted model is Theorem 2's, not the
     program's ``workload``; the theorem is proved once in the library, for ``rad128`` engines."""
     ex = export(spec, source)

@@ -258,10 +258,12 @@ Definition jempty (g : positive) : list joblist := repeat jl_empty (Pos.to_nat g
 
 Definition all_empty (x : list joblist) : bool := forallb (fun s => jl_eqb s jl_empty) x.
 
-Definition theorem2_nodes_joint : Prop :=
+Definition theorem2_nodes_joint_for (E : engine) : Prop :=
   forall (g : positive) (D : dist), valid_dist D -> load D < inject_Z (128 * Zpos g) ->
   (exists q, In (q, []) D /\ 0 < q) ->
-  exists M : Q, forall n, hit_partial (jchain E128 g D) all_empty n (jempty g) <= M.
+  exists M : Q, forall n, hit_partial (jchain E g D) all_empty n (jempty g) <= M.
+
+Definition theorem2_nodes_joint : Prop := theorem2_nodes_joint_for E128.
 
 (** ** B6: compound Poisson arrivals, one node
 

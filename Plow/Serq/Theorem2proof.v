@@ -1574,6 +1574,11 @@ Proof. intros H. split; [|split]; [exact (one_node_for E H)|exact (nodes_per_nod
     empty every node ([jdrain_kill]), and the regeneration lemmas of B4 ([hit_regenerate],
     [hit_via]) bound the expected return time to all nodes empty. *)
 
+Section joint.
+  Variable Eng : engine.
+  Hypothesis E_rad : rad128 Eng.
+
+
 Local Open Scope Q_scope.
 
 Definition tok (t : rtype) : nat := (fst t + snd t)%nat.
@@ -1711,15 +1716,15 @@ Definition jbig (x : list joblist) : Q := qsum (fun s => if small s then 0 else 
 
 Lemma node_sq (a : list rtype) (x : joblist) :
   jl_inv x -> Forall valid_type a ->
-  nq (work (slot E128 a x)) * nq (work (slot E128 a x))
+  nq (work (slot Eng a x)) * nq (work (slot Eng a x))
   <= nq (work x) * nq (work x) + 2 * nq (work x) * nq (tokens_of a)
      - 256 * (if small x then 0 else nq (work x))
      + (nq (tokens_of a) + 128) * (nq (tokens_of a) + 128).
 Proof.
-  intros Hx Ha. destruct (slot_step E128 e128_rad a x Hx Ha) as (_ & Hle & Hbig).
-  pose proof (nq_nonneg (work (slot E128 a x))) as H0. pose proof (nq_nonneg (work x)) as H1.
+  intros Hx Ha. destruct (slot_step Eng E_rad a x Hx Ha) as (_ & Hle & Hbig).
+  pose proof (nq_nonneg (work (slot Eng a x))) as H0. pose proof (nq_nonneg (work x)) as H1.
   pose proof (nq_nonneg (tokens_of a)) as H2.
-  set (w' := nq (work (slot E128 a x))) in *. set (w := nq (work x)) in *. set (t := nq (tokens_of a)) in *.
+  set (w' := nq (work (slot Eng a x))) in *. set (w := nq (work x)) in *. set (t := nq (tokens_of a)) in *.
   destruct (small x) eqn:Hs.
   - assert (Hq : w' <= w + t).
     { pose proof (nq_le_add _ 0 _ _ ltac:(rewrite Nat.add_0_r; exact Hle)) as Hq.
@@ -1741,7 +1746,7 @@ Qed.
 Lemma jslot_V (arr : list (list rtype)) (x : list joblist) (c : Q) :
   length arr = length x -> Forall (Forall valid_type) arr -> Forall jl_inv x ->
   (forall l, In l arr -> (nq (tokens_of l) + 128) * (nq (tokens_of l) + 128) <= c) ->
-  jV (jslot E128 arr x) <= jV x + 2 * wdot (jws x) arr - 256 * jbig x + nq (length x) * c.
+  jV (jslot Eng arr x) <= jV x + 2 * wdot (jws x) arr - 256 * jbig x + nq (length x) * c.
 Proof.
   revert arr. induction x as [|s x IH]; intros arr Hl Ha Hx Hc.
   - destruct arr as [|l arr]; [|discriminate].
@@ -1754,7 +1759,7 @@ Proof.
     pose proof (node_sq l s Hs Hla) as Hn.
     pose proof (IH arr ltac:(lia) Harr Hxs ltac:(intros m Hm; apply Hc; now right)) as Hr.
     pose proof (Hc l (or_introl eq_refl)) as Hcl.
-    assert (Hj : jslot E128 (l :: arr) (s :: x) = slot E128 l s :: jslot E128 arr x) by reflexivity.
+    assert (Hj : jslot Eng (l :: arr) (s :: x) = slot Eng l s :: jslot Eng arr x) by reflexivity.
     rewrite Hj. unfold jV, jbig in *. rewrite !qsum_cons. cbn [jws map wdot]. fold (jws x).
     assert (Hn1 : nq (length (s :: x)) == nq (length x) + 1).
     { cbn [length]. unfold nq. rewrite Nat2Z.inj_succ, <- Z.add_1_r, inject_Z_plus. reflexivity. }
@@ -1768,7 +1773,7 @@ Qed.
 Lemma jchain_drift (g : positive) (D : dist) (x : list joblist) (c : Q) :
   valid_dist0 D -> length x = Pos.to_nat g -> Forall jl_inv x ->
   (forall pa, In pa D -> (nq (tokens_of (snd pa)) + 128) * (nq (tokens_of (snd pa)) + 128) <= c) ->
-  expect (jchain E128 g D) jV x
+  expect (jchain Eng g D) jV x
   <= (jV x - 256 * jbig x + nq (length x) * c) + 2 * ((1 # g) * load D) * qsum (fun q => q) (jws x).
 Proof.
   intros [HD H1] Hl Hx Hc.
@@ -1792,7 +1797,7 @@ Proof.
         pose proof (nq_nonneg (tokens_of l)). pose proof (Hc (p, a) Hin) as Hca. cbn [snd] in Hca. nra. }
       pose proof (jslot_V arr x c ltac:(lia) Hva Hx Hcl) as Hv. fold B0 in Hv.
       assert (Hpq : 0 <= p * q) by nra.
-      set (wd := wdot (jws x) arr) in *. set (v := jV (jslot E128 arr x)) in *.
+      set (wd := wdot (jws x) arr) in *. set (v := jV (jslot Eng arr x)) in *.
       assert (Hv' : v <= B0 + 2 * wd) by (unfold B0 in *; lra).
       assert (p * q * v <= p * q * (B0 + 2 * wd)) by nra.
       nra.
@@ -1824,18 +1829,18 @@ Proof. intros H. unfold jslot. rewrite map_length, combine_length. lia. Qed.
 
 Lemma jslot_inv (arr : list (list rtype)) (x : list joblist) :
   length arr = length x -> Forall (Forall valid_type) arr -> Forall jl_inv x ->
-  Forall jl_inv (jslot E128 arr x).
+  Forall jl_inv (jslot Eng arr x).
 Proof.
   revert arr. induction x as [|s x IH]; intros arr Hl Ha Hx.
   - destruct arr; [constructor|discriminate].
   - destruct arr as [|l arr]; [discriminate|]. cbn [length] in Hl.
     inversion Ha as [|? ? Hla Harr]; subst. inversion Hx as [|? ? Hs Hxs]; subst.
-    rewrite jslot_cons. constructor; [exact (proj1 (slot_step E128 e128_rad l s Hs Hla))|].
+    rewrite jslot_cons. constructor; [exact (proj1 (slot_step Eng E_rad l s Hs Hla))|].
     apply IH; [lia|exact Harr|exact Hxs].
 Qed.
 
 Lemma jchain_ok (g : positive) (D : dist) : valid_dist0 D ->
-  forall x, jinv g x -> forall py, In py (jchain E128 g D x) -> 0 <= fst py /\ jinv g (snd py).
+  forall x, jinv g x -> forall py, In py (jchain Eng g D x) -> 0 <= fst py /\ jinv g (snd py).
 Proof.
   intros [HD _] x [Hl Hx] py Hin. unfold jchain in Hin. apply in_flat_map in Hin as [[p a] [Hpa Hin]].
   apply in_map_iff in Hin as [[q arr] [<- Hro]]. cbn [fst snd] in *.
@@ -1845,7 +1850,7 @@ Proof.
   split; [nra|]. split; [rewrite jslot_length; lia|apply jslot_inv; [lia|exact Hva|exact Hx]].
 Qed.
 
-Lemma jchain_mass (g : positive) (D : dist) : valid_dist0 D -> forall x, qsum fst (jchain E128 g D x) == 1.
+Lemma jchain_mass (g : positive) (D : dist) : valid_dist0 D -> forall x, qsum fst (jchain Eng g D x) == 1.
 Proof.
   intros [_ H1] x. change (fold_right (fun pa acc => fst pa + acc) 0 D) with (qsum fst D) in H1.
   unfold jchain. rewrite qsum_flat_map, <- H1. apply qsum_eq. intros [p a] _. rewrite qsum_map. cbn [fst snd].
@@ -1909,19 +1914,19 @@ Qed.
 
 (** *** Emptying every node: empty slots *)
 
-Lemma jslot_empty (x : list joblist) : jslot E128 (repeat [] (length x)) x = map (slot E128 []) x.
+Lemma jslot_empty (x : list joblist) : jslot Eng (repeat [] (length x)) x = map (slot Eng []) x.
 Proof. induction x as [|s x IH]; [reflexivity|]. cbn [length repeat]. rewrite jslot_cons, IH. reflexivity. Qed.
 
-Lemma slot_empty_le (s : joblist) (m : nat) : jl_inv s -> (work s <= S m)%nat -> (work (slot E128 [] s) <= m)%nat.
+Lemma slot_empty_le (s : joblist) (m : nat) : jl_inv s -> (work s <= S m)%nat -> (work (slot Eng [] s) <= m)%nat.
 Proof.
   intros Hs Hw. destruct (Nat.eq_dec (work s) 0) as [H0|H0].
-  - destruct (slot_step E128 e128_rad [] s Hs (Forall_nil _)) as (_ & Hle & _). cbn [tokens_of fold_right] in Hle. lia.
-  - pose proof (slot_empty_serves E128 e128_rad s Hs ltac:(lia)). lia.
+  - destruct (slot_step Eng E_rad [] s Hs (Forall_nil _)) as (_ & Hle & _). cbn [tokens_of fold_right] in Hle. lia.
+  - pose proof (slot_empty_serves Eng E_rad s Hs ltac:(lia)). lia.
 Qed.
 
 Lemma jempty_step (g : positive) (D : dist) (q : Q) (x : list joblist) :
   In (q, []) D -> length x = Pos.to_nat g ->
-  In (q * 1, map (slot E128 []) x) (jchain E128 g D x).
+  In (q * 1, map (slot Eng []) x) (jchain Eng g D x).
 Proof.
   intros Hq Hl. unfold jchain. apply in_flat_map. exists (q, []). split; [exact Hq|].
   cbn [snd fst jroute map]. left. rewrite <- Hl, jslot_empty. reflexivity.
@@ -1929,22 +1934,22 @@ Qed.
 
 Lemma jdrain_kill (g : positive) (D : dist) (q : Q) : valid_dist0 D -> In (q, []) D -> 0 < q ->
   forall m x, jinv g x -> Forall (fun s => (work s <= S m)%nat) x ->
-  kill (list joblist) (jchain E128 g D) all_empty (S m) (fun _ => 1) x <= 1 - qpow q (S m).
+  kill (list joblist) (jchain Eng g D) all_empty (S m) (fun _ => 1) x <= 1 - qpow q (S m).
 Proof.
   intros HD Hq Hq0. pose proof (dist_entry_le D q [] HD Hq) as Hq1.
   assert (Hok := jchain_ok g D HD). assert (Hm := fun x (_ : jinv g x) => jchain_mass g D HD x).
   induction m as [|m IH]; intros x [Hl Hx] Hw.
   - pose proof (jempty_step g D q x Hq Hl) as Hin.
-    pose proof (kill_hit_entry (list joblist) (jchain E128 g D) (jinv g) Hok Hm all_empty 0 x (q * 1) 1
-                  (map (slot E128 []) x) (conj Hl Hx) Hin) as Hk.
-    assert (He : all_empty (map (slot E128 []) x) = true).
+    pose proof (kill_hit_entry (list joblist) (jchain Eng g D) (jinv g) Hok Hm all_empty 0 x (q * 1) 1
+                  (map (slot Eng []) x) (conj Hl Hx) Hin) as Hk.
+    assert (He : all_empty (map (slot Eng []) x) = true).
     { unfold all_empty. apply forallb_forall. intros y Hy. apply in_map_iff in Hy as [s [<- Hs]].
       rewrite Forall_forall in Hx, Hw. pose proof (slot_empty_le s 0 (Hx s Hs) (Hw s Hs)) as H0.
-      rewrite (work_zero _ (proj1 (slot_step E128 e128_rad [] s (Hx s Hs) (Forall_nil _))) ltac:(lia)).
+      rewrite (work_zero _ (proj1 (slot_step Eng E_rad [] s (Hx s Hs) (Forall_nil _))) ltac:(lia)).
       apply jl_eqb_refl. }
     specialize (Hk (or_introl He) ltac:(lra)). cbn [qpow]. lra.
   - pose proof (jempty_step g D q x Hq Hl) as Hin.
-    set (y := map (slot E128 []) x) in *.
+    set (y := map (slot Eng []) x) in *.
     destruct (Hok x (conj Hl Hx) _ Hin) as [_ Hy]. cbn [snd] in Hy.
     assert (Hwy : Forall (fun s => (work s <= S m)%nat) y).
     { apply Forall_forall. intros z Hz. unfold y in Hz. apply in_map_iff in Hz as [s [<- Hs]].
@@ -1953,7 +1958,7 @@ Proof.
     { split; [apply Qlt_le_weak, qpow_pos; exact Hq0|].
       clear -Hq0 Hq1. induction (S m) as [|k IHk]; cbn [qpow]; [lra|]. assert (0 <= qpow q k) by
         (clear IHk; induction k; cbn [qpow]; [lra|nra]). nra. }
-    pose proof (kill_hit_entry (list joblist) (jchain E128 g D) (jinv g) Hok Hm all_empty (S m) x (q * 1)
+    pose proof (kill_hit_entry (list joblist) (jchain Eng g D) (jinv g) Hok Hm all_empty (S m) x (q * 1)
                   (qpow q (S m)) y (conj Hl Hx) Hin) as Hk.
     destruct (all_empty y) eqn:Hay.
     + specialize (Hk (or_introl eq_refl) Hr0). change (qpow q (S (S m))) with (q * qpow q (S m)). nra.
@@ -1973,12 +1978,12 @@ Proof.
     cbn [repeat]. unfold jV in *. rewrite qsum_cons, IH. reflexivity.
 Qed.
 
-Theorem theorem2_nodes_joint_holds : theorem2_nodes_joint.
+Lemma nodes_joint_for : theorem2_nodes_joint_for Eng.
 Proof.
   intros g D HD' HL [q [Hq Hq0]].
   pose proof (valid_dist_0 D HD') as HD.
   assert (Hok := jchain_ok g D HD). assert (Hm := fun x (_ : jinv g x) => jchain_mass g D HD x).
-  set (K := jchain E128 g D) in *.
+  set (K := jchain Eng g D) in *.
   assert (HL0 : 0 <= load D).
   { rewrite load_qsum. apply qsum_nonneg. intros [p a] Hin. destruct HD as [HDf _].
     rewrite Forall_forall in HDf. destruct (HDf _ Hin) as [Hp _]. cbn [fst snd] in *.
@@ -2081,4 +2086,24 @@ Proof.
   pose proof (hit_via (list joblist) K (jinv g) Hok Hm all_empty (jsmall W) M n HM0
                 (fun m y _ Hy Hc' => Hreg m y Hy Hc') (jempty g) Hje) as Hv.
   pose proof (HG n (jempty g) Hje) as Hg. unfold G in Hg. rewrite HjV in Hg. lra.
+Qed.
+
+End joint.
+
+Theorem theorem2_nodes_joint_holds : theorem2_nodes_joint.
+Proof. exact (nodes_joint_for E128 e128_rad). Qed.
+
+(** B5's joint part for every [rad128] engine too. *)
+Theorem theorem2_joint_rad128 (E : engine) : rad128 E -> theorem2_nodes_joint_for E.
+Proof. exact (nodes_joint_for E). Qed.
+
+(** What [serq prove] instantiates: B4, B5 (per node and joint) and B6 for an engine shown
+    [rad128]. *)
+Theorem theorem2_all_rad128 (E : engine) :
+  rad128 E ->
+  theorem2_one_node_for E /\ theorem2_nodes_per_node_for E /\ theorem2_nodes_joint_for E
+  /\ theorem2_compound_for E.
+Proof.
+  intros H. destruct (theorem2_rad128 E H) as (H1 & H2 & H3).
+  split; [exact H1|split; [exact H2|split; [exact (theorem2_joint_rad128 E H)|exact H3]]].
 Qed.

@@ -40,6 +40,7 @@ TOP_THEOREMS = [
     "Plow.Serq.Theorem2proof.theorem2_compound_holds",
     "Plow.Serq.Theorem2proof.theorem2_rad128",
     "Plow.Serq.Theorem2proof.theorem2_nodes_joint_holds",
+    "Plow.Serq.Theorem2proof.theorem2_all_rad128",
 ]
 
 

@@ -164,7 +164,7 @@ def test_theorem2_proved_without_axioms() -> None:
 
 @needs_rocq
 def test_theorem2_for_the_programs_engine(rad_text: str) -> None:
-    """`serq prove` instantiates Theorem 2 (B4, B5 per node, B6) at the program's engine when
+    """`serq prove` instantiates Theorem 2 (B4, B5, B6) at the program's engine when
     it is RAD with 128-token tiles and an admission `while` that always holds; a node with
     64-token tiles, or one whose admission can stop, is not shown to be one of them."""
     from serq.prove import prove_stability
