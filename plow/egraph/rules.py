@@ -247,6 +247,8 @@ def _rules() -> Iterator[RewriteOrRule]:
     for name, qpat, kpat in (
         ("R4", lq, lk),
         ("R4.norm", t.rmsnorm(lq, nq, s3, d), t.rmsnorm(lk, nk, s4, d)),
+        # one key-value head: the k norm's group is its whole width (written 0)
+        ("R4.norm1", t.rmsnorm(lq, nq, s3, d), t.rmsnorm(lk, nk, s4, full)),
     ):
         yield rule(
             eq(o).to(t.attend(q, t.kv_write(kc, k, pos), t.kv_write(vc, lv, pos), pos, s)),
