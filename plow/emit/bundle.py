@@ -286,6 +286,23 @@ def copy_weights(
     return WeightsInfo(file=WEIGHTS, tensors=len(names), bytes=pos, relayout=relayout)
 
 
+def source_date_epoch() -> int | None:
+    """$SOURCE_DATE_EPOCH (reproducible-builds.org) in seconds, or None when unset."""
+    raw = os.environ.get("SOURCE_DATE_EPOCH", "")
+    if raw == "":
+        return None
+    if not raw.isdigit():
+        raise PlowError("SOURCE_DATE_EPOCH", f"must be whole seconds since 1970, not {raw!r}")
+    return int(raw)
+
+
+def build_epoch() -> float:
+    """When the bundle was built: $SOURCE_DATE_EPOCH if set (two builds of one checkpoint,
+    target and profile are then byte-identical, certificates included), else now."""
+    fixed = source_date_epoch()
+    return time.time() if fixed is None else float(fixed)
+
+
 def _phase(p: str) -> Phase:
     return Phase.PREFILL if p == "prefill" else Phase.DECODE
 
@@ -407,8 +424,11 @@ def write_bundle_files(
         plan_only=plan_only,
         weights=weights,
         files=files,
-        compiled_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        stage_seconds={k: round(v, 4) for k, v in stage_seconds.items()},
+        compiled_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(build_epoch())),
+        # timings are never reproducible: a reproducible build (SOURCE_DATE_EPOCH) leaves them out
+        stage_seconds={}
+        if source_date_epoch() is not None
+        else {k: round(v, 4) for k, v in stage_seconds.items()},
     )
     (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=1))
     return manifest
@@ -566,8 +586,10 @@ def compile_bundle(
     a directory holding it or inside it) and a directory that is not a bundle.
 
     Raises `PlanRejected` (exit 1) when a bound or (with `verify`) a checkpoint rejects the
-    plan; `out` is then left as it was.
+    plan; `out` is then left as it was. With $SOURCE_DATE_EPOCH set the bundle is
+    reproducible: the same inputs give the same bytes (docs/bundle.md).
     """
+    source_date_epoch()  # a malformed value is refused before any work
     with gc_paused(), signals_raise():
         return _compile_bundle(
             source,
