@@ -23,6 +23,12 @@ ranges are row-major over the op's axes; views are `rows x cols` with `cols` the
 - rope: reads the rows of `x` with columns widened to whole heads, and `positions`; writes
   the rows x cols of `out`;
 - gated_mlp, residual_add: read the same box of every input, write it of `out`;
+- fused ops (issue 15, `kernels/fused.h`): linear_glu as linear (its weight rows 2n, 2n + 1
+  are column n's gate and up; k never split); linear_qkv reads `x[m0:m1, k0:k1]` and writes
+  columns `n0:n1` of q, k, v side by side (q's columns first, then k's, then v's, each
+  output's width its last dim); add_rmsnorm reads the box of `a` and `b`, writes the box of
+  the sum (output 0), then unsplit reads the sum's whole rows and writes the norm's
+  (output 1), split writes the box's sums of squares (the partial `[step, rows]`);
 - embedding: reads `ids[a:b]`; writes `out[a:b, c0:c1]`;
 - attention: reads `q` of its rows (row `r` = batch, kv head, token, head in the group), this
   step's `k`/`v` of every token of its (batch, kv head) blocks, and `positions`; writes `out`
@@ -30,8 +36,9 @@ ranges are row-major over the op's axes; views are `rows x cols` with `cols` the
 - sample: reads `logits` of every token of rows `a..b`, cols `c0..c1`, and `sample_index`;
   writes `out[a:b]` (split: the partial `[step, rows, 2]`);
 - merge: reads its own box of every step's partial (linear, lm_head, expert_linear: its rows x
-  columns; attention: its rows), the whole partial otherwise (and `x` rows for rmsnorm);
-  writes its chunk of `out`
+  columns; attention, add_rmsnorm: its rows), the whole partial otherwise (and `x` rows for
+  rmsnorm; add_rmsnorm: its box of the sum); writes its chunk of `out` (add_rmsnorm: of the
+  norm)
   (blocks and column chunks numbered as `plow verify`'s `merge_unit_count`);
 - ssm_conv / ssm_scan (Mamba-2): read every token of their batch rows (in_proj's columns of
   their channels / the dt columns of their heads, every conv column for the scan, and
@@ -66,6 +73,12 @@ MATMUL: tuple[str, ...] = ("linear", "lm_head")
 # tile's expert's column of the router weights; its down form sums over experts (k split).
 REDUCTION_AXIS["expert_linear"] = 2
 MATMUL = (*MATMUL, "expert_linear")
+# Fused ops (issue 15, kernels/fused.h): add_rmsnorm's columns split as rmsnorm's do (its
+# tiles write their sums and their sums of squares, merges write the norm); linear_glu is a
+# matmul over (m, n, k) whose weight rows 2n and 2n + 1 are a column n's gate and up (the
+# weight is not in the byte model). linear_qkv's k and linear_glu's are never split (B).
+REDUCTION_AXIS["add_rmsnorm"] = 1
+MATMUL = (*MATMUL, "linear_glu")
 
 Access = tuple[int, int, int]  # [lo, hi) bytes, write 1 / read 0
 
@@ -187,6 +200,17 @@ def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]
         gate_up = o.attrs.get("mode") == "gate_up"
         e = n0 // max(1, wn // 2) if gate_up else k0 // max(1, kin)
         sp.box(o.inputs[1], m0, m1, e, e + 1, False, out)
+    if k == "linear_qkv":  # columns n of cat3(q, k, v)'s rows go to q, k, v by their widths
+        (m0, m1, _), (n0, n1, _), (k0, k1, _) = ax
+        sp.box(o.inputs[0], m0, m1, k0, k1, False, out)
+        at = 0
+        for name in o.outputs:
+            w = _view(ot.tensors[name].shape)[1]
+            lo, hi = max(n0, at), min(n1, at + w)
+            if lo < hi:
+                sp.box(name, m0, m1, lo - at, hi - at, True, out)
+            at += w
+        return
     if k in MATMUL:
         (m0, m1, _), (n0, n1, _), (k0, k1, ks) = ax
         sp.box(o.inputs[0], m0, m1, k0, k1, False, out)
@@ -235,6 +259,18 @@ def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]
         if split and sp.tracked(dst):
             per = _partial_row(o, ot)
             sp.elems(dst, cs * per + a, cs * per + b, True, out)
+        return
+    if k == "add_rmsnorm":  # a + b of its box into the sum; then (unsplit) the norm of its
+        for name in o.inputs[:2]:  # whole rows, or (split) the box's sums of squares into
+            sp.box(name, a, b, c0, c1, False, out)  # the partial [step, rows]
+        sp.box(o.outputs[0], a, b, c0, c1, True, out)
+        if split and sp.tracked(dst):
+            per = _partial_row(o, ot)
+            sp.elems(dst, cs * per + a, cs * per + b, True, out)
+        elif not split:
+            ncols = _view(ot.tensors[o.outputs[0]].shape)[1]
+            sp.box(o.outputs[0], a, b, 0, ncols, False, out)
+            sp.box(o.outputs[1], a, b, 0, ncols, True, out)
         return
     if k == "rope":
         hd = max(1, int(o.attrs.get("head_dim") or 1))
@@ -387,6 +423,10 @@ def _merge_unit(
             for m in range(r0, r1):
                 lo = ks * per + m * ncols
                 sp.elems(part, lo + c0, lo + c1, False, out)
+    elif part and o.kind == "add_rmsnorm":  # its rows of every step's partial [step, rows]
+        per = _partial_row(o, ot)
+        for ks in range(steps):
+            sp.elems(part, ks * per + r0, ks * per + r1, False, out)
     elif part and o.kind == "attention":
         g = _Attn(ot, o)  # rows [r0, r1) of every step's partial ([step, rows, head_dim])
         per = _partial_row(o, ot)
@@ -408,6 +448,10 @@ def _merge_unit(
             sp.elems(dst, r0, r1, True, out)
         for name in o.inputs[1:]:
             sp.whole(name, False, out)
+        return
+    if o.kind == "add_rmsnorm":  # the sums of its box in, the norm of the same box out
+        sp.box(o.outputs[0], r0, r1, c0, c1, False, out)
+        sp.box(o.outputs[1], r0, r1, c0, c1, True, out)
         return
     if o.kind == "rmsnorm":
         shape = ot.tensors[o.inputs[0]].shape
