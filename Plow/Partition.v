@@ -9,9 +9,12 @@
     what runs: the plan's tasks, read from the plan file's packets, run every
     tile of every op exactly once.  Here, per op:
 
-    - the op's kind has a shape rule, and the op table's opcode is the kind's;
+    - the op's kind has a shape rule, and the op table's opcode is the kind's
+      (the fused kinds of [kernels/fused.h] too: add_rmsnorm, linear_glu,
+      linear_qkv, their packets carrying the opcode of their main canonical op);
     - [expected_extents]: the extents the kind's rule computes from the
       shapes of the op's input and output tensors equal the axes' extents;
+    - [k_unsplit]: a fused matmul's reduction axis [k] is one tile;
     - the compute tasks' unit ranges [start, start+count) partition the op's
       tiles [0, prod steps) (tile [u] is row-major over the axes, last axis
       fastest); the merge tasks' ranges partition its merge units
@@ -42,6 +45,7 @@ Inductive op_kind :=
 | K_gated_mlp | K_residual_add | K_lm_head | K_sample
 | K_router | K_expert_linear
 | K_ssm_conv | K_ssm_scan | K_ssm_norm
+| K_add_rmsnorm | K_linear_glu | K_linear_qkv  (* fused (issue 15, kernels/fused.h) *)
 | K_other.
 
 (** One task, as its task packet says: [pt_id] its index in the plan
@@ -81,6 +85,7 @@ Definition opcode_of_kind (k : op_kind) : option N :=
   | K_residual_add => Some 10 | K_lm_head => Some 11 | K_sample => Some 12
   | K_router => Some 13 | K_expert_linear => Some 14
   | K_ssm_conv => Some 16 | K_ssm_scan => Some 17 | K_ssm_norm => Some 18
+  | K_add_rmsnorm => Some 3 | K_linear_glu => Some 8 | K_linear_qkv => Some 4
   | K_other => None
   end.
 
@@ -134,7 +139,18 @@ Definition last_dim (s : list N) : N := last s 1.
       batch row in its tile);
     - ssm_scan: [o = [b; t; heads * head_dim]], [x = [b; t; _]]: axes [b; heads];
     - ssm_norm: [c = last o], the group [g > 0] divides [c], [numel o = numel x]:
-      axes [numel x / c; c / g]. *)
+      axes [numel x / c; c / g];
+    - add_rmsnorm (R1: inputs a, b, the norm weight w; outputs the sum s, the norm):
+      [c = last a], axes [numel a / c; c], divisible; b, s and the norm have [a]'s
+      rows x cols ([numel = numel a], [last = c]), [numel w = c], no group;
+    - linear_glu (R2+R3+R13): the interleaved weight [[2 n; k]] (rows 2i, 2i + 1 are
+      column i's gate and up), axes [m; n; k] with [m * k = numel x], [last x = k],
+      [numel o = m * n], [last o = n];
+    - linear_qkv (R4): the weight cat3(Wq, Wk, Wv) [[n; k]], outputs q, k, v each
+      [m] rows of its last dim, the last dims summing to [n]: axes [m; n; k] with
+      [m * k = numel x], [last x = k].
+
+    The fused matmuls never split [k] ([whole_k], checked with the extents). *)
 Definition expected_extents (x : opx) : option (list N) :=
   match ox_ins x, ox_outs x with
   | xs :: rest, o :: _ =>
@@ -214,10 +230,53 @@ Definition expected_extents (x : opx) : option (list N) :=
           if negb (g =? 0) && (c / g * g =? c) && (numel o =? numel xs)
              && (numel xs / c * c =? numel xs)
           then Some [numel xs / c; c / g] else None
+      | K_add_rmsnorm =>
+          match rest, ox_outs x with
+          | bs :: ws :: _, [s; nr] =>
+              let c := last_dim xs in
+              let r := numel xs / c in
+              let same t := (numel t =? numel xs) && (last_dim t =? c) in
+              if (r * c =? numel xs) && same bs && same s && same nr && (numel ws =? c)
+                 && (ox_group x =? 0)
+              then Some [r; c] else None
+          | _, _ => None
+          end
+      | K_linear_glu =>
+          match rest with
+          | [wn; k] :: _ =>
+              let n := wn / 2 in
+              let m := numel xs / k in
+              if (n * 2 =? wn) && (m * k =? numel xs) && (last_dim xs =? k)
+                 && (numel o =? m * n) && (last_dim o =? n)
+              then Some [m; n; k] else None
+          | _ => None
+          end
+      | K_linear_qkv =>
+          match rest, ox_outs x with
+          | [n; k] :: _, [q; kk; v] =>
+              let m := numel xs / k in
+              let rows_of t := numel t =? m * last_dim t in
+              if (m * k =? numel xs) && (last_dim xs =? k)
+                 && (last_dim q + last_dim kk + last_dim v =? n)
+                 && rows_of q && rows_of kk && rows_of v
+              then Some [m; n; k] else None
+          | _, _ => None
+          end
       | K_other => None
       end
   | _, _ => None
   end.
+
+(** The fused matmuls ([linear_glu], [linear_qkv]) never split their
+    reduction axis [k] (axis 2): their tiles write their output, not partials
+    to merge ([kernels/fused.h]).  The spec: one tile covers the whole of [k]
+    (with [Tiles.v]'s no-empty-step check, checked first, one step). *)
+Definition whole_k (k : op_kind) : bool :=
+  match k with K_linear_glu | K_linear_qkv => true | _ => false end.
+
+Definition k_unsplit (k : op_kind) (axes : list axis) : Prop :=
+  whole_k k = true ->
+  exists a, nth_error axes 2 = Some a /\ ax_extent a <= ax_tile a.
 
 (** ** Masked tiles *)
 
@@ -283,6 +342,7 @@ Definition task_ok (o : op) (x : opx) (t : ptask) : Prop :=
 Definition op_tasks_ok (o : op) (x : opx) : Prop :=
   opcode_of_kind (ox_kind x) = Some (ox_opcode x) /\
   expected_extents x = Some (map ax_extent (op_axes o)) /\
+  k_unsplit (ox_kind x) (op_axes o) /\
   partitions (tiles_of o) (filter is_compute (ox_tasks x)) /\
   partitions (ox_merge_units x) (filter is_merge (ox_tasks x)) /\
   Forall (task_ok o x) (ox_tasks x).
@@ -307,6 +367,18 @@ Fixpoint check_extents (oi ai : N) (l : list axis) (es : list N) : option tile_e
       else Some (E_extent oi ai (ax_extent a) e)
   | _, _ => None  (* lengths are compared before *)
   end.
+
+(** A fused matmul's [k] tile below the extent: [E_below_min] with the
+    extent as the minimum (the kind's, not the target's). *)
+Definition check_unsplit (oi : N) (k : op_kind) (axes : list axis) : option tile_error :=
+  if whole_k k then
+    match nth_error axes 2 with
+    | Some a =>
+        if ax_extent a <=? ax_tile a then None
+        else Some (E_below_min oi 2 (ax_tile a) (ax_extent a))
+    | None => Some (E_axes_count oi (count_n axes) 3)
+    end
+  else None.
 
 (** The ranges, in list order, are consecutive from [next] and end at [lim]. *)
 Fixpoint chain (oi cls lim next : N) (ts : list ptask) : option tile_error :=
@@ -366,6 +438,9 @@ Definition check_opx (oi : N) (o : op) (x : opx) : option tile_error :=
           match check_extents oi 0 axes es with
           | Some e => Some e
           | None =>
+              match check_unsplit oi (ox_kind x) axes with
+              | Some e => Some e
+              | None =>
               let tiles := tiles_of o in
               let ts := ox_tasks x in
               match chain oi 0 tiles 0 (filter is_compute ts) with
@@ -375,6 +450,7 @@ Definition check_opx (oi : N) (o : op) (x : opx) : option tile_error :=
                   | Some e => Some e
                   | None => first_some (check_task (rev axes) (ox_kind x) code oi tiles) ts
                   end
+              end
               end
           end
       end

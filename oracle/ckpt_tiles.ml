@@ -83,6 +83,8 @@ let kind_of (k : string) : op_kind =
   | "residual_add" -> K_residual_add | "lm_head" -> K_lm_head | "sample" -> K_sample
   | "router" -> K_router | "expert_linear" -> K_expert_linear
   | "ssm_conv" -> K_ssm_conv | "ssm_scan" -> K_ssm_scan | "ssm_norm" -> K_ssm_norm
+  (* fused (issue 15, plow/egraph/apply.py): packets carry RMSNORM / MLP_GATE_UP / LINEAR *)
+  | "add_rmsnorm" -> K_add_rmsnorm | "linear_glu" -> K_linear_glu | "linear_qkv" -> K_linear_qkv
   | _ -> K_other
 
 let to_coq_task (t : ptask_r) : ptask =
@@ -121,6 +123,7 @@ let task_theorems = [
   "Plow.Partitionproof.check_plan_tasks_sound";
   "Plow.Partitionproof.chain_partitions";
   "Plow.Partitionproof.check_task_sound";
+  "Plow.Partitionproof.check_unsplit_sound";
 ]
 
 (* Numbers in reasons: exact below a million, else like 1.2e10. *)
@@ -189,6 +192,11 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
   | Reject e -> (
       match e with
       | E_zero_tile (k, a) -> reject (Printf.sprintf "%s: zero-width tile" (where k a))
+      | E_below_min (k, a, t, m) when i a = 2 && (op k).plan <> None
+                                      && List.mem (op k).kind ["linear_glu"; "linear_qkv"]
+                                      && (List.nth (op k).axes 2).extent = i m ->
+          reject (Printf.sprintf "%s: tile %d below the extent %d (a fused %s never splits k)"
+                    (where k a) (i t) (i m) (op k).kind)
       | E_below_min (k, a, t, m) ->
           reject (Printf.sprintf "%s: tile %d below the minimum tile %d of target %s"
                     (where k a) (i t) (i m) tname)
