@@ -29,6 +29,7 @@ from plow.emit.verify import (
     verify_bundle,
 )
 from plow.emit.wire import decode_plan
+from plow.errors import PlowError
 from plow.oracle import run_checkpoint
 from plow.oracle.payloads.dataflow import BLOCK, dataflow_payload, sweep_order
 from plow.profile import CompileProfile
@@ -399,7 +400,11 @@ _COMPILE = (
 
 
 @pytest.mark.slow
-def test_certificates_reproducible_across_processes(tiny_ckpt: Path, tmp_path: Path) -> None:
+def test_certificates_reproducible_across_processes(
+    tiny_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two compiles, in this process and another: the same files, certificates A-F included;
+    with SOURCE_DATE_EPOCH (reproducible-builds.org) byte for byte, manifest included."""
     a = compile_bundle(tiny_ckpt, tmp_path / "a", load_target("cpu"), PROFILE, verify=True).out
     b = tmp_path / "b"
     subprocess.run([sys.executable, "-c", _COMPILE, str(tiny_ckpt), str(b)], check=True)
@@ -407,15 +412,28 @@ def test_certificates_reproducible_across_processes(tiny_ckpt: Path, tmp_path: P
     files_b = sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
     assert files_a == files_b
     certs = [f for f in files_a if f.startswith("certificates/")]
-    assert len(certs) == 5
+    assert certs == [f"certificates/{c}.json" for c in "ABCDEF"]
     for f in files_a:
         if f != MANIFEST:
             assert (a / f).read_bytes() == (b / f).read_bytes(), f
     assert bundle_digest(a) == bundle_digest(b)
     ma, mb = (json.loads((x / MANIFEST).read_bytes()) for x in (a, b))
+    assert ma["stage_seconds"]  # an ordinary build records its timings
     for k in VOLATILE:
         ma.pop(k, None)
         mb.pop(k, None)
     assert ma == mb
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1764547200")
+    c, d = tmp_path / "c", tmp_path / "d"
+    compile_bundle(tiny_ckpt, c, load_target("cpu"), PROFILE, verify=True)
+    subprocess.run([sys.executable, "-c", _COMPILE, str(tiny_ckpt), str(d)], check=True)
+    for f in files_a:
+        assert (c / f).read_bytes() == (d / f).read_bytes(), f
+    mc = json.loads((c / MANIFEST).read_bytes())
+    assert mc["compiled_at"] == "2025-12-01T00:00:00Z" and mc["stage_seconds"] == {}
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(PlowError, match="SOURCE_DATE_EPOCH: must be whole seconds"):
+        compile_bundle(tiny_ckpt, tmp_path / "e", load_target("cpu"), PROFILE, verify=True)
+    assert not (tmp_path / "e").exists()
     ot = OpTable.model_validate_json((a / rungs(a)[0]["ops"]).read_bytes())
     assert ot.ops  # the bundle holds a real plan
