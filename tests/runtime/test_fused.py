@@ -12,12 +12,19 @@ concatenated one q, k, v stacked; `plow inspect --rewrites` lists the applied bl
 is off by default: an unfused compile writes no `rewrites.json` and no fused kind.
 The CUDA source's fused tiles, on the emulation build of tests/runtime/test_cuda.py, give the
 native executor's tokens and logits bit for bit.
+
+Fused bundles are compiled with `verify=True` and opened verified: every checkpoint, A to F,
+accepts them (B's shape rules and D's access rules know the fused kinds); a fused bundle with
+a fused op's reduction split, a task box moved, or a consumer's wait on a fused op dropped
+(files kept consistent, hashes re-forged) is rejected by B or D.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -65,10 +72,14 @@ def bundles(
         for fuse in (False, True):
             out[fam, fuse] = root / f"{fam}-{fuse}"
             compile_bundle(
-                tiny_checkpoints[fam], out[fam, fuse], load_target("cpu"), _profile(fuse)
-            )
+                tiny_checkpoints[fam], out[fam, fuse], load_target("cpu"), _profile(fuse),
+                verify=fuse,  # every checkpoint, A to F (raises PlanRejected otherwise)
+            )  # fmt: skip
     out["llama", "split"] = root / "llama-split"
-    compile_bundle(tiny_checkpoints["llama"], out["llama", "split"], split_target(), _profile(True))
+    compile_bundle(
+        tiny_checkpoints["llama"], out["llama", "split"], split_target(), _profile(True),
+        verify=True,
+    )  # fmt: skip
     return out
 
 
@@ -108,11 +119,11 @@ def test_fused_bundle_tokens_equal_transformers_on_cpu_and_native(
         assert any(o.partial for o in ops if o.kind not in FUSED_KINDS)
     want = _hf_greedy(tiny_checkpoints[family])
     reqs = [Request(tuple(p), NEW) for p in PROMPTS]
-    assert generate(CpuModel.from_bundle(path, max_batch=4, verify=False), reqs) == want
-    assert generate(open_native(path, max_batch=4, verify=False), reqs) == want
+    assert generate(CpuModel.from_bundle(path, max_batch=4), reqs) == want  # opened verified
+    assert generate(open_native(path, max_batch=4), reqs) == want
     if which is True:  # the fused tiles keep the unfused dots' order: the same logits, bitwise
         plain = bundles[family, False]
-        got = prefill_logits(open_native(path, verify=False), PROMPTS[0])
+        got = prefill_logits(open_native(path, verify=False), PROMPTS[0])  # verified above
         assert np.array_equal(got, prefill_logits(open_native(plain, verify=False), PROMPTS[0]))
 
 
@@ -221,7 +232,8 @@ def test_the_emulated_cuda_kernel_runs_a_fused_plan_with_the_native_bits(
     path = tmp_path_factory.mktemp("fusedcuda") / "bundle"
     small = load_target("h200").model_copy(update={"workers": EMU_WORKERS})
     prof = PROFILE.model_copy(update={"fuse": True})
-    compile_bundle(tiny_checkpoints["llama"], path, small, prof)  # unverified: 8 SMs
+    compile_bundle(tiny_checkpoints["llama"], path, small, prof)  # unverified: 8 SMs are no
+    # shipped target (the bundle row rejects it); the cpu and 16-worker bundles are verified
     assert {o.kind for o in _ops(path, "decode_b1_s96").ops} >= FUSED_KINDS
     want, want_logits = _tokens_and_logits(NativeModel.from_bundle(path, max_batch=4, verify=False))
     request.getfixturevalue("on_emulator")
@@ -244,14 +256,143 @@ def test_plow_compile_fuse_flag_writes_a_fused_plan(
     assert kinds >= FUSED_KINDS
 
 
-def test_checkpoint_a_accepts_the_fused_bundles_and_c_e_f_their_plans(bundles: dict) -> None:
+def test_every_checkpoint_accepts_the_fused_bundles(bundles: dict) -> None:
     """Checkpoint A (Plow/Rewritescheck.v) certifies the blocks of `rewrites.json` as rule
-    instances of the model's graph; C, E and F take the fused plans as they take any. (B and D
-    have no rules for the fused kinds yet: docs/egraph.md, "Status".)"""
+    instances of the model's graph; B's shape rules (Plow/Partition.v) and D's access rules
+    (plow/oracle/payloads/dataflow.py) know the fused kinds; C, E and F take the fused plans
+    as they take any: every rung of every fused bundle, the split one too, is certified."""
     from plow.emit.verify import verify_bundle
 
-    for fam in ("llama", "gemma3"):
-        rep = verify_bundle(bundles[fam, True], checkpoints=("A", "C", "E", "F"))
-        rows = [r for r in rep.rows if r.checkpoint in ("A", "C", "E", "F")]
-        assert {r.checkpoint for r in rows} == {"A", "C", "E", "F"}
-        assert all(r.verdict == "accept" for r in rows), [r.reason for r in rows if r.reason]
+    for key in (("llama", True), ("qwen3", True), ("gemma3", True), ("llama", "split")):
+        rep = verify_bundle(bundles[key])
+        assert rep.accepted, [(r.checkpoint, r.reason) for r in rep.rows if r.rejected]
+        assert {r.checkpoint for r in rep.rows} >= {"A", "B", "C", "D", "E", "F"}
+        b = [r for r in rep.rows if r.checkpoint == "B"]
+        assert b and all("Plow.Partitionproof.check_plan_tasks_sound" in r.theorems for r in b)
+
+
+def _fused_op(ops: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(o for o in ops["ops"] if o["kind"] == kind)
+
+
+def _split_k(ops: dict[str, Any]) -> None:  # linear_glu's k in two tiles (charged the same)
+    k = _fused_op(ops, "linear_glu")["axes"][2]
+    k["tile"], k["steps"] = k["extent"] // 2, 2
+
+
+def _narrow_v(ops: dict[str, Any]) -> None:  # v's width no longer what cat3's rows say
+    ops["tensors"]["L0.v_proj"]["shape"][-1] //= 2
+
+
+def _move_box(sched: dict[str, Any]) -> None:  # a linear_qkv task's tiles one later
+    t = sched["tasks"]
+    i = next(i for i, n in enumerate(t["name"]) if n.startswith("L0.q_proj+L0.k_proj+L0.v_proj#"))
+    t["unit_start"][i] += 1
+
+
+def _rewire(consumer: str, counter: str, to: str) -> Any:
+    """The consumer op's tasks wait on `to` (the counter the producer's own tasks wait on)
+    instead of the producer's `counter`, and the schedule's edges from the producer's tasks
+    into them are gone: they stay ordered after everything before the producer, and only
+    the derived data flow can notice they are no longer ordered after the producer."""
+
+    def edit(sched: dict[str, Any]) -> None:
+        t, names = sched["tasks"], sched["counters"]["name"]
+        c, d = names.index(counter), names.index(to)
+        hit = {i for i, n in enumerate(t["name"]) if n.startswith(consumer + "#")}
+        assert hit and all(c in t["waits"][i] for i in hit)
+        for i in hit:
+            t["waits"][i] = [d if x == c else x for x in t["waits"][i]]
+        e = sched["edges"]
+        pairs = zip(e[0::2], e[1::2], strict=True)
+        keep = [(u, v) for u, v in pairs if not (v in hit and c in t["signals"][u])]
+        sched["edges"] = [x for pair in keep for x in pair]
+
+    return edit
+
+
+QKV, NORM = "L0.q_proj+L0.k_proj+L0.v_proj", "L0.mlp_residual+L1.attn_norm"
+GLU = "L0.gate_proj+L0.up_proj+L0.gated_mlp"
+
+
+@pytest.mark.parametrize(
+    ("edit", "rejecting", "says", "tensor"),
+    [
+        (("ops", _split_k), "BD", "a fused linear_glu never splits k", None),
+        (("ops", _narrow_v), "B", "do not fit the linear_qkv rule", None),
+        (("schedule", _move_box), "BD", f"op {QKV!r}".replace("'", '"'), None),
+        # k_rope reads linear_qkv's k columns (not q's): the rule routes columns by width
+        (
+            ("schedule", _rewire("L0.k_rope", f"{QKV}.done", "L0.attn_norm.done")),
+            "D",
+            f"({QKV}#",
+            "L0.k_proj",
+        ),
+        # add_rmsnorm's merges read the partial (sums of squares) its tiles write
+        (
+            ("schedule", _rewire(f"{NORM}.merge", f"{NORM}.partial.done", "L0.down_proj.done")),
+            "D",
+            f"({NORM}#",
+            f"{NORM}#partial",
+        ),
+        # the q/k/v of layer 1 read the norm the merges of add_rmsnorm write
+        (
+            ("schedule", _rewire(QKV.replace("L0", "L1"), f"{NORM}.done", f"{NORM}.partial.done")),
+            "D",
+            f"({NORM}.merge#",
+            "L1.attn_norm",
+        ),
+        # down_proj reads what linear_glu writes
+        (
+            (
+                "schedule",
+                _rewire("L0.down_proj", f"{GLU}.done", "L0.attn_residual+L0.mlp_norm.done"),
+            ),
+            "D",
+            f"({GLU}#",
+            "L0.gated_mlp",
+        ),
+    ],
+    ids=[
+        "glu-k-split",
+        "qkv-v-narrowed",
+        "qkv-box-moved",
+        "qkv-k-wait",
+        "norm-partial-wait",
+        "norm-wait",
+        "glu-wait",
+    ],
+)
+def test_an_edited_fused_bundle_is_rejected_by_b_or_d(
+    bundles: dict,
+    tmp_path: Path,
+    edit: tuple[str, Any],
+    rejecting: str,
+    says: str,
+    tensor: str | None,
+) -> None:
+    """The 16-worker fused bundle (add_rmsnorm split, tasks on many workers), edited the way
+    a bug would, files kept consistent (plan re-emitted, hashes re-forged): B or D rejects
+    it, naming the fused op (D: a task of it and of the op that conflicts with it, and bytes of
+    the tensor the fused op's rule says the two share). A dropped
+    wait is data flow only (B accepts it); a split k or a moved box is both (B: the tiles'
+    partition; D: tiles that write the same bytes unordered)."""
+    from plow.emit.verify import verify_bundle
+    from tests.emit.bundle_edit import copy_bundle, edit_rung, rungs
+
+    b = copy_bundle(bundles["llama", "split"], tmp_path / "b")
+    rung = next(r for r in rungs(b) if r["name"] == "decode_b1_s48")
+    what, fn = edit
+    edit_rung(b, rung, **{what: fn})
+    rep = verify_bundle(b, checkpoints=("B", "D"))
+    bad = [r for r in rep.rows if r.rejected]
+    assert {r.checkpoint for r in bad} == set(rejecting), [(r.checkpoint, r.reason) for r in bad]
+    row = next(r for r in bad if r.checkpoint == rejecting[0])
+    assert says in (row.reason or ""), row.reason
+    if tensor is not None:  # the conflict's bytes are the shared tensor's (the arena map)
+        m = re.search(r"arena bytes \[(\d+), (\d+)\)", row.reason or "")
+        assert m, row.reason
+        sched = json.loads((b / rung["schedule"]).read_text())
+        buf = next(x for x in sched["arena"]["buffers"] if x["name"] == tensor)
+        lo, hi = int(m[1]), int(m[2])
+        assert buf["offset"] < hi and lo < buf["offset"] + buf["size"], (row.reason, buf)
