@@ -46,7 +46,7 @@ from plow.runtime.cuda.driver import CudaUnavailable, Device, device
 from plow.runtime.cuda.image import DeviceImage, PageTable, assign_pages, build_image, op_modes
 from plow.runtime.native import library
 from plow.runtime.native.lower import Lowered, lower, stored
-from plow.runtime.native.model import NativeStepError
+from plow.runtime.native.model import NativeStepError, quantum_words
 from plow.runtime.sampler import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -574,17 +574,7 @@ class CudaModel(CpuModel):
             if d is not None:
                 rem[b] = d.remaining
                 stops[b] = tuple(int(t) for t in d.stop_ids)
-        base = self.arena.kv_words
-
-        def word(name: str) -> int:
-            return base + plan.layout.slot(name).offset
-
-        q = library.PlowQuantum(
-            word("sample"), word("positions"), word("sample_index"), word(RING),
-            word(REMAINING), word("lm_head"), plan.batch, plan.tokens,
-            self.spec.vocab_size, self.context,
-        )  # fmt: skip
-        st = self.cuda.dispatch_quantum(plan, steps, q, stops)
+        st = self.cuda.dispatch_quantum(plan, steps, quantum_words(self, plan), stops)
         self.last_plan = plan
         self.steps += steps
         self.tasks_run += st.tasks

@@ -145,6 +145,21 @@ class NativeMachine:
             self.close()
 
 
+def quantum_words(model: CpuModel, plan: Plan) -> library.PlowQuantum:
+    """Where a quantum's epilogue reads and writes in `model`'s arena (absolute words), and
+    the bucket's shape: the same for every executor that runs kernels/sampler.h."""
+    base = model.arena.kv_words
+
+    def word(name: str) -> int:
+        return base + plan.layout.slot(name).offset
+
+    return library.PlowQuantum(
+        word("sample"), word("positions"), word("sample_index"), word(RING),
+        word(REMAINING), word("lm_head"), plan.batch, plan.tokens,
+        model.spec.vocab_size, model.context,
+    )  # fmt: skip
+
+
 class NativeModel(CpuModel):
     """`CpuModel` on the native machine (module docstring). Build with `from_bundle`."""
 
@@ -198,17 +213,7 @@ class NativeModel(CpuModel):
                 u[:n] = [d.rng.random() for _ in range(n)]
             keep += [stop, u]
             r.n_stop, r.stop, r.uniforms = len(stop), stop.ctypes.data, u.ctypes.data
-        base = self.arena.kv_words
-
-        def word(name: str) -> int:
-            return base + plan.layout.slot(name).offset
-
-        q = library.PlowQuantum(
-            word("sample"), word("positions"), word("sample_index"), word(RING),
-            word(REMAINING), word("lm_head"), plan.batch, plan.tokens,
-            self.spec.vocab_size, self.context,
-        )  # fmt: skip
-        st = self.machine.quantum(plan, steps, q, crows)
+        st = self.machine.quantum(plan, steps, quantum_words(self, plan), crows)
         self.last_plan = plan
         self.steps += steps
         self.tasks_run += st.tasks * steps
