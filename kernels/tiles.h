@@ -600,8 +600,9 @@ struct KvWalk {
   PLOW_HD const float* row(int i) {
     if (ptr != nullptr) return ptr;
     const int64_t D = c.plan->kv_dim;
-    float* out = stage + i * D;
-    for (int64_t d = 0; d < D; ++d) out[d] = bf16_to_f32(ptr16[d]);
+    float* __restrict out = stage + i * D;  // the pool and the stage never overlap
+    const uint16_t* __restrict in = ptr16;
+    for (int64_t d = 0; d < D; ++d) out[d] = bf16_to_f32(in[d]);
     return out;
   }
   // the next four rows (keys or values) in key order
