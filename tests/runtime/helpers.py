@@ -36,3 +36,9 @@ def prefill_logits(m: CpuModel, ids: list[int], chunk: int = 16) -> np.ndarray:
     m.kv.release(t)
     assert last is not None, "an empty prompt has no logits"
     return last
+
+
+def assert_logits_close(got: np.ndarray, want: np.ndarray, rel: float = 1e-4) -> None:
+    """Every logit within rel * max(1, |want|) of the reference (the families' logit gate)."""
+    err = np.abs(got - want)
+    assert np.all(err <= rel * np.maximum(1.0, np.abs(want))), float(np.max(err))

@@ -32,7 +32,7 @@ from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
 from plow.testing.fixtures import make_tiny_deepseek_v3
-from tests.runtime.helpers import PROMPTS, prefill_logits
+from tests.runtime.helpers import PROMPTS, assert_logits_close, prefill_logits
 
 NEW = 32
 PROFILE = CompileProfile(name="dsv3", decode_batches=(1, 8), prefill_seqs=(16,), context=96)
@@ -127,8 +127,7 @@ def test_cpu_greedy_tokens_and_logits_equal_transformers(ds: dict) -> None:
         with torch.no_grad():
             want = ds["hf"](torch.tensor([ids])).logits[0, -1].numpy()  # type: ignore[operator]
         got_l = prefill_logits(CpuModel.from_bundle(ds["bundle"], max_batch=8), ids)
-        tol = 1e-4 * np.maximum(1.0, np.abs(want))
-        assert np.all(np.abs(got_l - want) <= tol), float(np.max(np.abs(got_l - want)))
+        assert_logits_close(got_l, want)
 
 
 def test_native_greedy_tokens_and_logits_equal_transformers(ds: dict) -> None:
@@ -139,8 +138,7 @@ def test_native_greedy_tokens_and_logits_equal_transformers(ds: dict) -> None:
     with torch.no_grad():
         want = ds["hf"](torch.tensor([ids])).logits[0, -1].numpy()  # type: ignore[operator]
     got_l = prefill_logits(open_native(ds["bundle"], max_batch=8), ids)
-    tol = 1e-4 * np.maximum(1.0, np.abs(want))
-    assert np.all(np.abs(got_l - want) <= tol), float(np.max(np.abs(got_l - want)))
+    assert_logits_close(got_l, want)
 
 
 def test_yarn_no_q_lora_and_wide_values_match_transformers(tmp_path: Path) -> None:
@@ -156,13 +154,12 @@ def test_yarn_no_q_lora_and_wide_values_match_transformers(tmp_path: Path) -> No
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0].numpy()
     got = forward_logits(ckpt, ids)
-    tol = 1e-4 * np.maximum(1.0, np.abs(want))
-    assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want)))
+    assert_logits_close(got, want)
     bundle = tmp_path / "bundle"
     profile = CompileProfile(name="dsv3y", decode_batches=(1,), prefill_seqs=(16,), context=96)
     compile_bundle(path, bundle, load_target("cpu"), profile, verify=True)
     nat = prefill_logits(open_native(bundle, max_batch=1), ids)
-    assert np.all(np.abs(nat - want[-1]) <= tol[-1]), float(np.max(np.abs(nat - want[-1])))
+    assert_logits_close(nat, want[-1])
 
 
 def test_grouped_router_equals_transformers_router() -> None:

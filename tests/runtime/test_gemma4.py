@@ -30,7 +30,7 @@ from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
 from plow.testing.fixtures import GEMMA4_TINY, make_tiny_gemma4
-from tests.runtime.helpers import PROMPTS, prefill_logits
+from tests.runtime.helpers import PROMPTS, assert_logits_close, prefill_logits
 
 NEW = 32
 PROFILE = CompileProfile(name="g4", decode_batches=(1, 8), prefill_seqs=(16,), context=96)
@@ -90,8 +90,7 @@ def test_logits_within_1e_4_of_transformers(g4: dict, executor: str) -> None:
     with torch.no_grad():
         want = g4["hf"](torch.tensor([ids])).logits[0, -1].numpy()
     got = prefill_logits(_executor(g4, executor), ids)
-    tol = 1e-4 * np.maximum(1.0, np.abs(want))
-    assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want)))
+    assert_logits_close(got, want)
 
 
 @pytest.mark.parametrize(("executor", "new"), [("cpu", 4), ("native", NEW)])

@@ -24,7 +24,7 @@ from plow.runtime.cpu import CpuModel, Request, RowInput, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
 from plow.testing import make_tiny_checkpoint
-from tests.runtime.helpers import PROMPTS, prefill_logits
+from tests.runtime.helpers import PROMPTS, assert_logits_close, prefill_logits
 
 NEW = 32
 PROFILE = CompileProfile(name="moe", decode_batches=(1, 8), prefill_seqs=(16,), context=96)
@@ -74,8 +74,7 @@ def test_logits_within_1e_4_of_transformers(moe: dict) -> None:
         with torch.no_grad():
             want = moe["hf"](torch.tensor([ids])).logits[0, -1].numpy()  # type: ignore[operator]
         got = prefill_logits(m, ids)
-        tol = 1e-4 * np.maximum(1.0, np.abs(want))
-        assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want)))
+        assert_logits_close(got, want)
 
 
 @pytest.mark.slow
@@ -87,8 +86,7 @@ def test_native_greedy_tokens_and_logits_equal_transformers(moe: dict) -> None:
     with torch.no_grad():
         want = moe["hf"](torch.tensor([ids])).logits[0, -1].numpy()  # type: ignore[operator]
     got_l = prefill_logits(open_native(moe["bundle"], max_batch=8), ids)
-    tol = 1e-4 * np.maximum(1.0, np.abs(want))
-    assert np.all(np.abs(got_l - want) <= tol), float(np.max(np.abs(got_l - want)))
+    assert_logits_close(got_l, want)
     work = m.plan(m.decode_bucket(1))
     assert any(o.kind == "expert_linear" for o in work.ops)
 

@@ -35,7 +35,7 @@ from plow.runtime.native.library import library_path
 from plow.runtime.sampler import SamplingParams
 from plow.schedule.regions import partial_name
 from plow.target import load_target
-from tests.runtime.helpers import prefill_logits
+from tests.runtime.helpers import assert_logits_close, prefill_logits
 
 NEW = 12
 CONTEXT = 160
@@ -107,8 +107,7 @@ def test_native_logits_are_within_1e_4_of_transformers(
         want = hf[family](torch.tensor([ids])).logits[0, -1].numpy()
     for target in ("cpu", "split"):
         got = prefill_logits(open_native(bundles[family, target]), ids)
-        tol = 1e-4 * np.maximum(1.0, np.abs(want))
-        assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want)))
+        assert_logits_close(got, want)
 
 
 def _run(path: Path, threads: int, prompts: list[list[int]] = PROMPTS) -> tuple[list, bytes]:
@@ -407,5 +406,5 @@ def test_bf16_key_value_cache_rounds_to_nearest_even_and_reads_back_widened(
         emu, reqs
     )
     a, b, c = (prefill_logits(m, PROMPTS[0]) for m in (nat, emu, f32))
-    assert np.all(np.abs(a - b) <= 1e-4 * np.maximum(1.0, np.abs(b)))
+    assert_logits_close(a, b)
     assert not np.array_equal(a, c)
