@@ -271,12 +271,42 @@ GEMMA4_TINY_MOE: dict[str, Any] = dict(
 )
 
 
+def _save_perturbed(
+    config: Any,
+    model_cls: Any,
+    seed: int,
+    out: Path | str | None,
+    prefix: str,
+    params: tuple[str, ...],
+    buffers: dict[str, float],
+) -> Path:
+    """`model_cls(config)` seeded with `seed`, parameters whose name contains "norm" or ends
+    with one of `params` perturbed by 0.1 N(0, 1), buffers ending with a key of `buffers` by
+    that scale; saved with the fixture tokenizer to `out` (a new temp dir when None)."""
+    import torch
+
+    directory = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix=prefix))
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or (params and name.endswith(params)):
+                p.add_(0.1 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            for suffix, scale in buffers.items():
+                if name.endswith(suffix):
+                    b.add_(scale * torch.randn_like(b))
+    model.save_pretrained(directory, safe_serialization=True)
+    write_tokenizer(directory, config)
+    return directory
+
+
 def make_tiny_gemma4(
     moe: bool = False, seed: int = 0, out: Path | str | None = None, **overrides: Any
 ) -> Path:
     """A tiny `Gemma4ForCausalLM` checkpoint (`GEMMA4_TINY`, or `GEMMA4_TINY_MOE` when `moe`)
     through transformers' own classes; norms, router scales and layer scalars perturbed."""
-    import torch
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -284,20 +314,10 @@ def make_tiny_gemma4(
     params.update(overrides)
     params.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
     config = transformers.Gemma4TextConfig(**params)
-    directory = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="plow-gemma4-"))
-    directory.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    model = transformers.Gemma4ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith(("router.scale", "per_expert_scale")):
-                p.add_(0.1 * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.add_(0.2 * torch.randn_like(b))
-    model.save_pretrained(directory, safe_serialization=True)
-    write_tokenizer(directory, config)
-    return directory
+    return _save_perturbed(
+        config, transformers.Gemma4ForCausalLM, seed, out, "plow-gemma4-",
+        ("router.scale", "per_expert_scale"), {"layer_scalar": 0.2},
+    )  # fmt: skip
 
 
 # DeepSeek-V3 (`make_tiny_deepseek_v3`): latent attention with q_lora_rank 24, kv_lora_rank
@@ -338,7 +358,6 @@ DEEPSEEK_V3_TINY: dict[str, Any] = dict(
 def make_tiny_deepseek_v3(seed: int = 0, out: Path | str | None = None, **overrides: Any) -> Path:
     """A tiny `DeepseekV3ForCausalLM` checkpoint (`DEEPSEEK_V3_TINY` with `overrides`) through
     transformers' own classes; norms and the routers' correction biases perturbed."""
-    import torch
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -346,17 +365,7 @@ def make_tiny_deepseek_v3(seed: int = 0, out: Path | str | None = None, **overri
     params.update(overrides)
     params.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
     config = transformers.DeepseekV3Config(**params)
-    directory = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="plow-dsv3-"))
-    directory.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    model = transformers.DeepseekV3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.add_(0.1 * torch.randn_like(b))
-    model.save_pretrained(directory, safe_serialization=True)
-    write_tokenizer(directory, config)
-    return directory
+    return _save_perturbed(
+        config, transformers.DeepseekV3ForCausalLM, seed, out, "plow-dsv3-",
+        (), {"e_score_correction_bias": 0.1},
+    )  # fmt: skip
