@@ -19,8 +19,9 @@ from plow.egraph.extract import (
     EGraphView,
     Extraction,
     extract,
-    infer_info,
+    prepare,
     rule_of,
+    weight_dtype,
 )
 from plow.egraph.fused import FusedGraph, build_fused, transitive_reduction_count
 from plow.egraph.report import GraphCounts, LimitsRow, RelayoutRow, RewriteReport, RuleRow
@@ -28,7 +29,6 @@ from plow.egraph.rules import RULES
 from plow.egraph.saturate import Limits, saturate
 from plow.graph.ops import OpGraph
 from plow.target import Target
-from plow.target.model import dtype_bytes
 
 __all__ = ["Limits", "Rewritten", "RewriteReport", "FusedGraph", "rewrite"]
 
@@ -70,14 +70,6 @@ def _instances(view: EGraphView, ext: Extraction) -> Counter[str]:
     return c
 
 
-def _weight_dtype(graph: OpGraph) -> str:
-    for t in graph.tensors.values():
-        if t.role.value == "weight":
-            dtype_bytes(t.dtype)
-            return t.dtype
-    return "float32"
-
-
 def rewrite(
     graph: OpGraph, target: Target, limits: Limits | None = None, fuse: bool = False
 ) -> Rewritten:
@@ -92,15 +84,13 @@ def rewrite(
     low, sat = saturate(graph, limits)
     lower_s = time.perf_counter() - t0 - sat.seconds
     t1 = time.perf_counter()
-    view = EGraphView.parse(sat.serialized)
-    index = {cid: i for i, cid in enumerate(view.class_ids)}
-    canonical = {index[c]: op for op, c in sat.classes.items()}
-    seed = {index[c]: ((graph.tensor(op).shape, 4),) for op, c in sat.classes.items()}
-    info = infer_info(view, seed, graph)
-    roots = [index[sat.classes[o]] for o in low.outputs]
-    dtype = _weight_dtype(graph)
-    ext_s = extract(view, info, roots, target, dtype)
-    ext_e = extract(view, info, roots, target, dtype, EMITTER | implemented if fuse else EMITTER)
+    pr = prepare(graph, sat.classes, sat.serialized, low.outputs)
+    view, canonical = pr.view, pr.canonical
+    dtype = weight_dtype(graph)
+    ext_s = extract(view, pr.info, pr.roots, target, dtype)
+    ext_e = extract(
+        view, pr.info, pr.roots, target, dtype, EMITTER | implemented if fuse else EMITTER
+    )
     if ext_e.cost_ns < ext_s.cost_ns:  # the heuristic lost to a choice it could have made
         ext_s = ext_e
     fs, fe = build_fused(view, ext_s, canonical), build_fused(view, ext_e, canonical)

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from plow.egraph.extract import EMITTER, EGraphView, extract, infer_info
+from plow.egraph.extract import EMITTER, extract, prepare, weight_dtype
 from plow.egraph.fused import build_fused
 from plow.egraph.saturate import Limits, saturate
 from plow.graph.ops import Op, OpGraph, OpKind, Tensor, TensorRole
@@ -90,16 +90,10 @@ def extracted_instances(
     """Per fused kind, the output-name tuples of its ops in the extraction over the emitter's
     constructors plus the fused ones of `rules` (the canonical tensors each one produces)."""
     low, sat = saturate(graph, limits or Limits())
-    view = EGraphView.parse(sat.serialized)
-    index = {cid: i for i, cid in enumerate(view.class_ids)}
-    canonical = {index[c]: op for op, c in sat.classes.items()}
-    seed = {index[c]: ((graph.tensor(op).shape, 4),) for op, c in sat.classes.items()}
-    info = infer_info(view, seed, graph)
-    roots = [index[sat.classes[o]] for o in low.outputs]
-    dtype = next((t.dtype for t in graph.tensors.values() if t.role.value == "weight"), "float32")
+    pr = prepare(graph, sat.classes, sat.serialized, low.outputs)
     allowed = EMITTER.union(*(EMITTED_FUSED[r] for r in rules))
-    ext = extract(view, info, roots, target, dtype, allowed)
-    fg = build_fused(view, ext, canonical)
+    ext = extract(pr.view, pr.info, pr.roots, target, weight_dtype(graph), allowed)
+    fg = build_fused(pr.view, ext, pr.canonical)
     fused_kinds = frozenset().union(*(EMITTED_FUSED[r] for r in rules))
     out: dict[str, set[tuple[str, ...]]] = {}
     for op in fg.ops:

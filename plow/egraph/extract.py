@@ -113,6 +113,40 @@ class Extraction:
     op_nodes: tuple[int, ...]  # the chosen op nodes, children before parents
 
 
+def weight_dtype(graph: OpGraph) -> str:
+    """The storage dtype of `graph`'s weights (the first weight's; float32 when it has none)."""
+    for t in graph.tensors.values():
+        if t.role.value == "weight":
+            dtype_bytes(t.dtype)  # an unknown dtype is an error here, not a wrong cost
+            return t.dtype
+    return "float32"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A saturated e-graph ready to extract from: its view, the canonical op of each op's
+    e-class (by class index), every tensor class's shape and element size, the roots."""
+
+    view: EGraphView
+    canonical: dict[int, str]
+    info: dict[int, Info]
+    roots: list[int]
+
+
+def prepare(
+    graph: OpGraph, classes: Mapping[str, Any], serialized: Any, outputs: Iterable[str]
+) -> Prepared:
+    """The `Prepared` of `graph`'s saturated e-graph (`classes`: op name -> e-class id;
+    `serialized`: egglog's serialization; `outputs`: the program outputs' op names)."""
+    view = EGraphView.parse(serialized)
+    index = {cid: i for i, cid in enumerate(view.class_ids)}
+    canonical = {index[c]: op for op, c in classes.items()}
+    seed = {index[c]: ((graph.tensor(op).shape, 4),) for op, c in classes.items()}
+    return Prepared(
+        view, canonical, infer_info(view, seed, graph), [index[classes[o]] for o in outputs]
+    )
+
+
 def infer_info(view: EGraphView, seed: Mapping[int, Info], graph: OpGraph) -> dict[int, Info]:
     """Shape and element size of every tensor e-class: seeded from the canonical ops'
     tensors and the leaves, then propagated through the new e-classes the rules made
