@@ -546,26 +546,24 @@ def _first_error(out: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def prove_file(
-    path: str | Path, overrides: Mapping[str, Value] | None = None, keep: Path | None = None
-) -> list[ClaimProof]:
+def _spec_of_file(path: str | Path, overrides: Mapping[str, Value] | None) -> Spec:
+    """The checked, prepared program in ``path`` (errors located in its text)."""
     program, text = parse_file(path)
     info = check(program, str(path), text)
     try:
-        spec = prepare(info, overrides)
+        return prepare(info, overrides)
     except SerqError as err:
         raise err.attach(str(path), text) from None
-    return prove_spec(spec, str(path), keep)
+
+
+def prove_file(
+    path: str | Path, overrides: Mapping[str, Value] | None = None, keep: Path | None = None
+) -> list[ClaimProof]:
+    return prove_spec(_spec_of_file(path, overrides), str(path), keep)
 
 
 def prove_file_stability(
     path: str | Path, overrides: Mapping[str, Value] | None = None
 ) -> ClaimProof:
     """:func:`prove_stability` of the program in ``path``."""
-    program, text = parse_file(path)
-    info = check(program, str(path), text)
-    try:
-        spec = prepare(info, overrides)
-    except SerqError as err:
-        raise err.attach(str(path), text) from None
-    return prove_stability(spec, str(path))
+    return prove_stability(_spec_of_file(path, overrides), str(path))
