@@ -167,13 +167,11 @@ def generate(
             raise PlowError(
                 "--kv-dtype", f"must be float32, bfloat16 or fp8_e4m3, not {kv_dtype!r}"
             )
-        narrow_ok = {Executor.cpu: ("bfloat16", "fp8_e4m3"), Executor.native: ("bfloat16",)}
-        if kv_dtype != "float32" and kv_dtype not in narrow_ok.get(executor, ()):
+        narrow = {Executor.cpu: ("bfloat16", "fp8_e4m3"), Executor.native: ("bfloat16",)}
+        if kv_dtype != "float32" and kv_dtype not in narrow.get(executor, ()):
+            where = " or ".join(e.value for e, kinds in narrow.items() if kv_dtype in kinds)
             raise PlowError(
-                "--kv-dtype",
-                f"{kv_dtype} runs on --executor cpu"
-                + (" or native" if kv_dtype == "bfloat16" else "")
-                + f", not {executor.value}",
+                "--kv-dtype", f"{kv_dtype} runs on --executor {where}, not {executor.value}"
             )
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         if not params.is_greedy and executor not in BUNDLE_EXECUTORS:
