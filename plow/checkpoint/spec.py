@@ -50,7 +50,8 @@ class LayerSpec:
     window: int | None = None
     moe: bool = False
     # "attention" (with the feed-forward above) or "ssm": the layer is one Mamba-2 mixer
-    # (`ModelSpec.ssm`) between its norm and residual, with no feed-forward
+    # (`ModelSpec.ssm`) between its norm and residual, with no feed-forward; "kda": Kimi
+    # Delta Attention (`ModelSpec.kda`) in place of the attention, with the feed-forward
     mixer: str = "attention"
     # Gemma 4: this layer's own attention shape (None: the model's head_dim / num_kv_heads),
     # and `k_eq_v`: the values are the key projection (no v_proj), before k_norm and rope
@@ -111,6 +112,8 @@ class MlaSpec:
     interleave: bool = True
     # yarn's attention factor (cos / sin scale), folded into the rope columns' weights
     rope_gain: float = 1.0
+    # False (Kimi-Linear's MLA, "NoPE"): the `rope` columns are shared but never rotated
+    rotate: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,26 @@ class SsmSpec:
     @property
     def proj_size(self) -> int:
         return self.inner + self.conv_dim + self.heads
+
+
+@dataclass(frozen=True, slots=True)
+class KdaSpec:
+    """Kimi Delta Attention (transformers' `KimiLinearDeltaAttention`): q / k / v linears of
+    `heads * head_dim` columns each, one causal depthwise conv of `conv_kernel` taps over the
+    three (then SiLU); the forget gate g = -exp(A_log[h]) * softplus(f_b(f_a(x)) + dt_bias)
+    per key channel, beta = sigmoid(b_proj(x)) per head; the delta-rule recurrence per head
+    over a head_dim x head_dim fp32 state with l2-normed q (times head_dim ** -0.5) and k;
+    the output RMS-normed per head, times o_norm's weight and sigmoid(g_b(g_a(x))); o_proj.
+    The graph reads the concatenated q/k/v and conv weights `self_attn.kda.qkv.weight` /
+    `self_attn.kda.conv.weight`, derived from the checkpoint's (`families.kimi_linear`)."""
+
+    heads: int
+    head_dim: int
+    conv_kernel: int
+
+    @property
+    def width(self) -> int:
+        return self.heads * self.head_dim
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +208,10 @@ class ModelSpec:
     layer_scalar: bool = False
     # DeepSeek-V3: multi-head latent attention in every layer (weights under self_attn.mla.*)
     mla: MlaSpec | None = None
+    # Kimi-Linear: the mixer of the layers whose `mixer` is "kda" (the others are `mla`'s)
+    kda: KdaSpec | None = None
+    # the feed-forward's weight prefix under a layer (Kimi-Linear: "block_sparse_moe.")
+    ffn: str = "mlp."
 
     def layer_head_dim(self, n: int) -> int:
         return self.layers[n].head_dim or self.head_dim
@@ -224,6 +251,10 @@ class ModelSpec:
             qs, kvs = self.num_heads * hd, self.layer_kv_heads(n) * hd
             shapes[p + "input_layernorm.weight"] = (h,)
             shapes[p + "post_attention_layernorm.weight"] = (h,)
+            if self.layers[n].mixer == "kda" and self.kda is not None:
+                shapes.update(self._kda_weight_shapes(p, self.kda))
+                self._ffn_weight_shapes(shapes, p, n)
+                continue
             if self.mla is not None:
                 shapes.update(self._mla_weight_shapes(p, self.mla))
                 self._ffn_weight_shapes(shapes, p, n)
@@ -255,6 +286,7 @@ class ModelSpec:
     def _ffn_weight_shapes(self, shapes: dict[str, tuple[int, ...]], p: str, n: int) -> None:
         """Layer n's feed-forward weights (dense, routed, or Gemma 4's both) into `shapes`."""
         h, i = self.hidden_size, self.intermediate_size
+        f = p + self.ffn
         if self.layers[n].moe and self.moe is not None and self.moe.layout == "gemma4":
             e, mi = self.moe.experts, self.moe.intermediate_size
             shapes[p + "router.proj.weight"] = (e, h)
@@ -272,20 +304,20 @@ class ModelSpec:
             # experts stacked as transformers >= 5 holds them (plow.checkpoint.weights
             # stacks the per-expert tensors of the older layout under these names)
             e, mi = self.moe.experts, self.moe.intermediate_size
-            shapes[p + "mlp.gate.weight"] = (e, h)
-            shapes[p + "mlp.experts.gate_up_proj"] = (e, 2 * mi, h)
-            shapes[p + "mlp.experts.down_proj"] = (e, h, mi)
+            shapes[f + "gate.weight"] = (e, h)
+            shapes[f + "experts.gate_up_proj"] = (e, 2 * mi, h)
+            shapes[f + "experts.down_proj"] = (e, h, mi)
             if self.moe.scoring == "sigmoid":
-                shapes[p + "mlp.gate.e_score_correction_bias"] = (e,)
+                shapes[f + "gate.e_score_correction_bias"] = (e,)
             si = self.moe.shared_intermediate
             if si:
-                shapes[p + "mlp.shared_experts.gate_proj.weight"] = (si, h)
-                shapes[p + "mlp.shared_experts.up_proj.weight"] = (si, h)
-                shapes[p + "mlp.shared_experts.down_proj.weight"] = (h, si)
+                shapes[f + "shared_experts.gate_proj.weight"] = (si, h)
+                shapes[f + "shared_experts.up_proj.weight"] = (si, h)
+                shapes[f + "shared_experts.down_proj.weight"] = (h, si)
             return
-        shapes[p + "mlp.gate_proj.weight"] = (i, h)
-        shapes[p + "mlp.up_proj.weight"] = (i, h)
-        shapes[p + "mlp.down_proj.weight"] = (h, i)
+        shapes[f + "gate_proj.weight"] = (i, h)
+        shapes[f + "up_proj.weight"] = (i, h)
+        shapes[f + "down_proj.weight"] = (h, i)
 
     def _mla_weight_shapes(self, p: str, m: MlaSpec) -> dict[str, tuple[int, ...]]:
         """A latent-attention layer's weights as the graph reads them (`self_attn.mla.*` are
@@ -307,6 +339,23 @@ class ModelSpec:
         shapes[a + "mla.v.weight"] = (heads * d, m.kv_lora_rank)
         shapes[a + "mla.o.weight"] = (h, heads * d)
         return shapes
+
+    def _kda_weight_shapes(self, p: str, m: KdaSpec) -> dict[str, tuple[int, ...]]:
+        """A Kimi Delta Attention layer's weights (`self_attn.kda.*` derived, KdaSpec)."""
+        h, c, d, a = self.hidden_size, m.width, m.head_dim, p + "self_attn."
+        return {
+            a + "kda.qkv.weight": (3 * c, h),
+            a + "kda.conv.weight": (3 * c, 1, m.conv_kernel),
+            a + "f_a_proj.weight": (d, h),
+            a + "f_b_proj.weight": (c, d),
+            a + "dt_bias": (c,),
+            a + "A_log": (1, 1, m.heads, 1),
+            a + "b_proj.weight": (m.heads, h),
+            a + "g_a_proj.weight": (d, h),
+            a + "g_b_proj.weight": (c, d),
+            a + "o_norm.weight": (d,),
+            a + "o_proj.weight": (h, c),
+        }
 
     def _ssm_weight_shapes(self, m: SsmSpec) -> dict[str, tuple[int, ...]]:
         h, v = self.hidden_size, self.vocab_size

@@ -7,6 +7,7 @@ from typing import Any
 from plow.checkpoint.spec import ModelSpec
 from plow.errors import GraphError
 from plow.graph.bucket import Bucket
+from plow.graph.kda import kda_mixer
 from plow.graph.mla import mla_attention
 from plow.graph.ops import Op, OpGraph, OpKind, Tensor, TensorRole, infer_shapes
 
@@ -53,7 +54,9 @@ def _experts(g: _Builder, spec: ModelSpec, p: str, w: str, h: str, n: int) -> st
     are in the plan; a tile whose expert no token of its rows chose computes nothing."""
     moe = spec.moe
     assert moe is not None
-    logits = g.op(p + "router_logits", OpKind.linear, [h, g.weight(w + "mlp.gate.weight")], {}, n)
+    logits = g.op(
+        p + "router_logits", OpKind.linear, [h, g.weight(w + spec.ffn + "gate.weight")], {}, n
+    )
     attrs: dict[str, Any] = {
         "top_k": moe.top_k,
         "norm_topk_prob": moe.norm_topk_prob,
@@ -67,11 +70,11 @@ def _experts(g: _Builder, spec: ModelSpec, p: str, w: str, h: str, n: int) -> st
             topk_group=moe.topk_group,
             routed_scale=moe.routed_scale,
         )
-        ins.append(g.weight(w + "mlp.gate.e_score_correction_bias"))
+        ins.append(g.weight(w + spec.ffn + "gate.e_score_correction_bias"))
     route = g.op(p + "router", OpKind.router, ins, attrs, n)
-    out = _expert_mlp(g, spec, p, h, route, w + "mlp.experts.", n)
+    out = _expert_mlp(g, spec, p, h, route, w + spec.ffn + "experts.", n)
     if moe.shared_intermediate:  # DeepSeek-V3's shared experts, on every token
-        shared = _dense_mlp(g, spec, p + "shared_", w + "mlp.shared_experts.", h, n, "")
+        shared = _dense_mlp(g, spec, p + "shared_", w + spec.ffn + "shared_experts.", h, n, "")
         out = g.op(p + "experts_shared_sum", OpKind.residual_add, [out, shared], {}, n)
     return out
 
@@ -267,10 +270,17 @@ def build_graph(spec: ModelSpec, bucket: Bucket) -> OpGraph:
             continue
         h = norm(p + "attn_norm", x, w + "input_layernorm.weight", n)
         if spec.mla is not None:  # DeepSeek-V3's latent attention (plow/graph/mla.py)
-            o = mla_attention(g, spec, lspec, n, h, b, c)
+            if lspec.mixer == "kda":  # Kimi-Linear's linear-attention layers
+                o = kda_mixer(g, spec, n, h, b)
+            else:
+                o = mla_attention(g, spec, lspec, n, h, b, c)
             x = g.op(p + "attn_residual", OpKind.residual_add, [x, o], {}, n)
             h = norm(p + "mlp_norm", x, w + "post_attention_layernorm.weight", n)
-            d = _experts(g, spec, p, w, h, n) if lspec.moe else _dense_mlp(g, spec, p, w, h, n)
+            d = (
+                _experts(g, spec, p, w, h, n)
+                if lspec.moe
+                else _dense_mlp(g, spec, p, w, h, n, spec.ffn)
+            )
             x = g.op(p + "mlp_residual", OpKind.residual_add, [x, d], {}, n)
             continue
         bias = spec.attention_bias

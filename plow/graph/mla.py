@@ -86,15 +86,17 @@ def mla_attention(
         )
     # the rope columns of every head rotate (rotary_dim), the others pass unchanged
     q = linear("q_proj", q_lat, "mla.q.weight")
-    q_rope = {**rope_attrs(lspec, d), "rotary_dim": m.rope, "heads": heads}
-    q = g.op(p + "q_rope", OpKind.rope, [q, "positions"], q_rope, n)
+    if m.rotate:  # Kimi-Linear's MLA is NoPE: its rope columns are never rotated
+        q_rope = {**rope_attrs(lspec, d), "rotary_dim": m.rope, "heads": heads}
+        q = g.op(p + "q_rope", OpKind.rope, [q, "positions"], q_rope, n)
     lat = linear("kv_a_proj", h, "mla.kv_a.weight")
     lat = g.op(
         p + "kv_a_norm", OpKind.rmsnorm, [lat, g.weight(a + "kv_a_layernorm.weight")], norm, n
     )
     k_pe = linear("k_rope_proj", h, "mla.k_rope.weight")
-    k_rope = {**rope_attrs(lspec, m.rope), "heads": 1}
-    k_pe = g.op(p + "k_rope", OpKind.rope, [k_pe, "positions"], k_rope, n)
+    if m.rotate:
+        k_rope = {**rope_attrs(lspec, m.rope), "heads": 1}
+        k_pe = g.op(p + "k_rope", OpKind.rope, [k_pe, "positions"], k_rope, n)
     k = add("k_join", linear("k_nope_proj", lat, "mla.k_nope.weight"),
             linear("k_place", k_pe, "mla.k_place.weight"))  # fmt: skip
     v = linear("v_proj", lat, "mla.v.weight")

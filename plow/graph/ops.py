@@ -33,6 +33,9 @@ class OpKind(str, Enum):
     ssm_conv = "ssm_conv"  # causal depthwise conv over the xBC columns of in_proj, then SiLU
     ssm_scan = "ssm_scan"  # the selective-scan recurrence per head (dt, A, B, C, D skip)
     ssm_norm = "ssm_norm"  # gated RMSNorm: y * silu(z), normalised per group
+    # Kimi-Linear (plow/graph/kda.py): the delta-rule recurrence per head and its gated norm,
+    # reading and updating its row's recurrent state in place
+    kda = "kda"
     # fused (plow/egraph, opt-in `CompileProfile.fuse`): R1, a + b and rmsnorm(a + b) in one op
     add_rmsnorm = "add_rmsnorm"
     # R2+R3+R13: one linear over interleave(Wg, Wu) (row 2i gate i, 2i+1 up i), act(g) * u after
@@ -194,6 +197,21 @@ def infer_shapes(
         return [(*x[:-1], wn)]
     if kind in (OpKind.ssm_conv, OpKind.ssm_scan, OpKind.ssm_norm):
         return _ssm_shapes(kind, name, ins, attrs)
+    if kind is OpKind.kda:
+        # conv out [B,T,3C] (q|k|v), f [B,T,C], beta [B,T,H], gate [B,T,C], dt_bias [C],
+        # A_log [1,1,H,1], o_norm [D], state [B,H,D,D], positions [B,T]
+        x, f, beta, gate, dtb, alog, nw, st, pos = ins
+        h, d = int(attrs["heads"]), int(attrs["head_dim"])
+        c = h * d
+        b, t = x[0], x[1]
+        _need(name, x == (b, t, 3 * c), f"conv output {x} is not [B,T,3*{h}*{d}]")
+        _need(name, f == gate == (b, t, c), f"forget gate {f} / gate {gate} are not [B,T,{c}]")
+        _need(name, beta == (b, t, h), f"beta {beta} is not [B,T,{h}]")
+        _need(name, dtb == (c,) and alog == (1, 1, h, 1), f"dt_bias {dtb} / A_log {alog}")
+        _need(name, nw == (d,), f"norm weight {nw} is not [{d}]")
+        _need(name, st == (b, h, d, d), f"kda state {st} is not [{b}, {h}, {d}, {d}]")
+        _need(name, pos == (b, t), f"positions {pos} are not [B,T]")
+        return [(b, t, c)]
     raise GraphError(name, f"unknown op kind {kind}")
 
 

@@ -404,3 +404,76 @@ def ssm_scan(
             xbc[b, valid], proj[b, valid, off : off + h], dt_bias, a_log, d, state[b], fresh, attrs
         )
     return out
+
+
+# -- Kimi Delta Attention (plow/graph/kda.py) ---------------------------------------------------
+# The same row / slot / fresh rules as Mamba-2's ops above; fp32 throughout, per token.
+
+
+def kda_row(
+    x: np.ndarray,
+    f: np.ndarray,
+    beta: np.ndarray,
+    gate: np.ndarray,
+    dt_bias: np.ndarray,
+    a_log: np.ndarray,
+    w: np.ndarray,
+    state: np.ndarray,
+    fresh: bool,
+    attrs: Mapping[str, Any],
+) -> tuple[np.ndarray, np.ndarray]:
+    """One row's heads h0 .. h0 + H' (`attrs["head0"]`, default 0): x [n, 3C] (the conv
+    output q | k | v of all heads), f / gate [n, H'*D], beta [n, H'] (this slice's columns),
+    dt_bias [H'*D], a_log [H'], w [D], state [H', D, D]. Returns (out [n, H'*D], state)."""
+    hh, d = state.shape[0], int(attrs["head_dim"])
+    c = int(attrs["heads"]) * d
+    h0 = int(attrs.get("head0", 0))
+    lo, hi = h0 * d, (h0 + hh) * d
+    decay = np.exp(a_log.astype(F32)).astype(F32)[:, None]  # [H', 1]
+    s = np.zeros_like(state, dtype=F32) if fresh else state.astype(F32).copy()
+    out = np.zeros((x.shape[0], hh * d), dtype=F32)
+    eps, scale = F32(attrs["eps"]), F32(d**-0.5)
+    for i in range(x.shape[0]):
+        q0 = x[i, lo:hi].astype(F32).reshape(hh, d)
+        k0 = x[i, c + lo : c + hi].astype(F32).reshape(hh, d)
+        v = x[i, 2 * c + lo : 2 * c + hi].astype(F32).reshape(hh, d)
+        q = q0 / np.sqrt(np.sum(q0 * q0, axis=-1, keepdims=True, dtype=F32) + F32(1e-6)) * scale
+        k = k0 / np.sqrt(np.sum(k0 * k0, axis=-1, keepdims=True, dtype=F32) + F32(1e-6))
+        g = -decay * softplus((f[i] + dt_bias.astype(F32)).astype(F32).reshape(hh, d))
+        b = (F32(1) / (F32(1) + np.exp(-beta[i].astype(F32)))).astype(F32)  # [H']
+        s = (s * np.exp(g.astype(F32))[:, :, None]).astype(F32)
+        mem = np.einsum("hkv,hk->hv", s, k, dtype=F32)
+        delta = ((v - mem) * b[:, None]).astype(F32)
+        s = (s + k[:, :, None] * delta[:, None, :]).astype(F32)
+        y = np.einsum("hkv,hk->hv", s, q, dtype=F32)
+        var = np.mean(y * y, axis=-1, keepdims=True, dtype=F32)
+        y = y / np.sqrt(var + eps) * w.astype(F32)
+        gt = gate[i].astype(F32).reshape(hh, d)
+        out[i] = (y * (F32(1) / (F32(1) + np.exp(-gt)))).reshape(-1)
+    return out, s
+
+
+def kda(
+    x: np.ndarray,
+    f: np.ndarray,
+    beta: np.ndarray,
+    gate: np.ndarray,
+    dt_bias: np.ndarray,
+    a_log: np.ndarray,
+    w: np.ndarray,
+    state: np.ndarray,
+    pos: np.ndarray,
+    attrs: Mapping[str, Any],
+) -> np.ndarray:
+    """Whole tensors: state [B, H, D, D] (updated in place) -> out [B, T, H * D]."""
+    h, d = int(attrs["heads"]), int(attrs["head_dim"])
+    out = np.zeros((*x.shape[:2], h * d), dtype=F32)
+    for b in range(x.shape[0]):
+        valid, fresh = _row_tokens(pos[b])
+        if valid.size == 0:
+            continue
+        out[b, valid], state[b] = kda_row(
+            x[b, valid], f[b, valid], beta[b, valid], gate[b, valid], dt_bias,
+            a_log.reshape(-1), w, state[b], fresh, attrs,
+        )  # fmt: skip
+    return out

@@ -64,6 +64,8 @@ def run_graph(
             out = K.ssm_scan(a[0], a[1], a[2], a[3], a[4], a[5], a[6], op.attrs)
         elif op.kind is OpKind.ssm_norm:
             out = K.ssm_norm(a[0], a[1][..., : a[0].shape[-1]], a[2], op.attrs)
+        elif op.kind is OpKind.kda:
+            out = K.kda(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], op.attrs)
         else:  # pragma: no cover - OpKind is closed
             raise AssertionError(op.kind)
         env[op.outputs[0]] = out

@@ -369,3 +369,60 @@ def make_tiny_deepseek_v3(seed: int = 0, out: Path | str | None = None, **overri
         config, transformers.DeepseekV3ForCausalLM, seed, out, "plow-dsv3-",
         (), {"e_score_correction_bias": 0.1},
     )  # fmt: skip
+
+
+# Kimi-Linear (`make_tiny_kimi_linear`): layers KDA / MLA / KDA (layer_types); KDA with 2
+# heads of head_dim 12 (!= 128), a 3-tap short conv; MLA with no q low rank (Kimi's), kv_lora
+# 16, 12 unrotated + 8 shared key columns, values 10 wide, no rope (Kimi's MLA is NoPE); layer
+# 0 dense (first_k_dense_replace 1), layers 1-2 MoE: top-2 of 8 sigmoid-scored experts of
+# width 24 in 2 groups (the best 1 eligible), correction bias perturbed, renormalised, times
+# 2.446, plus one shared expert. A_log / dt_bias perturbed so every head's decay differs.
+KIMI_LINEAR_TINY: dict[str, Any] = dict(
+    vocab_size=303,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=24,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    num_local_experts=8,
+    n_shared_experts=1,
+    n_group=2,
+    topk_group=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.446,
+    q_lora_rank=None,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=12,
+    v_head_dim=10,
+    linear_attn_config={
+        "head_dim": 12,
+        "num_heads": 2,
+        "short_conv_kernel_size": 3,
+        "kda_layers": [1, 3],
+        "full_attn_layers": [2],
+    },
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    initializer_range=0.2,
+)
+
+
+def make_tiny_kimi_linear(seed: int = 0, out: Path | str | None = None, **overrides: Any) -> Path:
+    """A tiny `KimiLinearForCausalLM` checkpoint (`KIMI_LINEAR_TINY` with `overrides`) through
+    transformers' own classes; norms, A_log / dt_bias and the routers' correction biases
+    perturbed."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    params = dict(KIMI_LINEAR_TINY)
+    params.update(overrides)
+    params.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    config = transformers.KimiLinearConfig(**params)
+    return _save_perturbed(
+        config, transformers.KimiLinearForCausalLM, seed, out, "plow-kimi-",
+        ("A_log", "dt_bias"), {"e_score_correction_bias": 0.1},
+    )  # fmt: skip

