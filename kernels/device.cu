@@ -447,17 +447,36 @@ __device__ inline bool is_fused_lm(const Ctx& c, const PlowOp& op) {
   return c.plan->fused_lm >= 0 && &op == &c.plan->ops[c.plan->fused_lm];
 }
 
-// -- linear / lm_head: tiles.h's tile_linear, CTA-parallel over the columns -----------------
+// -- linear / lm_head / linear_qkv: tiles.h's tile_linear, CTA-parallel over the columns ----
+// Where weight row n's dot with x row m goes: a linear / lm_head output (or its split-k
+// partial at `step`), or for linear_qkv (kernels/fused.h) q, k or v by where n falls.
+enum class Fuse { none, qkv, glu };  // glu: tile_linear_glu_cta / tile_linear_tc's pairs
+
+template <Fuse F>
+__device__ inline void store_row_dot(const Ctx& c, const PlowOp& op, int64_t step, int64_t m,
+                                     int64_t n, float v) {
+  const int64_t M = op.d[0], N = op.d[1];
+  if constexpr (F == Fuse::none) {
+    if (step >= 0) c.A[op.t[2] + step * M * N + m * N + n] = v;
+    else c.A[op.t[1] + m * N + n] = plow::epilogue(op, v, n);
+  } else {  // linear_qkv: t1 q, t2 k, t3 v; d4 nq, d5 nk, d6 nv (k never split)
+    const int64_t nq = op.d[4], nk = op.d[5];
+    const int part = n < nq ? 0 : n < nq + nk ? 1 : 2;
+    const int64_t col = n - (part == 0 ? 0 : part == 1 ? nq : nq + nk);
+    c.A[op.t[1 + part] + m * op.d[4 + part] + col] = v;
+  }
+}
+
 // `xs`: the tile's input rows r[0] x columns r[2], row stride `ldx` — in the arena (nullptr:
 // x + r[0].a * K + r[2].a, stride K) or staged in the task's shared-memory pages.
-__device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
-                                const float* xs = nullptr, int64_t ldx = 0) {
+template <Fuse F>
+__device__ void warp_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
+                                const float* xs, int64_t ldx) {
 #if PLOW_LANES == 32
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t M = op.d[0], N = op.d[1], K = op.d[2];
+  const int64_t K = op.d[2];
   const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
   if (xs == nullptr) xs = c.A + op.t[0] + r[0].a * K + k0, ldx = K;
-  float* dst = step >= 0 ? c.A + op.t[2] + step * M * N : c.A + op.t[1];
   // warp w takes columns [n0, n0 + 4) for n0 = a + 4w, a + 4w + 4 * warps, ...: four weight
   // rows streamed at once (more loads in flight); each element keeps warp_dot's order
   for (int64_t n0 = r[1].a + 4 * warp; n0 < r[1].b; n0 += 4 * PLOW_WARPS) {
@@ -468,26 +487,71 @@ __device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, 
       for (int j = 0; j < nc; ++j) {
         const int64_t n = n0 + j;
         warp_dot4(xs + (m - r[0].a) * ldx, ldx, op.w0, op.w0_dtype, n * K + k0, kn, lane, y4);
-        if (lane < 4)
-          dst[(m + lane) * N + n] = step >= 0 ? y4[lane] : plow::epilogue(op, y4[lane], n);
+        if (lane < 4) store_row_dot<F>(c, op, step, m + lane, n, y4[lane]);
       }
     for (; m < r[0].b; ++m) {
       warp_dot_rows4(xs + (m - r[0].a) * ldx, op.w0, op.w0_dtype, n0 * K + k0, K, nc, kn, lane,
                      y4);
-      if (lane < nc) {
-        const int64_t n = n0 + lane;
-        dst[m * N + n] = step >= 0 ? y4[lane] : plow::epilogue(op, y4[lane], n);
-      }
+      if (lane < nc) store_row_dot<F>(c, op, step, m, n0 + lane, y4[lane]);
     }
-  }
-  if (step < 0 && is_fused_lm(c, op)) {
-    __syncthreads();
-    if (threadIdx.x == 0) plow::argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
   }
 #else
   (void)xs;
   (void)ldx;
-  if (threadIdx.x == 0) plow::tile_linear(c, op, r, step);
+  if (threadIdx.x == 0) {
+    if constexpr (F == Fuse::none) plow::tile_linear(c, op, r, step);
+    else plow::tile_linear_qkv(c, op, r);
+  }
+#endif
+}
+
+__device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
+                                const float* xs = nullptr, int64_t ldx = 0) {
+  warp_linear_cta<Fuse::none>(c, op, r, step, xs, ldx);
+#if PLOW_LANES == 32
+  if (step < 0 && is_fused_lm(c, op)) {
+    __syncthreads();
+    if (threadIdx.x == 0) plow::argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
+  }
+#endif
+}
+
+// linear_glu (kernels/fused.h): output column n = act(row 2n . x) * (row 2n + 1 . x) over the
+// interleaved weight; warp w takes columns [n0, n0 + 2) — weight rows 2 n0 .. 2 n0 + 3, four
+// rows streamed at once — and each dot keeps warp_dot's order (fused.h's bits).
+__device__ void tile_linear_glu_cta(const Ctx& c, const PlowOp& op, const Range* r,
+                                    const float* xs = nullptr, int64_t ldx = 0) {
+#if PLOW_LANES == 32
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t N = op.d[1], K = op.d[2];
+  const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
+  if (xs == nullptr) xs = c.A + op.t[0] + r[0].a * K + k0, ldx = K;
+  float* out = c.A + op.t[1];
+  for (int64_t n0 = r[1].a + 2 * warp; n0 < r[1].b; n0 += 2 * PLOW_WARPS) {
+    const int nc = r[1].b - n0 < 2 ? 1 : 2;
+    int64_t m = r[0].a;
+    float g4[4], u4[4];
+    for (; m + 4 <= r[0].b; m += 4)
+      for (int j = 0; j < nc; ++j) {
+        const int64_t n = n0 + j;
+        const float* xm = xs + (m - r[0].a) * ldx;
+        warp_dot4(xm, ldx, op.w0, op.w0_dtype, 2 * n * K + k0, kn, lane, g4);
+        warp_dot4(xm, ldx, op.w0, op.w0_dtype, (2 * n + 1) * K + k0, kn, lane, u4);
+        if (lane < 4) out[(m + lane) * N + n] = plow::act_fn(g4[lane], op.d[3]) * u4[lane];
+      }
+    for (; m < r[0].b; ++m) {
+      warp_dot_rows4(xs + (m - r[0].a) * ldx, op.w0, op.w0_dtype, 2 * n0 * K + k0, K, 2 * nc,
+                     kn, lane, g4);
+      if (lane == 0) {
+        out[m * N + n0] = plow::act_fn(g4[0], op.d[3]) * g4[1];
+        if (nc == 2) out[m * N + n0 + 1] = plow::act_fn(g4[2], op.d[3]) * g4[3];
+      }
+    }
+  }
+#else
+  (void)xs;
+  (void)ldx;
+  if (threadIdx.x == 0) plow::tile_linear_glu(c, op, r);
 #endif
 }
 
@@ -649,18 +713,9 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
           plow::tile_add_rmsnorm(c, op, s, step);
         }
         break;
-      // linear_glu: the tile's output elements strided over the CTA's threads (fused.h's dots)
-      case plow::PLOW_LINEAR_QKV:  // R4: the same one-element sub-ranges as linear_glu
-      case plow::PLOW_LINEAR_GLU: {
-        const int64_t cols = r[1].b - r[1].a, count = (r[0].b - r[0].a) * cols;
-        for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
-          const int64_t i = r[0].a + e / cols, j = r[1].a + e % cols;
-          const Range s[3] = {{i, i + 1}, {j, j + 1}, r[2]};
-          if (op.kind == plow::PLOW_LINEAR_GLU) plow::tile_linear_glu(c, op, s);
-          else plow::tile_linear_qkv(c, op, s);
-        }
-        break;
-      }
+      // the fused linears (kernels/fused.h): the linear's warp dots, then the fused store
+      case plow::PLOW_LINEAR_QKV: warp_linear_cta<Fuse::qkv>(c, op, r, step, nullptr, 0); break;
+      case plow::PLOW_LINEAR_GLU: tile_linear_glu_cta(c, op, r); break;
       default: break;  // the loader refuses other kinds
     }
   }
@@ -734,14 +789,19 @@ __device__ inline void mma_block32(float* d, const PlowU4& P, const PlowU4& Q, c
 #endif
 
 // The tile on tensor cores; false (nothing written) when its shape or alignment does not suit
-// the 16-byte fragment loads, and the scalar path runs it instead.
+// the 16-byte fragment loads, and the scalar path runs it instead. linear_qkv stores row n's
+// dot as store_row_dot does; linear_glu's weight rows 2n (gate) and 2n + 1 (up) land in lanes
+// g and g + 1 of a fragment (lanes 4 apart): the up value moves down to the gate's lane, which
+// writes act(gate) * up to output column n.
+template <Fuse F>
 __device__ bool tile_linear_tc(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
                                const float* xs, int64_t ldx) {
 #if defined(__HIPCC__) || PLOW_LANES != 32
   (void)c, (void)op, (void)r, (void)step, (void)xs, (void)ldx;
   return false;  // the HIP loader marks no op for tensor cores
 #else
-  const int64_t M = op.d[0], N = op.d[1], K = op.d[2];
+  const int64_t N = op.d[1], K = op.d[2];
+  (void)N;  // linear_glu's output width
   const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
   if (xs == nullptr) xs = c.A + op.t[0] + r[0].a * K + k0, ldx = K;
   if (op.w0_dtype != PLOW_BF16 || K % 8 != 0 || k0 % 8 != 0 || ldx % 4 != 0 ||
@@ -750,12 +810,12 @@ __device__ bool tile_linear_tc(const Ctx& c, const PlowOp& op, const Range* r, i
     return false;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const uint16_t* W = static_cast<const uint16_t*>(op.w0);
-  float* dst = step >= 0 ? c.A + op.t[2] + step * M * N : c.A + op.t[1];
   const int64_t kfull = kn - kn % 32;
   const PlowU4 zero{0u, 0u, 0u, 0u};
-  for (int64_t n0 = r[1].a + 16 * warp; n0 < r[1].b; n0 += 16 * PLOW_WARPS) {
+  const int64_t ra = F == Fuse::glu ? 2 * r[1].a : r[1].a, rb = F == Fuse::glu ? 2 * r[1].b : r[1].b;
+  for (int64_t n0 = ra + 16 * warp; n0 < rb; n0 += 16 * PLOW_WARPS) {
     const int64_t na = n0 + g, nb = n0 + g + 8;
-    const bool va = na < r[1].b, vb = nb < r[1].b;
+    const bool va = na < rb, vb = nb < rb;
     const uint16_t* wa = va ? W + na * K + k0 + 8 * t : W;
     const uint16_t* wb = vb ? W + nb * K + k0 + 8 * t : W;
     for (int64_t m0 = r[0].a; m0 < r[0].b; m0 += 8) {
@@ -790,14 +850,23 @@ __device__ bool tile_linear_tc(const Ctx& c, const PlowOp& op, const Range* r, i
         memcpy(&Q, qa, 16);
         mma_block32(d, P, Q, xv);
       }
-      for (int i = 0; i < 4; ++i) {
-        const int64_t n = n0 + g + (i >= 2 ? 8 : 0), m = m0 + 2 * t + (i & 1);
-        if (n < r[1].b && m < r[0].b)
-          dst[m * N + n] = step >= 0 ? d[i] : plow::epilogue(op, d[i], n);
+      if constexpr (F == Fuse::glu) {
+        float up[4];
+        for (int i = 0; i < 4; ++i) up[i] = PLOW_SHFL_DOWN(d[i], 4);  // every lane: uniform
+        for (int i = 0; i < 4; ++i) {
+          const int64_t n = n0 + g + (i >= 2 ? 8 : 0), m = m0 + 2 * t + (i & 1);
+          if ((g & 1) == 0 && n < rb && m < r[0].b)
+            c.A[op.t[1] + m * N + n / 2] = plow::act_fn(d[i], op.d[3]) * up[i];
+        }
+      } else {
+        for (int i = 0; i < 4; ++i) {
+          const int64_t n = n0 + g + (i >= 2 ? 8 : 0), m = m0 + 2 * t + (i & 1);
+          if (n < rb && m < r[0].b) store_row_dot<F>(c, op, step, m, n, d[i]);
+        }
       }
     }
   }
-  if (step < 0 && is_fused_lm(c, op)) {
+  if (F == Fuse::none && step < 0 && is_fused_lm(c, op)) {
     __syncthreads();
     if (threadIdx.x == 0) plow::argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
   }
@@ -832,8 +901,8 @@ __device__ const float* stage_x(const Ctx& c, const PlowOp& op, const Range* r, 
 // A hoisted weight load (the plan's page timeline opens a task's weight window at the start of
 // the task before it on the queue): while this record runs, the next one's weight rows are
 // prefetched into L2 (`prefetch.global.L2`, one per 128-byte line, spread over the CTA), so
-// its loads find them there. Linear / lm_head weights in fp32 or bf16; nothing elsewhere, and
-// nothing on HIP or in the emulation (a prefetch changes no value).
+// its loads find them there. Weights of linear / lm_head / linear_qkv / linear_glu in fp32 or
+// bf16; nothing elsewhere, and nothing on HIP or in the emulation (a prefetch changes no value).
 __device__ void prefetch_weights(const Ctx& c, int64_t idx) {
 #if defined(PLOW_EMULATE) || defined(__HIPCC__)
   (void)c, (void)idx;
@@ -843,7 +912,11 @@ __device__ void prefetch_weights(const Ctx& c, int64_t idx) {
       (rec.flags & PLOW_FLAG_ACCUMULATE) != 0)
     return;
   const PlowOp& op = c.plan->ops[rec.op_index];
-  if ((op.kind != PLOW_LINEAR && op.kind != PLOW_LM_HEAD) || op.w0 == nullptr) return;
+  const bool glu = op.kind == plow::PLOW_LINEAR_GLU;  // two weight rows per output column
+  if ((op.kind != PLOW_LINEAR && op.kind != PLOW_LM_HEAD && op.kind != plow::PLOW_LINEAR_QKV &&
+       !glu) ||
+      op.w0 == nullptr)
+    return;
   const int64_t eb = op.w0_dtype == PLOW_BF16 ? 2 : op.w0_dtype == PLOW_F32 ? 4 : 0;
   if (eb == 0) return;
   const int64_t K = op.d[2];
@@ -853,9 +926,10 @@ __device__ void prefetch_weights(const Ctx& c, int64_t idx) {
   for (uint32_t k = 0; k < rec.rows; ++k) {
     plow::tile_ranges(op, rec.row_start + k, r, &step);
     const int64_t first = r[2].a * eb, bytes = (r[2].b - r[2].a) * eb;
-    const int64_t lines = (bytes + 127) / 128, n = (r[1].b - r[1].a) * lines;
+    const int64_t row0 = glu ? 2 * r[1].a : r[1].a, rows = (glu ? 2 : 1) * (r[1].b - r[1].a);
+    const int64_t lines = (bytes + 127) / 128, n = rows * lines;
     for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
-      const char* at = w + (r[1].a + e / lines) * K * eb + first + (e % lines) * 128;
+      const char* at = w + (row0 + e / lines) * K * eb + first + (e % lines) * 128;
       asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
     }
   }
@@ -878,14 +952,23 @@ __device__ bool run_record_extras(const Ctx& c, const plow::Record& rec, int64_t
   const bool tc = (mode & PLOW_MODE_TC) != 0;
   Range r[3];
   int64_t step;
-  if ((op.kind == PLOW_LINEAR || op.kind == PLOW_LM_HEAD) && (act != nullptr || tc)) {
+  const bool linear = op.kind == PLOW_LINEAR || op.kind == PLOW_LM_HEAD;
+  const bool qkv = op.kind == plow::PLOW_LINEAR_QKV, glu = op.kind == plow::PLOW_LINEAR_GLU;
+  if ((linear || qkv || glu) && (act != nullptr || tc)) {
     StageKey key;
     for (uint32_t k = 0; k < rec.rows; ++k) {
       plow::tile_ranges(op, rec.row_start + k, r, &step);
       const float* xs = act != nullptr ? stage_x(c, op, r, act, act_floats, &key) : nullptr;
       const int64_t ldx = xs != nullptr ? r[2].b - r[2].a : 0;
-      if (!(tc && tile_linear_tc(c, op, r, step, xs, ldx)))
+      if (glu) {
+        if (!(tc && tile_linear_tc<Fuse::glu>(c, op, r, step, xs, ldx)))
+          tile_linear_glu_cta(c, op, r, xs, ldx);
+      } else if (qkv) {
+        if (!(tc && tile_linear_tc<Fuse::qkv>(c, op, r, step, xs, ldx)))
+          warp_linear_cta<Fuse::qkv>(c, op, r, step, xs, ldx);
+      } else if (!(tc && tile_linear_tc<Fuse::none>(c, op, r, step, xs, ldx))) {
         tile_linear_cta(c, op, r, step, xs, ldx);
+      }
     }
     *work = 0;
     return true;

@@ -239,15 +239,17 @@ def assign_pages(
 
 
 def op_modes(ops: Any, n_ops: int, tensor_cores: bool) -> np.ndarray:
-    """One byte per op for the kernel: MODE_TC for a linear / lm_head whose weights are stored
-    bf16 (the plan's precision) when tensor cores are asked for; 0 (the scalar path) else."""
+    """One byte per op for the kernel: MODE_TC for a linear, lm_head, linear_qkv or linear_glu
+    whose weights are stored bf16 (the plan's precision) when tensor cores are asked for; 0
+    (the scalar path) else."""
     from plow.runtime.cuda.abi import MODE_TC
     from plow.runtime.native.library import DTYPE_BF16
+    from plow.runtime.native.lower import FUSED_KINDS
 
     out = np.zeros(max(1, n_ops), dtype=np.uint8)
     if not tensor_cores:
         return out
-    lin = {KINDS["linear"], KINDS["lm_head"]}
+    lin = {KINDS["linear"], KINDS["lm_head"], FUSED_KINDS["linear_qkv"], FUSED_KINDS["linear_glu"]}
     for i in range(n_ops):
         o = ops[i]
         if o.kind in lin and o.w0_dtype == DTYPE_BF16:

@@ -1,0 +1,81 @@
+"""The CUDA source's fused linears (linear_qkv, linear_glu) on the warp dots and on tensor cores.
+
+kernels/device.cu runs a fused linear the way it runs a linear: warps stream four weight rows
+at once (the same dots as the host's fused.h, so the bits are the native executor's), or, for
+bf16 weights, mma.sync fragments whose linear_glu pairs (gate row 2n, up row 2n + 1) meet in
+one lane by a shuffle. Both run here on the emulation build (device.cu's own code on CPU
+threads, tests/runtime/test_cuda.py's fake driver); nothing here needs a GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plow.emit.bundle import compile_bundle
+from plow.target import load_target
+from tests.runtime.test_cuda import emulator, fresh_driver, on_emulator  # noqa: F401
+from tests.runtime.test_fused import cubin  # noqa: F401
+
+FUSED_LINEARS = {"linear_qkv", "linear_glu"}
+
+
+@pytest.fixture(scope="module")
+def fused_bf16_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fused plan of a bf16 tiny llama on an 8-SM h200 (unverified: no shipped target)."""
+    from plow.testing import make_tiny_checkpoint
+    from tests.runtime.test_cuda import EMU_WORKERS, PROFILE
+
+    root = tmp_path_factory.mktemp("fused-bf16")
+    ckpt = make_tiny_checkpoint("llama", 5, root / "ckpt", dtype="bfloat16")
+    small = load_target("h200").model_copy(update={"workers": EMU_WORKERS})
+    out = root / "bundle"
+    compile_bundle(ckpt, out, small, PROFILE.model_copy(update={"fuse": True}))
+    return out
+
+
+@pytest.mark.usefixtures("on_emulator")
+def test_the_fused_bf16_plan_on_the_warp_dots_gives_the_native_bits(
+    fused_bf16_bundle: Path,
+) -> None:
+    from plow.runtime.cuda import open_cuda
+    from plow.runtime.native import NativeModel
+    from tests.runtime.test_cuda import _tokens_and_logits
+
+    want, want_logits = _tokens_and_logits(
+        NativeModel.from_bundle(fused_bf16_bundle, max_batch=4, verify=False)
+    )
+    got, got_logits = _tokens_and_logits(
+        open_cuda(fused_bf16_bundle, max_batch=4, verify=False, tensor_cores=False)
+    )
+    assert got == want
+    assert np.array_equal(got_logits, want_logits)
+
+
+@pytest.mark.usefixtures("on_emulator")
+def test_fused_linears_run_on_emulated_tensor_cores_within_the_scalar_paths_tolerance(
+    fused_bf16_bundle: Path,
+) -> None:
+    """Every bf16 linear_qkv and linear_glu is marked for tensor cores, and the result is the
+    scalar path's within 1e-3 (another summation order: not its bits) with the same tokens."""
+    from plow.emit.files import OpTable
+    from plow.runtime.cuda import open_cuda
+    from tests.runtime.test_cuda import _tokens_and_logits
+
+    scalar = open_cuda(fused_bf16_bundle, max_batch=4, verify=False, tensor_cores=False)
+    want, want_logits = _tokens_and_logits(scalar)
+    tc = open_cuda(fused_bf16_bundle, max_batch=4, verify=False, tensor_cores=True)
+    got, got_logits = _tokens_and_logits(tc)
+    bucket = tc.decode_bucket(4)
+    ops = OpTable.model_validate_json(
+        (fused_bf16_bundle / "plan" / f"{bucket.name}.ops.json").read_bytes()
+    ).ops
+    kinds = [o.kind for o in ops]
+    assert set(kinds) >= FUSED_LINEARS
+    linears = sum(k in FUSED_LINEARS | {"linear", "lm_head"} for k in kinds)
+    assert tc.cuda._rung(tc.plan(bucket)).tensor_core_ops == linears
+    np.testing.assert_allclose(got_logits, want_logits, rtol=1e-3, atol=1e-3)
+    assert not np.array_equal(got_logits, want_logits)  # it did run the other path
+    assert got == want
