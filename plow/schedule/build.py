@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 from plow.errors import GraphError
 from plow.graph.ops import OpGraph
+from plow.graph.shard import device_of, graph_tp
 from plow.schedule.ir import Counter, EdgeDecision, Schedule, Task, TaskKind
 from plow.schedule.passes import (
     compact,
@@ -59,6 +60,7 @@ from plow.schedule.regions import (
     run_bboxes,
     view,
 )
+from plow.schedule.routing import TaskLoad, routed_ops, task_load, two_stage_gain
 from plow.target.model import Target, dtype_bytes
 from plow.tiles.ir import TiledOp, TileGraph
 
@@ -160,6 +162,61 @@ def _row_parallel(graph: OpGraph) -> set[str]:
     }
 
 
+def _routed_load(
+    tg: TileGraph, graph: OpGraph, drafts: list[_Draft], idle_ns: float
+) -> TaskLoad | None:
+    """Expected and sampled costs of the routed experts' compute tasks (None: no experts)."""
+    routed = routed_ops(tg, graph)
+    if not routed:
+        return None
+    tile_ns = {top.name: float(top.choice.tile_ns) for top in tg.ops if top.name in routed}
+    rows = [
+        (i, d.op, d.units, d.est_ns, tile_ns[d.op])
+        for i, d in enumerate(drafts)
+        if d.op in routed and d.kind is TaskKind.compute
+    ]
+    return task_load(routed, rows, idle_ns)
+
+
+def _routed_decision(
+    load: TaskLoad,
+    note: str,
+    producers: list[int],
+    ts: list[int],
+    us: list[list[int]],
+    est: list[float],
+    all_full: bool,
+    idle_ns: float,
+    atomic_ns: float,
+) -> tuple[bool, str]:
+    """C8 for an edge whose consumer slices are routed expert tasks: their costs differ
+    between routings (and between slices in almost every routing), so C8 certifies nothing;
+    fine counters where C7's two-stage model, over the sampled routings, opens the barrier
+    earlier by more than one device atomic (the extra signal) on average."""
+    exp = [load.expected[t] for t in ts]
+    worst = [load.worst[t] for t in ts]
+    head = (
+        f"routed consumer slices ({note}): expected cost "
+        f"{min(exp):.0f}..{max(exp):.0f} ns, worst case {min(worst):.0f}..{max(worst):.0f} ns, "
+        f"idle tile {idle_ns:.0f} ns; their costs differ between routings, so C8 does not cover "
+        "this edge"
+    )
+    if all_full:
+        return False, (
+            f"{head}; every slice reads all {len(producers)} producer task(s): "
+            "a fine counter would equal the coarse one"
+        )
+    coarse, fine, top = two_stage_gain(producers, us, ts, load, est)
+    pays = coarse - fine > atomic_ns
+    return pays, (
+        f"{head}; C7's two-stage model over {len(next(iter(load.sampled.values())))} sampled "
+        f"routings: barrier coarse {coarse:.0f} ns, fine {fine:.0f} ns (largest gain "
+        f"{top:.0f} ns): {'fine counters' if pays else 'coarse'} "
+        f"(gain {'above' if pays else 'not above'} one device atomic, {atomic_ns:.0f} ns; "
+        "an estimate, not a theorem)"
+    )
+
+
 def build_schedule(
     tg: TileGraph, graph: OpGraph, target: Target, options: ScheduleOptions | None = None
 ) -> Schedule:
@@ -171,9 +228,15 @@ def build_schedule(
     W, P = target.workers, target.l2_partitions
     lat = {k: float(v) for k, v in target.atomic_latency_ns.items()}
     min_task = opt.min_task_ns if opt.min_task_ns is not None else 4 * lat["device"]
-    cap = min(tp * W, opt.max_tasks_per_op or tp * W)
+    # a sharded graph (plow/graph/shard.py): every op on its own device's workers
+    device = {op.name: device_of(op) for op in graph.ops} if graph_tp(graph) > 1 else None
+    if device is not None and graph_tp(graph) != tp:
+        raise GraphError(
+            tg.bucket or "schedule", f"graph sharded for tp {graph_tp(graph)}, planned for {tp}"
+        )
+    cap = min(W if device else tp * W, opt.max_tasks_per_op or tp * W)
     regions = Regions(graph)
-    rowpar = _row_parallel(graph) if tp > 1 else set()
+    rowpar = _row_parallel(graph) if tp > 1 and device is None else set()
     overhead = float(target.tile_overhead_ns)
     load_ns_per_byte = W * 1e9 / target.bandwidth_bytes_per_s
 
@@ -283,8 +346,13 @@ def build_schedule(
             st = writer_stage.get(tn)
             if st is not None:
                 ready = max(ready, stage_finish[st] + lat["device"])
-        s = min(int(d.key * tp * (P if opt.l2_aware else 1)), tp * (P if opt.l2_aware else 1) - 1)
-        gpu, part = (s // P, s % P) if opt.l2_aware else (s, None)
+        if device is not None:  # the op's device; the stripe picks the partition on it
+            gpu, part = device[d.op], (min(int(d.key * P), P - 1) if opt.l2_aware else None)
+        else:
+            s = min(
+                int(d.key * tp * (P if opt.l2_aware else 1)), tp * (P if opt.l2_aware else 1) - 1
+            )
+            gpu, part = (s // P, s % P) if opt.l2_aware else (s, None)
         load = (
             drafts[i - 1]
             if i > 0 and drafts[i - 1].kind is TaskKind.load and drafts[i - 1].op == d.op
@@ -403,6 +471,9 @@ def build_schedule(
     decisions: list[EdgeDecision] = []
     fine_pairs: set[tuple[str, str]] = set()
     named: list[tuple[str, str, list[int], list[list[int]]]] = []
+    # Routed experts: expected / sampled task costs (plow.schedule.routing)
+    rload = _routed_load(tg, graph, drafts, overhead) if opt.fine == "auto" else None
+    est_list = [d.est_ns for d in drafts]
     for ps, _, ts, us in groups:
         cs = drafts[ts[0]].stage
         named.append((ps, cs, ts, us))
@@ -410,17 +481,28 @@ def build_schedule(
         unequal = len(set(costs)) > 1  # Plow.Collapse.slices_unequal
         nprod = len(stage_tasks[ps])
         all_full = all(len(v) == nprod for v in us)
+        routed_c = rload is not None and ts[0] in rload.sampled
+        routed_p = rload is not None and stage_tasks[ps][0] in rload.sampled
         if opt.fine == "never":
             fine, why = False, "coarse forced (fine='never')"
         elif opt.fine == "always":
             fine, why = True, "fine forced (fine='always')"
-        elif not unequal:
+        elif not unequal and not routed_c:
             fine, why = (
                 False,
                 (
-                    f"{len(costs)} consumer slice(s) of equal cost {costs[0]} ns: "
-                    "coarse is optimal (C8)"
+                    f"{len(costs)} consumer slice(s) of equal cost {costs[0]} ns"
+                    + (" in every routing" if routed_p else "")
+                    + ": coarse is optimal (C8"
+                    + ("; C7 lets the routed producer slices cost anything" if routed_p else "")
+                    + ")"
                 ),
+            )
+        elif routed_c:
+            assert rload is not None
+            note = rload.note[drafts[ts[0]].op]
+            fine, why = _routed_decision(
+                rload, note, stage_tasks[ps], ts, us, est_list, all_full, overhead, lat["device"]
             )
         elif all_full:
             fine, why = (

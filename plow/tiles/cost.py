@@ -52,3 +52,12 @@ class CostModel:
     def bytes_fe(self, nbytes: int) -> int:
         """Flop-equivalents of whole-device time to move `nbytes` (merge passes)."""
         return cdiv(nbytes * self.peak, self.bandwidth)
+
+
+def busy_probability(rows: int, top_k: int, experts: int) -> float:
+    """Routed experts: the probability that a tile of `rows` rows of one expert does work
+    when each row picks `top_k` of `experts` uniformly at random (independent rows):
+    `1 - (1 - k/E)^rows`. An idle tile costs only its overhead (it still signals); the
+    worst case (every tile busy) is what a tiling is charged and must fit."""
+    p = min(1.0, top_k / max(1, experts))
+    return 1.0 - (1.0 - p) ** rows

@@ -1,0 +1,188 @@
+"""Routed experts in the schedule: expected and worst-case task costs, sampled routings, and
+the collapse decision's estimate for edges whose slice costs depend on the router.
+
+The plan is static: every expert's tiles are in the stream, a tile whose expert no row of it
+chose does no work but still signals (it costs `tile_overhead_ns`). Which tiles are idle is
+decided by the router at run time, so an expert task's cost is a random variable.
+
+Routing model (an assumption, stated in every decision it drives): each row picks `top_k` of
+the `E` experts uniformly at random, independently of the other rows and layers. Then a tile
+of `r` rows is busy with probability `1 - (1 - k/E)^r` (`plow.tiles.cost.busy_probability`)
+and an expert expects `rows * k / E` tokens. Worst case: every tile busy — what the task est
+times (and the schedule's makespan) are, a bound on every routing.
+
+C7 / C8 are about one fixed table of slice costs. A routing fixes the table, so when an
+edge's consumer slices cost the same in every routing (no routed consumer), C8 certifies
+coarse counters in every routing. When the consumer slices are routed, their costs differ
+from routing to routing and, in almost every routing, from slice to slice: C8 certifies
+nothing there. `two_stage_gain` prices such an edge on C7's own model (two stages, every
+slice on its own worker, arrivals at 0) over sampled routings: the expected time by which
+fine gates open the barrier earlier than coarse ones. That is an estimate, not a theorem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from plow.graph.ops import OpGraph
+from plow.tiles.cost import busy_probability
+from plow.tiles.ir import TileGraph
+
+SAMPLES = 20  # sampled routings per decision (uniform top-k), fixed seed: deterministic
+SEED = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedOp:
+    """An `expert_linear` op's tiles as the router sees them: the expert of each tile and its
+    row range (rows = tokens of the bucket)."""
+
+    op: str
+    layer: int
+    experts: int
+    top_k: int
+    rows: int
+    expert: npt.NDArray[np.int64]  # per tile
+    r0: npt.NDArray[np.int64]
+    r1: npt.NDArray[np.int64]
+
+    def busy_probability(self) -> npt.NDArray[np.float64]:
+        """Per tile: the probability that some row of it chose its expert."""
+        rows = self.r1 - self.r0
+        by_rows = {int(r): busy_probability(int(r), self.top_k, self.experts) for r in set(rows)}
+        return np.array([by_rows[int(r)] for r in rows], dtype=np.float64)
+
+    def busy(self, chosen: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """Per sampled routing (`chosen[s, row, expert]`), which tiles do work: [S, tiles]."""
+        # rows r0..r1 chose expert e  <=>  the prefix count over rows grows on that range
+        pre = np.concatenate(
+            [np.zeros((chosen.shape[0], 1, chosen.shape[2]), dtype=np.int64), chosen.cumsum(1)],
+            axis=1,
+        )
+        return (pre[:, self.r1, self.expert] - pre[:, self.r0, self.expert]) > 0
+
+
+def routed_ops(tg: TileGraph, graph: OpGraph) -> dict[str, RoutedOp]:
+    """The routed (`expert_linear`) ops of a tile graph, with their router's top-k."""
+    top_k = {op.outputs[0]: int(op.attrs["top_k"]) for op in graph.ops if op.kind.value == "router"}
+    ops = {op.name: op for op in graph.ops}
+    out: dict[str, RoutedOp] = {}
+    for top in tg.ops:
+        if top.kind != "expert_linear":
+            continue
+        op = ops[top.name]
+        n_exp, wn, k_in = graph.tensor(op.inputs[2]).shape
+        ranges = np.array([t.ranges for t in top.tiles], dtype=np.int64).reshape(-1, 3, 2)
+        if op.attrs["mode"] == "gate_up":
+            expert = ranges[:, 1, 0] // (wn // 2)
+        else:
+            expert = ranges[:, 2, 0] // k_in
+        out[top.name] = RoutedOp(
+            top.name,
+            int(op.layer or 0),
+            int(n_exp),
+            top_k.get(op.inputs[1], int(n_exp)),
+            int(top.axes[0].extent),
+            expert.astype(np.int64),
+            ranges[:, 0, 0].copy(),
+            ranges[:, 0, 1].copy(),
+        )
+    return out
+
+
+def sample_routings(
+    samples: int, rows: int, experts: int, top_k: int, seed: int
+) -> npt.NDArray[np.bool_]:
+    """`samples` uniform top-k routings: `chosen[s, row, e]` (each row exactly `top_k` experts)."""
+    rng = np.random.default_rng(seed)
+    pick = np.argsort(rng.random((samples, rows, experts)), axis=2)[:, :, :top_k]
+    chosen = np.zeros((samples, rows, experts), dtype=bool)
+    np.put_along_axis(chosen, pick, True, axis=2)
+    return chosen
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLoad:
+    """Costs of routed compute tasks: worst case (every tile busy), expected, and one per
+    sampled routing. Tasks of other ops (and the merges of routed ops, which sum every
+    expert's partial) cost their est time in every routing."""
+
+    worst: dict[int, float]
+    expected: dict[int, float]
+    sampled: dict[int, npt.NDArray[np.float64]]  # [S]
+    note: dict[str, str]  # routed op -> the routing model, e.g. "batch 8, top-8 of 128"
+
+    def costs(self, tasks: Sequence[int], est: Sequence[float]) -> npt.NDArray[np.float64]:
+        """[S, len(tasks)]: each task's cost per sampled routing."""
+        s = next(iter(self.sampled.values())).shape[0] if self.sampled else 1
+        out = np.empty((s, len(tasks)), dtype=np.float64)
+        for j, t in enumerate(tasks):
+            v = self.sampled.get(t)
+            out[:, j] = est[t] if v is None else v
+        return out
+
+
+def task_load(
+    routed: dict[str, RoutedOp],
+    tasks: Sequence[tuple[int, str, Sequence[int], float, float]],
+    idle_ns: float,
+    samples: int = SAMPLES,
+    seed: int = SEED,
+) -> TaskLoad:
+    """`tasks`: (task id, op, tile indices, est ns, ns per tile) of the compute tasks of
+    routed ops. A busy tile costs its `ns per tile`, an idle one `idle_ns` (its signal). One
+    set of sampled routings per layer (the layer's gate_up and down see the same routing)."""
+    chosen: dict[int, npt.NDArray[np.bool_]] = {}
+    busy: dict[str, npt.NDArray[np.bool_]] = {}
+    prob: dict[str, npt.NDArray[np.float64]] = {}
+    worst: dict[int, float] = {}
+    expected: dict[int, float] = {}
+    sampled: dict[int, npt.NDArray[np.float64]] = {}
+    note: dict[str, str] = {}
+    for tid, op, units, est, tile_ns in tasks:
+        r = routed[op]
+        if op not in busy:
+            if r.layer not in chosen:
+                chosen[r.layer] = sample_routings(
+                    samples, r.rows, r.experts, r.top_k, seed * 1_000_003 + r.layer
+                )
+            busy[op] = r.busy(chosen[r.layer])
+            prob[op] = r.busy_probability()
+            note[op] = (
+                f"uniform top-{r.top_k} of {r.experts} experts over {r.rows} row(s): "
+                f"{r.rows * r.top_k / r.experts:.3g} expected token(s) per expert"
+            )
+        u = np.asarray(units, dtype=np.int64)
+        save = max(0.0, tile_ns - idle_ns)  # what an idle tile does not spend
+        worst[tid] = est
+        expected[tid] = est - float((1.0 - prob[op][u]).sum()) * save
+        idle = (~busy[op][:, u]).sum(axis=1)
+        sampled[tid] = np.maximum(est - idle * save, idle_ns * len(u))
+    return TaskLoad(worst, expected, sampled, note)
+
+
+def two_stage_gain(
+    producers: Sequence[int],
+    subsets: Sequence[Sequence[int]],
+    consumers: Sequence[int],
+    load: TaskLoad,
+    est: Sequence[float],
+) -> tuple[float, float, float]:
+    """C7's model of one edge over the sampled routings: producer slices start at 0 and
+    finish at their cost; consumer slice `j` starts when its gate opens (fine: the producers
+    in `subsets[j]`; coarse: all `producers`) and runs for its cost; the barrier opens when
+    the last consumer finishes. Returns (expected coarse barrier, expected fine barrier,
+    largest per-routing gain), ns."""
+    f = load.costs(producers, est)
+    c = load.costs(consumers, est)
+    pos = {t: i for i, t in enumerate(producers)}
+    flat = np.array([pos[u] for sub in subsets for u in sub], dtype=np.int64)
+    starts = np.cumsum([0, *[len(sub) for sub in subsets[:-1]]]).astype(np.int64)
+    gate = np.maximum.reduceat(f[:, flat], starts, axis=1)  # [S, consumers]
+    fine = (gate + c).max(axis=1)
+    coarse = f.max(axis=1) + c.max(axis=1)
+    return float(coarse.mean()), float(fine.mean()), float((coarse - fine).max())
