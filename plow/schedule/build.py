@@ -39,7 +39,6 @@ import numpy.typing as npt
 
 from plow.errors import GraphError
 from plow.graph.ops import OpGraph
-from plow.graph.shard import device_of, graph_tp
 from plow.schedule.ir import Counter, EdgeDecision, Schedule, Task, TaskKind
 from plow.schedule.passes import (
     compact,
@@ -228,15 +227,9 @@ def build_schedule(
     W, P = target.workers, target.l2_partitions
     lat = {k: float(v) for k, v in target.atomic_latency_ns.items()}
     min_task = opt.min_task_ns if opt.min_task_ns is not None else 4 * lat["device"]
-    # a sharded graph (plow/graph/shard.py): every op on its own device's workers
-    device = {op.name: device_of(op) for op in graph.ops} if graph_tp(graph) > 1 else None
-    if device is not None and graph_tp(graph) != tp:
-        raise GraphError(
-            tg.bucket or "schedule", f"graph sharded for tp {graph_tp(graph)}, planned for {tp}"
-        )
-    cap = min(W if device else tp * W, opt.max_tasks_per_op or tp * W)
+    cap = min(tp * W, opt.max_tasks_per_op or tp * W)
     regions = Regions(graph)
-    rowpar = _row_parallel(graph) if tp > 1 and device is None else set()
+    rowpar = _row_parallel(graph) if tp > 1 else set()
     overhead = float(target.tile_overhead_ns)
     load_ns_per_byte = W * 1e9 / target.bandwidth_bytes_per_s
 
@@ -346,13 +339,8 @@ def build_schedule(
             st = writer_stage.get(tn)
             if st is not None:
                 ready = max(ready, stage_finish[st] + lat["device"])
-        if device is not None:  # the op's device; the stripe picks the partition on it
-            gpu, part = device[d.op], (min(int(d.key * P), P - 1) if opt.l2_aware else None)
-        else:
-            s = min(
-                int(d.key * tp * (P if opt.l2_aware else 1)), tp * (P if opt.l2_aware else 1) - 1
-            )
-            gpu, part = (s // P, s % P) if opt.l2_aware else (s, None)
+        s = min(int(d.key * tp * (P if opt.l2_aware else 1)), tp * (P if opt.l2_aware else 1) - 1)
+        gpu, part = (s // P, s % P) if opt.l2_aware else (s, None)
         load = (
             drafts[i - 1]
             if i > 0 and drafts[i - 1].kind is TaskKind.load and drafts[i - 1].op == d.op
