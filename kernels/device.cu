@@ -603,6 +603,41 @@ __device__ void tile_rmsnorm_cta(const Ctx& c, const PlowOp& op, const Range* r,
 #endif
 }
 
+// add_rmsnorm (kernels/fused.h): one warp per row, as tile_rmsnorm_cta. Lane l forms the sums
+// s = a + b of columns l, l + 32, ... and accumulates their squares in that order — warp_dot's
+// order over the written row, so the sums of squares are fused.h's sumsq bits — then writes
+// the norm of the values it formed (recomputed: a + b rounds the same way twice).
+__device__ void tile_add_rmsnorm_cta(const Ctx& c, const PlowOp& op, const Range* r,
+                                     int64_t step) {
+#if PLOW_LANES == 32
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* a = c.A + op.t[0];
+  const float* b = c.A + op.t[1];
+  float* s = c.A + op.t[2];
+  const int64_t C = op.d[0];
+  for (int64_t i = r[0].a + warp; i < r[0].b; i += PLOW_WARPS) {
+    const int64_t o = i * C;
+    float acc = 0.0f;
+    for (int64_t j = r[1].a + lane; j < r[1].b; j += 32) {
+      const float v = a[o + j] + b[o + j];
+      s[o + j] = v;
+      acc = fmaf(v, v, acc);
+    }
+    const float total = PLOW_SHFL0(warp_tree(acc));
+    if (step >= 0) {  // partial: this column slice's sum of squares
+      if (lane == 0) c.A[op.t[4] + step * op.d[1] + i] = total;
+      continue;
+    }
+    const float den = sqrtf(total / static_cast<float>(C) + op.f[0]);
+    float* out = c.A + op.t[3];
+    for (int64_t j = r[1].a + lane; j < r[1].b; j += 32)
+      out[o + j] = plow::norm_apply(op, a[o + j] + b[o + j], den, j);
+  }
+#else
+  if (threadIdx.x == 0) plow::tile_add_rmsnorm(c, op, r, step);
+#endif
+}
+
 // -- element-wise tiles: every output element on its own (a 1 x 1 sub-range of the tile) ----
 __device__ void tile_elements_cta(const Ctx& c, const PlowOp& op, const Range* r) {
   const int64_t cols = r[1].b - r[1].a, count = (r[0].b - r[0].a) * cols;
@@ -706,13 +741,8 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       case plow::PLOW_SSM_NORM:
         if (threadIdx.x == 0) plow::ssm_tile(c, op, r);
         break;
-      // fused ops (kernels/fused.h): add_rmsnorm's rows strided over the CTA's threads
-      case plow::PLOW_ADD_RMSNORM:
-        for (int64_t i = r[0].a + threadIdx.x; i < r[0].b; i += blockDim.x) {
-          const Range s[3] = {{i, i + 1}, r[1], r[2]};
-          plow::tile_add_rmsnorm(c, op, s, step);
-        }
-        break;
+      // fused ops (kernels/fused.h): add_rmsnorm, one warp per row
+      case plow::PLOW_ADD_RMSNORM: tile_add_rmsnorm_cta(c, op, r, step); break;
       // the fused linears (kernels/fused.h): the linear's warp dots, then the fused store
       case plow::PLOW_LINEAR_QKV: warp_linear_cta<Fuse::qkv>(c, op, r, step, nullptr, 0); break;
       case plow::PLOW_LINEAR_GLU: tile_linear_glu_cta(c, op, r); break;

@@ -79,3 +79,30 @@ def test_fused_linears_run_on_emulated_tensor_cores_within_the_scalar_paths_tole
     np.testing.assert_allclose(got_logits, want_logits, rtol=1e-3, atol=1e-3)
     assert not np.array_equal(got_logits, want_logits)  # it did run the other path
     assert got == want
+
+
+@pytest.mark.usefixtures("on_emulator")
+def test_a_split_fused_plan_on_the_warp_dots_gives_the_native_bits(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    """Cheap tiles on 16 SMs split add_rmsnorm's row (partial sums of squares + a merge):
+    the warp-per-row tile writes the partials fused.h writes, bit for bit."""
+    from plow.emit.files import OpTable
+    from plow.runtime.cuda import open_cuda
+    from plow.runtime.native import NativeModel
+    from tests.runtime.test_cuda import EMU_WORKERS, PROFILE, _tokens_and_logits
+
+    split = load_target("h200").model_copy(
+        update={"workers": 2 * EMU_WORKERS, "tile_overhead_ns": 10}
+    )
+    out = tmp_path / "bundle"
+    compile_bundle(tiny_checkpoints["llama"], out, split, PROFILE.model_copy(update={"fuse": True}))
+    ops = OpTable.model_validate_json((out / "plan" / "decode_b4_s96.ops.json").read_bytes()).ops
+    norms = [o for o in ops if o.kind == "add_rmsnorm"]
+    assert norms and any(a.steps > 1 for o in norms for a in o.axes[1:2])
+    want, want_logits = _tokens_and_logits(NativeModel.from_bundle(out, max_batch=4, verify=False))
+    got, got_logits = _tokens_and_logits(
+        open_cuda(out, max_batch=4, verify=False, tensor_cores=False)
+    )
+    assert got == want
+    assert np.array_equal(got_logits, want_logits)
