@@ -251,9 +251,10 @@ def extract(
     cost = [node_cost_ns(n, info, target, dtype) for n in nodes]
     # views and layouts need the emitter too (a sliced output, a re-laid-out weight)
     ok = [allowed is None or n.op in _ALWAYS or n.op in allowed for n in nodes]
-    best: dict[int, tuple[float, frozenset[int], int]] = {}
+    # e-class -> (cost, the priced nodes it needs, its node, those nodes' e-classes)
+    best: dict[int, tuple[float, frozenset[int], int, frozenset[int]]] = {}
     for c in view.literal:
-        best[c] = (0.0, frozenset(), -1)
+        best[c] = (0.0, frozenset(), -1, frozenset())
     parents: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
         for c in set(n.children):
@@ -269,16 +270,17 @@ def extract(
         if not ok[i] or any(c not in best for c in n.children):
             continue
         s = empty.union(*(best[c][1] for c in n.children))
-        if n.cls in {nodes[j].cls for j in s}:
+        cs = empty.union(*(best[c][3] for c in n.children))
+        if n.cls in cs:
             continue  # would be a cycle through its own e-class
         if cost[i] > 0:
-            s = s | {i}
+            s, cs = s | {i}, cs | {n.cls}
         total = sum(map(cost.__getitem__, s))
         old = best.get(n.cls)
         if old is None or total < old[0] - 1e-9 or (total <= old[0] + 1e-9 and i < old[2]):
             if old is not None and old[2] == i:
                 continue
-            best[n.cls] = (total, s, i)
+            best[n.cls] = (total, s, i, cs)
             for j in parents.get(n.cls, ()):
                 if j not in queued:
                     queue.append(j)
