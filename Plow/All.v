@@ -7,7 +7,7 @@ From Plow Require Export Wire Wireproof.
 From Plow Require Export Counters Countersproof.
 From Plow Require Export Dataflow Dataflowproof.
 From Plow Require Export Flowsweep Flowsweepproof.
-From Plow Require Export Collapse.
+From Plow Require Export Collapse Gated Gatedproof.
 From Plow Require Export Passes Passesproof.
 From Plow Require Export Rewrites Rewritesproof Rewritescheck Rewritescheckproof.
 From Plow Require Export Serq.Step Serq.Stepproof Serq.Rad Serq.Radproof Serq.Theorem2 Serq.Theorem2proof.

@@ -17,7 +17,11 @@ coarse counters in every routing. When the consumer slices are routed, their cos
 from routing to routing and, in almost every routing, from slice to slice: C8 certifies
 nothing there. `two_stage_gain` prices such an edge on C7's own model (two stages, every
 slice on its own worker, arrivals at 0) over sampled routings: the expected time by which
-fine gates open the barrier earlier than coarse ones. That is an estimate, not a theorem.
+fine gates open the barrier earlier than coarse ones — an estimate, not a theorem. What is
+proved per routing: where some costliest consumer slice waits on a latest producer slice
+(`latest_gated`), fine gates open that model's barrier exactly when coarse ones do
+(`Plow.Gatedproof.latest_gated_sound`, C7r); the decision counts the sampled routings where
+that holds.
 """
 
 from __future__ import annotations
@@ -171,12 +175,14 @@ def two_stage_gain(
     consumers: Sequence[int],
     load: TaskLoad,
     est: Sequence[float],
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, int]:
     """C7's model of one edge over the sampled routings: producer slices start at 0 and
     finish at their cost; consumer slice `j` starts when its gate opens (fine: the producers
     in `subsets[j]`; coarse: all `producers`) and runs for its cost; the barrier opens when
     the last consumer finishes. Returns (expected coarse barrier, expected fine barrier,
-    largest per-routing gain), ns."""
+    largest per-routing gain (ns), the number of sampled routings in which `latest_gated`
+    holds on the costs rounded to ns — there fine gates provably open the barrier exactly
+    when coarse ones do, `Plow.Gatedproof.latest_gated_sound`)."""
     f = load.costs(producers, est)
     c = load.costs(consumers, est)
     pos = {t: i for i, t in enumerate(producers)}
@@ -185,4 +191,21 @@ def two_stage_gain(
     gate = np.maximum.reduceat(f[:, flat], starts, axis=1)  # [S, consumers]
     fine = (gate + c).max(axis=1)
     coarse = f.max(axis=1) + c.max(axis=1)
-    return float(coarse.mean()), float(fine.mean()), float((coarse - fine).max())
+    fn, cn = np.rint(f).astype(np.int64), np.rint(c).astype(np.int64)
+    gated = latest_gated(fn, cn, flat, starts)
+    return float(coarse.mean()), float(fine.mean()), float((coarse - fine).max()), int(gated.sum())
+
+
+def latest_gated(
+    f: npt.NDArray[np.int64],
+    c: npt.NDArray[np.int64],
+    flat: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+) -> npt.NDArray[np.bool_]:
+    """`Plow.Gated.latest_gated` per routing (rows of `f` [S, producers], `c` [S, consumers];
+    consumer `j`'s gate is `flat[starts[j]:starts[j+1]]`): some consumer of the largest cost
+    has a producer of the latest finish in its gate."""
+    latest = f == f.max(axis=1, keepdims=True)  # [S, producers]
+    has = np.add.reduceat(latest[:, flat].astype(np.int64), starts, axis=1) > 0
+    costliest = c == c.max(axis=1, keepdims=True)
+    return (costliest & has).any(axis=1)

@@ -30,6 +30,8 @@ TOP_THEOREMS = [
     "Plow.Tilesproof.check_tiling_plan_reject_sound",
     "Plow.Bounds.decode_per_token_ge_weights",
     "Plow.Bounds.decode_per_token_floor",
+    "Plow.Gatedproof.latest_gated_sound",
+    "Plow.Gatedproof.fine_barrier_le_coarse",
     "Plow.Wireproof.checkpoint_e_sound",
     "Plow.Wireproof.decode_encode_packets",
     "Plow.Wireproof.encode_decode_packets",

@@ -61,10 +61,13 @@ def test_two_stage_gain_equals_the_hand_computed_barriers() -> None:
     # max(10+10, 1+1) = 20, coarse 10 + 10 = 20. Routing 2: (1, 10): fine max(1+10, 10+1)
     # = 11, coarse 20. Means: coarse 20, fine 15.5; largest gain 9.
     est = [10.0, 10.0, 10.0, 1.0]
-    coarse, fine, top = two_stage_gain([0, 1], [[0], [1]], [2, 3], _witness(), est)
+    coarse, fine, top, gated = two_stage_gain([0, 1], [[0], [1]], [2, 3], _witness(), est)
     assert (coarse, fine, top) == (20.0, 15.5, 9.0)
+    # C7r's test: routing 1's costliest consumer (10 ns) waits on the latest producer
+    # (producer 0, 10 ns); routing 2's waits on producer 0, which finishes at 1 ns
+    assert gated == 1
     # every consumer reading both producers: the gates are the coarse ones
-    assert two_stage_gain([0, 1], [[0, 1], [0, 1]], [2, 3], _witness(), est)[:2] == (20.0, 20.0)
+    assert two_stage_gain([0, 1], [[0, 1], [0, 1]], [2, 3], _witness(), est) == (20, 20, 0, 2)
 
 
 def test_routed_decision_gives_fine_exactly_where_the_estimate_pays() -> None:
@@ -122,6 +125,8 @@ def test_tiny_moe_plan_prices_expert_slices_and_fine_counters_would_not_pay(
         assert "expected cost" in d.reason and "worst case" in d.reason
     estimated = [d for d in routed_reasons if "two-stage" in d.reason]
     assert estimated  # gate_up -> down reads per-expert subsets: the estimate ran
+    for d in estimated:  # C7r holds in every sampled routing (structural: see docs)
+        assert "largest gain 0 ns" in d.reason and "in 20 of the 20 routings" in d.reason
     assert not any(d.fine for d in auto.decisions)
     # the routed slices are cheaper in expectation than in the worst case
     tile_ns = {n: float(t.choice.tile_ns) for t in tg.ops if (n := t.name) in routed}
@@ -132,11 +137,14 @@ def test_tiny_moe_plan_prices_expert_slices_and_fine_counters_would_not_pay(
     ]
     load = task_load(routed, rows, float(h200.tile_overhead_ns), samples=10, seed=3)
     assert all(load.expected[i] < load.worst[i] for i, *_ in rows)
-    lat = {k: float(v) for k, v in h200.atomic_latency_ns.items()}
+    lat: dict[str, float] = {k: float(v) for k, v in h200.atomic_latency_ns.items()}
     for k in range(10):
         spans = []
         for s in (auto, fine):
-            cost = [float(load.sampled[t.index][k]) if t.index in load.sampled else t.est_ns for t in s.tasks]
+            cost = [
+                float(load.sampled[t.index][k]) if t.index in load.sampled else t.est_ns
+                for t in s.tasks
+            ]
             tasks = tuple(replace(t, est_ns=c) for t, c in zip(s.tasks, cost, strict=True))
             spans.append(simulate(replace(s, tasks=tasks), lat).makespan_ns)
         assert spans[1] >= spans[0] - 1e-6, (k, spans)
