@@ -872,7 +872,7 @@ def _build(
         "    n_dec = 0; n_res = 0",
         "    nreq = 0; n_done = 0; n_done_w = 0",
         "    ttft = []; tbt = []; resp = []; bc = _defaultdict(int)",
-        "    bcd = _defaultdict(int); bcp = _defaultdict(int); FDUR = {}",
+        "    bcd = _defaultdict(int); bcp = _defaultdict(int); FDUR = {}; btop = 0.0",
         "    samples = []; si = 0; s_next = SAMPLES[0]",
         "    trace = deque(maxlen=TRACE_LEN); FAST = not TR",
         *_ind(claim_init, 1),
@@ -960,6 +960,7 @@ def _build(
         "_defaultdict": defaultdict,
         "_np": np,
         "_heappop": heapq.heappop,
+        "_binade": _binade,
     }
     from collections import deque
 
@@ -992,6 +993,13 @@ def _build(
         rate_loc=rate_loc,
         observe_locs=observe_locs,
     )
+
+
+def _binade(x: float) -> float:
+    """The least power of two above ``x >= 0`` when it is at most 2**53, else 0.0 (no run of
+    the generated loop is then taken in closed form: ``serq.fastpath._closed_form``)."""
+    _, e = math.frexp(x)
+    return math.ldexp(1.0, e) if math.isfinite(x) and e <= 53 else 0.0
 
 
 def _runtime_error(model: Model, err: BaseException) -> SerqError:

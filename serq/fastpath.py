@@ -11,6 +11,7 @@ what a program means; it only shortcuts the plain loop.
 from __future__ import annotations
 
 import ast as pyast
+import math
 import re
 from collections.abc import Callable
 
@@ -76,15 +77,18 @@ def fast_block(
         f"# @{exec_site}",
         "fdur = float(dur)  # what `now + dur` adds",
     ]
+    # `fok`: the duration is a whole number of µs, at least 1 (a run may then take its closed
+    # form, below)
+    dur_lines += ["fok = fdur >= 1.0 and fdur == _floor(fdur)"]
     free = set(re.findall(r"\b[A-Za-z_]\w*\b", exec_code)) - {"b_tok", *PURE}
     if not free:
         # a subscript in a `try` (free when it does not raise) costs less than `FDUR.get`
         dur_lines = [
             "try:",
-            "    fdur = FDUR[b_tok]",
+            "    fdur, fok = FDUR[b_tok]",
             "except KeyError:",
             *_ind(dur_lines, 1),
-            "    FDUR[b_tok] = fdur",
+            "    FDUR[b_tok] = (fdur, fok)",
         ]
     # `stop` and `rec` are set once before a chain of runs (see `warm` below)
     head = [*dur_lines]
@@ -100,7 +104,7 @@ def fast_block(
         "    it = lim",
     ]
     fl_claims = _float_served(chk_run)
-    head += ["i0 = it"]
+    stepped: list[str] = []
     if fl_claims is not None:
         # Claims that read `served` only as `served * K` (K an int constant) are checked on
         # float copies `_sk{j}` of `served * K{j}`, stepped by `_bk{j} = b_tok * K{j}`, so
@@ -120,7 +124,7 @@ def fast_block(
             for j, k in enumerate(ks)
         )
         incr = "; ".join(f"_sk{j} += _bk{j}" for j in range(len(ks)))
-        head += [
+        stepped += [
             f"if served + (lim - it) * b_tok < {slim}:",
             f"    {init}",
             "    for it in range(it, lim):",
@@ -136,7 +140,13 @@ def fast_block(
             "    n = it - i0",
         ]
     else:
-        head += [*step, "n = it - i0"]
+        stepped += [*step, "n = it - i0"]
+    closed = _closed_form(chk_run)
+    head += ["i0 = it"]
+    if closed is not None:
+        head += [*closed, "else:", *_ind(stepped, 1)]
+    else:
+        head += stepped
     head += ["if rec:"]
     # batch sizes of runs counted by token count alone (a decode run's batch has `b_tok`
     # requests, a prefill run's one), merged into `bc` after the loop
@@ -221,6 +231,175 @@ def fast_block(
         "        continue",
     ]
     return out
+
+
+def _closed_form(chk_run: list[str]) -> list[str] | None:
+    """A run taken in one step instead of iteration by iteration, when that is exact.
+
+    Guarded at run time by the *exact regime*: the duration ``fdur`` is a whole number of µs
+    (at least 1; ``fok``) and ``now + L * fdur`` stays below ``btop``, the least power of two
+    above ``now`` (at most 2**53; ``_binade``), for the ``L = lim - it`` iterations the run
+    can take. There every ``now`` the plain loop reaches by repeated addition is
+    ``now + k * fdur`` exactly: each lies in ``[btop / 2, btop)``, where the floats are the
+    multiples of ``ulp = btop * 2**-53 <= 1``, ``now`` is one (a float of that binade) and so
+    is the whole ``fdur``, so no addition rounds (``now = 0`` too: its sums are integers).
+    The iterations run while ``now < stop``: ``n`` is the least ``k`` with
+    ``now + k * fdur >= stop`` (at most ``L``), found from the quotient and corrected by those
+    exact comparisons.
+
+    Each claim in ``chk_run`` must be a comparison (``<``, ``<=``, ``>``, ``>=``, possibly
+    negated) of two sides that are affine in ``now`` and ``served`` and evaluated exactly
+    (:func:`_affine`): at the run's ``k``-th iteration each side is then an affine function
+    of ``k``, so the iterations where the claim holds are an interval that reaches one end of
+    the run. Checking the first and the last iteration decides whether it holds on all of
+    them; when it holds on the first and fails on the last, a bisection finds the first that
+    fails, which the plain loop would have recorded (``it``, its exact ``now``; the trace is
+    empty when not tracing, and the fast path does not run when tracing). Claims that cannot
+    raise (no division, no call) are the only ones taken. Returns None when a claim is not of
+    this form (the run is then stepped).
+    """
+    checks: list[tuple[str, str, pyast.expr]] = []
+    for i in range(0, len(chk_run), 3):
+        m = re.fullmatch(r"if (c\d+) and not (.*):", chk_run[i + 1].strip())
+        if m is None:
+            return None
+        body = pyast.parse(m.group(2), mode="eval").body
+        if not _affine_claim(body):
+            return None
+        checks.append((m.group(1), "v" + m.group(1)[1:], body))
+
+    def at(e: pyast.expr, k: str | None) -> str:
+        if k is None:
+            return pyast.unparse(e)
+        sub = {"now": f"(now + {k} * fdur)", "served": f"(served + {k} * b_tok)"}
+
+        class Sub(pyast.NodeTransformer):
+            def visit_Name(self, node: pyast.Name) -> pyast.expr:
+                if node.id in sub:
+                    return pyast.parse(sub[node.id], mode="eval").body
+                return node
+
+        return pyast.unparse(Sub().visit(pyast.parse(pyast.unparse(e), mode="eval").body))
+
+    out = [
+        "if now >= btop:",
+        "    btop = _binade(now)",
+        "L = lim - it",
+        "if fok and L * fdur < btop - now:",
+        "    if now + (L - 1) * fdur < stop:",
+        "        n = L",
+        "    else:",
+        "        n = _ceil((stop - now) / fdur)",
+        "        if n < 0:",
+        "            n = 0",
+        "        elif n > L:",
+        "            n = L",
+        "        while n and now + (n - 1) * fdur >= stop:",
+        "            n -= 1",
+        "        while n < L and now + n * fdur < stop:",
+        "            n += 1",
+    ]
+    if checks:
+        out += ["    if n:"]
+        for c, v, body in checks:
+            out += [
+                f"        if {c}:",
+                f"            if not ({at(body, None)}):",
+                f"                {c} = False; {v} = (it, now, list(trace))",
+                "            else:",
+                "                _k = n - 1",
+                f"                if _k and not ({at(body, '_k')}):",
+                "                    _lo = 0",
+                "                    while _k - _lo > 1:",
+                "                        _md = (_lo + _k) // 2",
+                f"                        if {at(body, '_md')}:",
+                "                            _lo = _md",
+                "                        else:",
+                "                            _k = _md",
+                f"                    {c} = False; {v} = (it + _k, now + _k * fdur, list(trace))",
+            ]
+    out += ["    it += n; now += n * fdur; served += n * b_tok"]
+    return out
+
+
+#: ints that a run does not change (the batch, the counts of requests and the queue)
+_RUN_INTS = {"b_tok", "b_req", "n_dec", "n_res"}
+#: comparisons whose truth over an affine function is an interval reaching an end
+_ORDER = (pyast.Lt, pyast.LtE, pyast.Gt, pyast.GtE)
+
+
+def _affine_claim(e: pyast.expr) -> bool:
+    """A comparison (or its negation) of two sides that :func:`_affine` accepts."""
+    if isinstance(e, pyast.UnaryOp) and isinstance(e.op, pyast.Not):
+        e = e.operand
+    if not (isinstance(e, pyast.Compare) and len(e.ops) == 1 and isinstance(e.ops[0], _ORDER)):
+        return False
+    return _affine(e.left) is not None and _affine(e.comparators[0]) is not None
+
+
+def _pow2(e: pyast.expr) -> int | None:
+    """``j`` when ``e`` is an int or float literal ``2**j`` with ``0 <= j <= 64`` (multiplying a
+    float below 2**53 by it is exact), else None."""
+    if not isinstance(e, pyast.Constant):
+        return None
+    v = e.value
+    if not (type(v) in (int, float) and isinstance(v, int | float)) or not 1 <= v <= 2**64:
+        return None
+    m, j = math.frexp(v)
+    return j - 1 if m == 0.5 else None
+
+
+def _clock_scale(e: pyast.expr) -> int | None:
+    """``j`` when ``e`` is ``now`` (or its negation) times powers of two ``2**j`` in all."""
+    if isinstance(e, pyast.UnaryOp) and isinstance(e.op, pyast.USub | pyast.UAdd):
+        return _clock_scale(e.operand)
+    if isinstance(e, pyast.Name):
+        return 0 if e.id == "now" else None
+    if isinstance(e, pyast.BinOp) and isinstance(e.op, pyast.Mult):
+        for a, b in ((e.left, e.right), (e.right, e.left)):
+            j = _pow2(b)
+            if j is not None:
+                k = _clock_scale(a)
+                return None if k is None else j + k
+    return None
+
+
+def _affine(e: pyast.expr) -> tuple[str, int] | None:
+    """``(type, degree)`` of an expression that is affine in ``now`` and ``served`` during a
+    run and evaluated without rounding or raising, else None.
+
+    Ints (literals, ``served``, the counts the run keeps) under ``+``, ``-`` and ``*`` of
+    degree at most 1 are exact; the one float is the clock ``now``, exact in the regime of
+    :func:`_closed_form` (below 2**53), alone, negated, or times a power of two.
+    """
+    if isinstance(e, pyast.Constant):
+        if type(e.value) is int:
+            return ("i", 0)
+        if type(e.value) is float and math.isfinite(e.value):
+            return ("f", 0)
+        return None
+    if isinstance(e, pyast.Name):
+        if e.id == "now":
+            return ("f", 1)
+        if e.id == "served":
+            return ("i", 1)
+        return ("i", 0) if e.id in _RUN_INTS else None
+    if isinstance(e, pyast.UnaryOp) and isinstance(e.op, pyast.USub | pyast.UAdd):
+        return _affine(e.operand)
+    if isinstance(e, pyast.BinOp):
+        a, b = _affine(e.left), _affine(e.right)
+        if a is None or b is None:
+            return None
+        if a[0] == "i" and b[0] == "i" and isinstance(e.op, pyast.Add | pyast.Sub):
+            return ("i", max(a[1], b[1]))
+        if isinstance(e.op, pyast.Mult):
+            if a[0] == "i" and b[0] == "i" and a[1] + b[1] <= 1:
+                return ("i", a[1] + b[1])
+            # the clock scaled by powers of two, 2**64 at most in all (no overflow)
+            j = _clock_scale(e)
+            if j is not None and j <= 64:
+                return ("f", 1)
+    return None
 
 
 def _int_const(e: pyast.expr) -> int | None:

@@ -86,3 +86,84 @@ def test_fast_path_chains_runs_and_hoists_invariant_claims() -> None:
     loop = fast[fast.index("for it in range") : fast.index("n = it - i0")]
     assert "_sk0" in loop and "n_dec == n_res" not in loop
     assert "served * 4640.0" in fast  # the clock claim on a float copy of `served * K`
+
+
+# ------------------------------------------------------------------ runs in closed form
+
+#: claims that the closed form takes (affine in `now` and `served`), failing inside a run
+CLOSED: dict[str, tuple[str, float]] = {
+    # 8/9 of the token rate: fails once a prefill-heavy stretch outruns it, inside a run
+    "rate_scaled": ("served * (tlin + tnl * bcol) * 9 <= bcol * now * 8", 0.0001),
+    # the same negated, with the decoders on the int side
+    "negated": ("!(served * (tlin + tnl * bcol) * 5 + decoders > bcol * now * 4)", 0.00003),
+    # a clock and a token threshold crossed inside runs
+    "clock_threshold": ("now < 7654321.5", 0.00003),
+    "served_threshold": ("served <= 150000", 0.00003),
+}
+
+
+def _raw_claims(model: Any, horizon: float, seed: int) -> list[Any]:
+    from serq.sim import DEFAULT_LIMITS, _call, check_run
+
+    samples = check_run(model, horizon, 0.0, seed, DEFAULT_LIMITS)
+    obs: dict[str, list[float]] = {n: [] for n in model.observe_names}
+    raw = _call(model, horizon, 0.0, seed, samples, obs, False, DEFAULT_LIMITS)
+    return [(v[0], v[1]) if v is not None else None for v, _ in raw["claims"]] + [
+        raw["now"],
+        raw["iterations"],
+        raw["served"],
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(CLOSED))
+def test_closed_form_runs_find_the_first_failing_iteration(rad_text: str, name: str) -> None:
+    """A claim failing inside a run taken in closed form is recorded at the iteration and time
+    the plain loop records (untraced: the fast path's own record, not the traced replay)."""
+    old = "served * (tlin + tnl * bcol) <= bcol * now"
+    claim, rate = CLOSED[name]
+    src = rad_text.replace(old, claim)
+    assert src != rad_text
+    fast = load(text=src, overrides={"rate": rate})
+    plain = load(text=src, overrides={"rate": rate}, fast=False)
+    assert "btop - now" in fast.source  # the closed form is generated for this claim
+    for seed in (1, 2):
+        got = _raw_claims(fast, 20_000_000, seed)
+        want = _raw_claims(plain, 20_000_000, seed)
+        assert got == want
+        # the claim fails (for each of these, at least once in a run's interior: a bisection)
+        assert got[0] is not None
+
+
+def test_closed_form_is_refused_where_it_would_not_be_exact() -> None:
+    """Only comparisons of exact affine sides are taken; other claims are stepped."""
+    import ast
+
+    from serq.fastpath import _affine_claim
+
+    def ok(code: str) -> bool:
+        return _affine_claim(ast.parse(code, mode="eval").body)
+
+    assert ok("(128.0 * now) >= (served * 4640)")
+    assert ok("not (now * 2 < served - 3 * n_dec)")
+    assert ok("served * b_tok <= 5")
+    assert not ok("now * 0.2 >= served")  # the product rounds
+    assert not ok("now + 1 >= served")  # the sum rounds
+    assert not ok("served * served <= now")  # not affine
+    assert ok("served * n_dec * 2 <= now")  # the counts are constant during a run
+    assert not ok("served * now <= 5.0")  # a product of two that vary
+    assert ok("now * 2.0 * 4 <= 5.0")
+    assert not ok("now * 1099511627776.0 * 1073741824 <= 5.0")  # by 2**70 in all
+    assert not ok("now == 5.0")  # holds on one point, not an interval reaching an end
+    assert not ok("served / 2 <= now")  # a division
+    assert not ok("(served < 3) or (now > 4)")  # a union of intervals
+    assert not ok("len(waiting) < served")
+
+
+def test_binade_bounds_the_exact_regime() -> None:
+    from serq.compile import _binade
+
+    assert _binade(0.0) == 1.0
+    assert _binade(3.0) == 4.0 and _binade(4.0) == 8.0 and _binade(0.75) == 1.0
+    assert _binade(2.0**53 - 1) == 2.0**53
+    assert _binade(2.0**53) == 0.0  # no closed form above 2**53 (ulp > 1)
+    assert _binade(float("inf")) == 0.0
