@@ -45,6 +45,7 @@ Inductive op_kind :=
 | K_gated_mlp | K_residual_add | K_lm_head | K_sample
 | K_router | K_expert_linear
 | K_ssm_conv | K_ssm_scan | K_ssm_norm
+| K_kda  (* Kimi-Linear (plow/graph/kda.py, kernels/kda.h) *)
 | K_add_rmsnorm | K_linear_glu | K_linear_qkv  (* fused (issue 15, kernels/fused.h) *)
 | K_other.
 
@@ -85,6 +86,7 @@ Definition opcode_of_kind (k : op_kind) : option N :=
   | K_residual_add => Some 10 | K_lm_head => Some 11 | K_sample => Some 12
   | K_router => Some 13 | K_expert_linear => Some 14
   | K_ssm_conv => Some 16 | K_ssm_scan => Some 17 | K_ssm_norm => Some 18
+  | K_kda => Some 19
   | K_add_rmsnorm => Some 3 | K_linear_glu => Some 8 | K_linear_qkv => Some 4
   | K_other => None
   end.
@@ -137,7 +139,8 @@ Definition last_dim (s : list N) : N := last s 1.
       [numel o = m * wn]): axes [m; wn; e * k];
     - ssm_conv (Mamba-2): [o = [b; t; c]], [x = [b; t; _]]: axes [b; c] (every token of a
       batch row in its tile);
-    - ssm_scan: [o = [b; t; heads * head_dim]], [x = [b; t; _]]: axes [b; heads];
+    - ssm_scan, kda (Kimi-Linear): [o = [b; t; heads * head_dim]], [x = [b; t; _]]:
+      axes [b; heads];
     - ssm_norm: [c = last o], the group [g > 0] divides [c], [numel o = numel x]:
       axes [numel x / c; c / g];
     - add_rmsnorm (R1: inputs a, b, the norm weight w; outputs the sum s, the norm):
@@ -217,7 +220,7 @@ Definition expected_extents (x : opx) : option (list N) :=
               if (b' =? b) && (t' =? t) then Some [b; c] else None
           | _, _ => None
           end
-      | K_ssm_scan =>
+      | K_ssm_scan | K_kda =>
           match xs, o with
           | b' :: t' :: _, [b; t; w] =>
               if (b' =? b) && (t' =? t) && (ox_heads x * ox_head_dim x =? w)

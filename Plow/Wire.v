@@ -210,9 +210,10 @@ Definition dec_stream (fs : list wfield) (bs : list N) : sum serr (list (list N)
 
 Definition wire_version : N := 1.
 
-(** Opcodes 0..18 (see [Opcode] in plow/emit/wire.py; 16..18 Mamba-2's ssm ops). *)
+(** Opcodes 0..19 (see [Opcode] in plow/emit/wire.py; 16..18 Mamba-2's ssm ops, 19
+    Kimi-Linear's kda). *)
 Definition opcodes : list N :=
-  [0; 1; 2; 3; 4; 5; 6; 7; 8; 9; 10; 11; 12; 13; 14; 15; 16; 17; 18].
+  [0; 1; 2; 3; 4; 5; 6; 7; 8; 9; 10; 11; 12; 13; 14; 15; 16; 17; 18; 19].
 
 (** Field indices (reserved included) — used by the oracle to name fields:
      0 opcode u8, 1 flags u8 (< 32), 2 scope u8 (< 3), 3 reserved u8,

@@ -85,7 +85,8 @@ void set_err(char* err, int64_t len, const std::string& msg) {
 bool supported(uint32_t opcode) {
   return opcode <= PLOW_OP_SAMPLE || opcode == plow::PLOW_OP_ROUTER ||
          opcode == plow::PLOW_OP_EXPERT_LINEAR ||
-         (opcode >= plow::PLOW_OP_SSM_CONV && opcode <= plow::PLOW_OP_SSM_NORM);
+         (opcode >= plow::PLOW_OP_SSM_CONV && opcode <= plow::PLOW_OP_SSM_NORM) ||
+         opcode == plow::PLOW_OP_KDA;
 }
 
 // -- the thread pool: threads stay up between steps; a step is one generation --------------

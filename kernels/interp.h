@@ -10,6 +10,7 @@
 #include "ssm.h"
 #include "deepseek.h"
 #include "fused.h"
+#include "kda.h"
 
 namespace plow {
 
@@ -74,6 +75,7 @@ PLOW_HD static int64_t run_tile(const Ctx& c, const PlowOp& op, const Range* r, 
     case PLOW_SSM_CONV:
     case PLOW_SSM_SCAN:
     case PLOW_SSM_NORM: ssm_tile(c, op, r); break;  // kernels/ssm.h (Mamba-2)
+    case PLOW_KDA: tile_kda(c, op, r); break;  // kernels/kda.h (Kimi-Linear)
     case PLOW_ADD_RMSNORM: tile_add_rmsnorm(c, op, r, step); break;  // kernels/fused.h (R1)
     case PLOW_LINEAR_GLU: tile_linear_glu(c, op, r); break;    // kernels/fused.h (R2+R3+R13)
     case PLOW_LINEAR_QKV: tile_linear_qkv(c, op, r); break;    // kernels/fused.h (R4)

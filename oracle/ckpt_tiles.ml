@@ -83,6 +83,7 @@ let kind_of (k : string) : op_kind =
   | "residual_add" -> K_residual_add | "lm_head" -> K_lm_head | "sample" -> K_sample
   | "router" -> K_router | "expert_linear" -> K_expert_linear
   | "ssm_conv" -> K_ssm_conv | "ssm_scan" -> K_ssm_scan | "ssm_norm" -> K_ssm_norm
+  | "kda" -> K_kda
   (* fused (issue 15, plow/egraph/apply.py): packets carry RMSNORM / MLP_GATE_UP / LINEAR *)
   | "add_rmsnorm" -> K_add_rmsnorm | "linear_glu" -> K_linear_glu | "linear_qkv" -> K_linear_qkv
   | _ -> K_other
@@ -100,7 +101,7 @@ let to_coq_opx (kind : string) (x : plan_r) : opx =
 
 let opcode_names = [| "nop"; "load"; "embed"; "rmsnorm"; "linear"; "rope"; "attention";
   "attention_merge"; "mlp_gate_up"; "mlp_down"; "residual_add"; "lm_head"; "sample";
-  "router"; "expert_linear"; "allreduce"; "ssm_conv"; "ssm_scan"; "ssm_norm" |]
+  "router"; "expert_linear"; "allreduce"; "ssm_conv"; "ssm_scan"; "ssm_norm"; "kda" |]
 
 let opcode_name c = if c >= 0 && c < Array.length opcode_names then opcode_names.(c) else "?"
 

@@ -73,6 +73,7 @@ OPCODE_OF_KIND: dict[str, Opcode] = {
     "ssm_conv": Opcode.SSM_CONV,
     "ssm_scan": Opcode.SSM_SCAN,
     "ssm_norm": Opcode.SSM_NORM,
+    "kda": Opcode.KDA,
 }
 SCOPE_CODE = {"cta": 0, "device": 1, "system": 2}
 

@@ -32,7 +32,7 @@ NO_COUNTER = 0xFFFF_FFFF
 
 
 class Opcode(IntEnum):
-    """What a packet does (u8 at offset 0). Codes 19..255 are unknown and rejected."""
+    """What a packet does (u8 at offset 0). Codes 20..255 are unknown and rejected."""
 
     NOP = 0
     LOAD = 1
@@ -53,6 +53,7 @@ class Opcode(IntEnum):
     SSM_CONV = 16  # Mamba-2 (docs/families.md)
     SSM_SCAN = 17
     SSM_NORM = 18
+    KDA = 19  # Kimi-Linear's delta-rule recurrence (docs/families.md)
 
 
 class Scope(IntEnum):

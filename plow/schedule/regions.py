@@ -24,8 +24,9 @@ tile whose output it reads.
 | ssm_conv | every token of its batch rows, its channels of in_proj's xBC columns | the box |
 | ssm_scan | its rows' tokens: every conv column (x, B, C), its heads' dt columns | its heads |
 | ssm_norm | the box of y and the same columns of in_proj (the gate z) | the box |
+| kda | its rows' tokens: its heads' q, k, v conv columns, f, beta and gate columns | its heads |
 
-The ssm ops' recurrent state (`TensorRole.state`) is not an activation: each tile reads and
+The ssm and kda ops' recurrent state (`TensorRole.state`) is not an activation: each tile reads and
 rewrites only its own rows' and channels' / heads' state, so it orders nothing in a step.
 
 Split reductions (the reduction axis has more than one step: linear/lm_head `k`,
@@ -291,7 +292,24 @@ class Regions:
             return [(op.inputs[0], (a * t, b * t, c0, c1))], (a, b, 0, 1)
         if k in ("ssm_conv", "ssm_scan", "ssm_norm"):
             return self._ssm(op, ranges)
+        if k == "kda":
+            return self._kda(op, ranges)
         raise ValueError(f"no region rule for op kind {k!r} ({top.name})")
+
+    def _kda(
+        self, op: Op, ranges: tuple[tuple[int, int], ...]
+    ) -> tuple[list[tuple[str, Box]], Box]:
+        """Kimi-Linear's `kda` tile (module table): batch rows a..b x heads h0..h1."""
+        (a, b), (h0, h1) = ranges
+        h, d = int(op.attrs["heads"]), int(op.attrs["head_dim"])
+        h1 = min(h1, h)
+        t = self.shape(op.outputs[0])[1]
+        r0, r1, lo, hi = a * t, b * t, h0 * d, h1 * d
+        x, f, beta, gate = op.inputs[:4]
+        c = h * d
+        reads = [(x, (r0, r1, j * c + lo, j * c + hi)) for j in range(3)]
+        reads += [(f, (r0, r1, lo, hi)), (beta, (r0, r1, h0, h1)), (gate, (r0, r1, lo, hi))]
+        return reads, (r0, r1, lo, hi)
 
     def _ssm(
         self, op: Op, ranges: tuple[tuple[int, int], ...]

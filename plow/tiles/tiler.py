@@ -10,7 +10,7 @@ tile of a given shape moves, and (for matmul-like ops) the on-chip memory a tile
 | rmsnorm, rope, gated_mlp, residual_add, embedding, sample | rows, cols | per kind |
 | expert_linear | m, n, k (expert-major n for gate_up, k for down; a tile in one expert) | 4 / 2 |
 | router | rows, cols (all experts of a row in one tile) | 8 |
-| ssm_conv, ssm_scan | batch rows, channels / heads (every token of a row in the tile) | per kind |
+| ssm_conv, ssm_scan, kda | batch rows, channels / heads (all a row's tokens in a tile) | per kind |
 | ssm_norm | rows (tokens), norm groups | 6 x group |
 
 Row-wise ops are tiled by rows and may also split their columns so that a one-token step
@@ -193,7 +193,7 @@ class _Tiler:
             return self.experts(op)
         if k is OpKind.router:
             return self.router(op)
-        if k in (OpKind.ssm_conv, OpKind.ssm_scan, OpKind.ssm_norm):
+        if k in (OpKind.ssm_conv, OpKind.ssm_scan, OpKind.ssm_norm, OpKind.kda):
             return self.ssm(op)
         if k in (
             OpKind.rmsnorm,
@@ -366,11 +366,12 @@ class _Tiler:
         )
 
     def ssm(self, op: Op) -> _Space:
-        """Mamba-2's ops. `ssm_conv`: axes (batch rows, conv channels); `ssm_scan`: (batch
-        rows, heads). A tile holds every token of its rows: the recurrence runs through
-        them in order, reading and rewriting the rows' state (conv window / heads' SSM
-        state) once per step; tiles never share state words. `ssm_norm`: (token rows,
-        norm groups). All stream (the state is read from and written to memory)."""
+        """Mamba-2's ops and Kimi-Linear's `kda`. `ssm_conv`: axes (batch rows, conv
+        channels); `ssm_scan`, `kda`: (batch rows, heads). A tile holds every token of its
+        rows: the recurrence runs through them in order, reading and rewriting the rows'
+        state (conv window / heads' SSM or KDA state) once per step; tiles never share state
+        words. `ssm_norm`: (token rows, norm groups). All stream (the state is read from and
+        written to memory)."""
         a, k = self.a, op.kind
         weight = 0
         if k is OpKind.ssm_conv:
@@ -387,6 +388,14 @@ class _Tiler:
             fpp = t * (6 * p * n + 4 * p + 8)  # decay, B x, state update, C readout, D, dt
             per_point = t * (2 * p + 2 * n + 1) * a + 2 * p * n * 4
             weight = 3 * h * self.w
+        elif k is OpKind.kda:  # Kimi-Linear: (batch rows, heads), the same rules as the scan
+            b, t, _ = self.shape(op.inputs[0])
+            h, d = int(op.attrs["heads"]), int(op.attrs["head_dim"])
+            rows, cols = b, h
+            # l2 norms, decay, S^T k, rank-1 update, S^T q, gated norm per token
+            fpp = t * (8 * d * d + 20 * d + 10)
+            per_point = t * (6 * d + 1) * a + 2 * d * d * 4  # q k v f gate out, beta; S
+            weight = (h * d + h + d) * self.w  # dt_bias, A_log, o_norm
         else:
             x = self.shape(op.inputs[0])
             gs = int(op.attrs["group"])

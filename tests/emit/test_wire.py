@@ -161,7 +161,7 @@ def test_rejects_nonzero_padding(
     assert f"record {r} (byte offset {r * RECORD_SIZE + off}) field {name}" in str(e.value)
 
 
-@given(packet_lists.filter(bool), st.data(), st.integers(19, 255))
+@given(packet_lists.filter(bool), st.data(), st.integers(20, 255))
 @settings(max_examples=100, deadline=None)
 def test_rejects_unknown_opcode(ps: list[Packet], data: st.DataObject, code: int) -> None:
     r = data.draw(st.integers(0, len(ps) - 1))

@@ -22,12 +22,19 @@ transformers = pytest.importorskip("transformers")
 
 from plow.checkpoint import load_checkpoint  # noqa: E402
 from plow.checkpoint.families import kimi_linear  # noqa: E402
+from plow.emit.bundle import compile_bundle  # noqa: E402
+from plow.emit.verify import verify_bundle  # noqa: E402
 from plow.graph import Bucket, OpKind, TensorRole, build_graph  # noqa: E402
+from plow.profile import CompileProfile  # noqa: E402
+from plow.runtime.cpu import CpuModel, Request, generate  # noqa: E402
 from plow.runtime.reference import forward_logits, generate_greedy  # noqa: E402
+from plow.target import load_target  # noqa: E402
 from plow.testing.fixtures import make_tiny_kimi_linear  # noqa: E402
-from tests.runtime.helpers import PROMPTS, assert_logits_close  # noqa: E402
+from tests.runtime.helpers import PROMPTS, assert_logits_close, prefill_logits  # noqa: E402
 
 NEW = 32
+FAST = 8  # tokens per prompt in the fast tests (the 32 x 4 sweep is slow)
+PROFILE = CompileProfile(name="kimi", decode_batches=(1, 8), prefill_seqs=(16,), context=96)
 
 
 def _hf(path: Path) -> object:
@@ -37,13 +44,13 @@ def _hf(path: Path) -> object:
     ).eval()
 
 
-def _hf_greedy(hf: object, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        gen = hf.generate(  # type: ignore[attr-defined]
-            torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-            eos_token_id=None, pad_token_id=0,
-        )  # fmt: skip
-    return [int(t) for t in gen[0, len(ids) :]]
+def _assert_hf_greedy(hf: object, prompt: list[int], ours: list[int]) -> None:
+    """`ours` are transformers' greedy tokens: each is the argmax of transformers' logits
+    after the prompt and our earlier tokens (one forward of the whole sequence; by induction
+    the same tokens as `generate`, without its slow per-token torch fallback loop)."""
+    logits = _hf_logits(hf, prompt + ours[:-1])[len(prompt) - 1 :]
+    want = [int(i) for i in logits.argmax(axis=-1)]
+    assert ours == want, f"ours {ours}\ntransformers' {want}"
 
 
 def _hf_logits(hf: object, ids: list[int]) -> np.ndarray:
@@ -57,7 +64,9 @@ def kimi(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     path = make_tiny_kimi_linear(0, root / "ckpt")
     ckpt = load_checkpoint(path)
     ids = [ckpt.tokenizer.encode(p) for p in PROMPTS]
-    return {"root": root, "path": path, "ckpt": ckpt, "hf": _hf(path), "ids": ids}
+    bundle = root / "bundle"
+    compile_bundle(path, bundle, load_target("cpu"), PROFILE, verify=True)
+    return {"root": root, "path": path, "ckpt": ckpt, "hf": _hf(path), "ids": ids, "bundle": bundle}
 
 
 def test_the_fixture_is_what_the_issue_asks_for(kimi: dict) -> None:
@@ -114,4 +123,50 @@ def test_reference_forward_and_greedy_equal_transformers(kimi: dict) -> None:
     ckpt, hf = kimi["ckpt"], kimi["hf"]
     ids = kimi["ids"][0]  # type: ignore[index]
     assert_logits_close(forward_logits(ckpt, ids)[-1], _hf_logits(hf, ids)[-1])  # type: ignore[arg-type]
-    assert generate_greedy(ckpt, ids, 12) == _hf_greedy(hf, ids, 12)  # type: ignore[arg-type]
+    _assert_hf_greedy(hf, ids, generate_greedy(ckpt, ids, FAST))  # type: ignore[arg-type]
+
+
+def test_bundle_certifies_with_every_checkpoint(kimi: dict) -> None:
+    report = verify_bundle(kimi["bundle"])  # type: ignore[arg-type]
+    assert report.accepted, report.first_rejection()
+    verdicts = {r.checkpoint: r.verdict for r in report.rows}
+    assert all(verdicts.get(c) == "accept" for c in "ABCDEF"), verdicts
+
+
+def _check_executor(kimi: dict, open_model: object, new: int) -> None:
+    m = open_model(kimi["bundle"])  # type: ignore[operator]
+    got = generate(m, [Request(tuple(p), new) for p in kimi["ids"]])
+    for p, ours in zip(kimi["ids"], got, strict=True):
+        assert len(ours) == new
+        _assert_hf_greedy(kimi["hf"], p, ours)
+    ids = kimi["ids"][0]
+    got_l = prefill_logits(open_model(kimi["bundle"]), ids)  # type: ignore[operator]
+    assert_logits_close(got_l, _hf_logits(kimi["hf"], ids)[-1])
+
+
+def _cpu(bundle: Path) -> CpuModel:
+    return CpuModel.from_bundle(bundle, max_batch=8)
+
+
+def test_cpu_greedy_tokens_and_logits_equal_transformers(kimi: dict) -> None:
+    _check_executor(kimi, _cpu, FAST)
+
+
+@pytest.mark.slow
+def test_cpu_32_tokens_x_4_prompts(kimi: dict) -> None:
+    _check_executor(kimi, _cpu, NEW)
+
+
+def _native(bundle: Path) -> object:
+    from plow.runtime.native import open_native
+
+    return open_native(bundle, max_batch=8)
+
+
+def test_native_greedy_tokens_and_logits_equal_transformers(kimi: dict) -> None:
+    _check_executor(kimi, _native, FAST)
+
+
+@pytest.mark.slow
+def test_native_32_tokens_x_4_prompts(kimi: dict) -> None:
+    _check_executor(kimi, _native, NEW)

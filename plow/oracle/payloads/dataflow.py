@@ -45,6 +45,9 @@ ranges are row-major over the op's axes; views are `rows x cols` with `cols` the
   `positions`); read AND write their rows' and channels' / heads' recurrent state (the
   `state` tensor, per batch row: a read-modify-write in place); write their box of `out`;
   ssm_norm: reads the box of y and the same columns of in_proj (the gate), writes it;
+- kda (Kimi-Linear): reads every token of its batch rows: its heads' q, k, v columns of the
+  conv output, f and gate columns, beta columns, and `positions`; reads AND writes its rows'
+  heads' state; writes its box of `out`;
 - load: nothing in the arena.
 
 Not in the byte model (trusted, docs/oracle.md): weights (read-only; F keeps every live buffer
@@ -308,7 +311,41 @@ def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]
     if k in ("ssm_conv", "ssm_scan", "ssm_norm"):
         _ssm_unit(sp, ot, o, a, b, c0, c1, dst, out)
         return
+    if k == "kda":
+        _kda_unit(sp, ot, o, a, b, c0, c1, dst, out)
+        return
     raise ValueError(f"op {o.name!r}: no data-flow rule for kind {k!r}")
+
+
+def _kda_unit(
+    sp: _Space,
+    ot: OpTable,
+    o: OpEntry,
+    a: int,
+    b: int,
+    h0: int,
+    h1: int,
+    dst: str,
+    out: list[Access],
+) -> None:
+    """Kimi-Linear's kda tile (kernels/kda.h): batch rows a..b x heads h0..h1."""
+    t = ot.tensors[o.outputs[0]].shape[1]
+    h, d = int(o.attrs["heads"]), int(o.attrs["head_dim"])
+    h1 = min(h1, h)
+    r0, r1, lo, hi = a * t, b * t, h0 * d, h1 * d
+    x, f, beta, gate = o.inputs[:4]
+    for j in range(3):  # its heads' q, k, v columns of the conv output
+        sp.box(x, r0, r1, j * h * d + lo, j * h * d + hi, False, out)
+    sp.box(f, r0, r1, lo, hi, False, out)
+    sp.box(beta, r0, r1, h0, h1, False, out)
+    sp.box(gate, r0, r1, lo, hi, False, out)
+    sp.whole(o.inputs[-1], False, out)
+    state = o.inputs[-2]
+    ncols = _view(ot.tensors[state].shape)[1]
+    for r in range(a, b):  # the row's heads' state rows: read, then written
+        for write in (False, True):
+            sp.box(state, (r * h + h0) * d, (r * h + h1) * d, 0, ncols, write, out)
+    sp.box(dst, r0, r1, lo, hi, True, out)
 
 
 def _ssm_unit(

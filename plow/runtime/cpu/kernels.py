@@ -695,6 +695,42 @@ def _ssm_scan(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None)
     acc.put(op.outputs[0], (B, T, H * Pd), np.s_[b0:b1, :, h0 * Pd : h1 * Pd], out)
 
 
+def _kda(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    """Kimi-Linear's kda tile: batch rows x heads, its heads' state by the rows' slots."""
+    (b0, b1), (h0, h1) = r
+    H, D = int(op.attrs["heads"]), int(op.attrs["head_dim"])
+    h1 = min(h1, H)
+    x_name, f_name, b_name, g_name, dtb, alog, nw, st_name, pos_name = op.inputs
+    B, T, X = _shape(plan, x_name)
+    C, lo, hi = H * D, h0 * D, h1 * D
+    sshape = (-1, H, D, D)  # the state region's slots (the arena's `StateShape`)
+    attrs = {**op.attrs, "head0": h0}
+    out = np.zeros((b1 - b0, T, hi - lo), dtype=F32)
+    for b, slot in _state_rows(plan, b0, b1, acc):
+        valid, fresh = K._row_tokens(acc.get(pos_name, (B, T), np.s_[b, :]))
+        if valid.size == 0:
+            continue
+        xs = np.zeros((valid.size, X), dtype=F32)  # only its heads' q, k, v columns read
+        for j in range(3):
+            cs = slice(j * C + lo, j * C + hi)
+            xs[:, cs] = acc.get(x_name, (B, T, X), (b, valid, cs))
+        y, new = K.kda_row(
+            xs,
+            acc.get(f_name, (B, T, C), (b, valid, slice(lo, hi))),
+            acc.get(b_name, (B, T, H), (b, valid, slice(h0, h1))),
+            acc.get(g_name, (B, T, C), (b, valid, slice(lo, hi))),
+            acc.weight(dtb)[lo:hi],
+            acc.weight(alog).reshape(-1)[h0:h1],
+            acc.weight(nw),
+            acc.get(st_name, sshape, np.s_[slot, h0:h1]),
+            fresh,
+            attrs,
+        )
+        out[b - b0, valid] = y
+        acc.put(st_name, sshape, np.s_[slot, h0:h1], new)
+    acc.put(op.outputs[0], (B, T, C), np.s_[b0:b1, :, lo:hi], out)
+
+
 def _ssm_norm(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
     (a, b), (g0, g1) = r
     gs = int(op.attrs["group"])
@@ -728,6 +764,7 @@ TILE: dict[str, TileFn] = {
     "ssm_conv": _ssm_conv,
     "ssm_scan": _ssm_scan,
     "ssm_norm": _ssm_norm,
+    "kda": _kda,
 }
 MERGE: dict[str, MergeFn] = {
     "rmsnorm": _rmsnorm_merge,

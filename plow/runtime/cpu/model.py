@@ -21,7 +21,7 @@ import numpy as np
 
 from plow.checkpoint import ModelSpec
 from plow.errors import PlowError
-from plow.graph import Bucket, Phase, build_graph
+from plow.graph import Bucket, Phase, TensorRole, build_graph
 from plow.runtime.cpu.arena import Arena, KVShape, StateShape
 from plow.runtime.cpu.machine import DispatchStats, Machine, Mode
 from plow.runtime.cpu.plan import (
@@ -64,18 +64,15 @@ def _pow2_rungs(top: int, start: int = 1) -> tuple[int, ...]:
 
 
 def state_shape(spec: ModelSpec, slots: int) -> StateShape:
-    """The arena's recurrent-state region of `spec` (empty without ssm layers): per ssm
-    layer `n`, `L<n>.conv_state` [conv_dim, conv_kernel - 1] and `L<n>.ssm_state` [heads,
-    head_dim, state_size] per slot (the graph's state tensors, per batch row there)."""
-    m = spec.ssm
-    if m is None:
-        return StateShape()
-    tensors: list[tuple[str, tuple[int, ...]]] = []
-    for n, layer in enumerate(spec.layers):
-        if layer.mixer == "ssm":
-            tensors.append((f"L{n}.conv_state", (m.conv_dim, m.conv_kernel - 1)))
-            tensors.append((f"L{n}.ssm_state", (m.heads, m.head_dim, m.state_size)))
-    return StateShape(slots, tuple(tensors))
+    """The arena's recurrent-state region of `spec` (empty without recurrent layers): the
+    graph's state tensors (`TensorRole.state`, [B, ...] per batch row there) in graph order,
+    each one block per slot (Mamba-2: `L<n>.conv_state`, `L<n>.ssm_state`; Kimi-Linear's KDA
+    layers: `L<n>.conv_state`, `L<n>.kda_state`)."""
+    graph = build_graph(spec, Bucket.decode(1, 1))
+    tensors = tuple(
+        (name, t.shape[1:]) for name, t in graph.tensors.items() if t.role is TensorRole.state
+    )
+    return StateShape(slots, tensors) if tensors else StateShape()
 
 
 @dataclass(frozen=True, slots=True)

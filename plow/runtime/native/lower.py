@@ -44,6 +44,8 @@ from plow.schedule.regions import partial_name
 MOE_KINDS = {"router": 10, "expert_linear": 11}
 # Mamba-2's kinds (kernels/ssm.h `PlowSsmKind`).
 SSM_KINDS = {"ssm_conv": 20, "ssm_scan": 21, "ssm_norm": 22}
+# Kimi-Linear's kind (kernels/kda.h `PlowKdaKind`).
+KDA_KINDS = {"kda": 60}
 # DeepSeek-V3's router (kernels/deepseek.h `PlowDeepseekKind`): op kind `router`, scoring sigmoid
 GROUPED_ROUTER_KIND = 40
 # Fused kinds of plow/egraph (kernels/fused.h `PlowFusedKind`).
@@ -143,6 +145,30 @@ def lower(
     return low
 
 
+def _lower_kda(
+    o: PlowOp,
+    op: OpEntry,
+    plan: Plan,
+    weights: Mapping[str, np.ndarray],
+    word: Any,
+    low: Lowered,
+) -> None:
+    """kernels/kda.h's `tile_kda` (its t / d / f / table layout)."""
+    x, f, beta, gate, dtb, alog, nw, state, pos = op.inputs
+    for j, name in enumerate((x, f, beta, gate, state, pos, STATE_SLOT, op.outputs[0])):
+        o.t[j] = word(name)
+    b, t, _ = plan.graph.tensor(x).shape
+    h, d = int(op.attrs["heads"]), int(op.attrs["head_dim"])
+    if d > 256:
+        raise PlowError(op.name, f"kda head_dim {d} exceeds the native kernel's 256")
+    o.d[0], o.d[1], o.d[2], o.d[3] = b, t, h, d
+    o.f[0] = float(op.attrs["eps"])
+    params = [np.asarray(weights[n], dtype=np.float32).reshape(-1) for n in (dtb, alog, nw)]
+    table = np.ascontiguousarray(np.concatenate(params), dtype=np.float32)
+    low.keep.append(table)
+    o.table = table.ctypes.data
+
+
 def _lower_ssm(
     o: PlowOp,
     op: OpEntry,
@@ -226,6 +252,7 @@ def _lower_op(
     kind = KINDS.get(
         op.kind, MOE_KINDS.get(op.kind, SSM_KINDS.get(op.kind, FUSED_KINDS.get(op.kind)))
     )
+    kind = KDA_KINDS.get(op.kind) if kind is None else kind
     if kind is None:
         raise PlowError(op.name, f"op kind {op.kind!r} is not supported by the native executor")
     o.kind = kind
@@ -346,6 +373,8 @@ def _lower_op(
         o.w0, o.w0_dtype = weight(op.inputs[1])
     elif k in SSM_KINDS:  # kernels/ssm.h; the state tensors are in the arena's state region
         _lower_ssm(o, op, plan, weights, weight, word, low)
+    elif k in KDA_KINDS:  # kernels/kda.h; its state in the arena's state region too
+        _lower_kda(o, op, plan, weights, word, low)
     elif k == "sample":
         b, t, v = shape(op.inputs[0]).shape
         o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.inputs[1]), word(op.outputs[0])
