@@ -170,3 +170,39 @@ def test_native_greedy_tokens_and_logits_equal_transformers(kimi: dict) -> None:
 @pytest.mark.slow
 def test_native_32_tokens_x_4_prompts(kimi: dict) -> None:
     _check_executor(kimi, _native, NEW)
+
+
+def test_an_edited_kda_op_is_rejected_by_checkpoint_a(kimi: dict, tmp_path: Path) -> None:
+    """kda is checked as an instruction of its own kind against the graph config.json lowers
+    to: its forget gate and output gate operands swapped (same shapes, so B and the shapes
+    cannot tell) are named in A's reason."""
+    from tests.emit.bundle_edit import copy_bundle, edit_rung, first_rung
+
+    b = copy_bundle(kimi["bundle"], tmp_path / "b")
+
+    def swap(doc: dict) -> None:
+        op = next(o for o in doc["ops"] if o["name"] == "L2.kda")
+        op["inputs"][1], op["inputs"][3] = op["inputs"][3], op["inputs"][1]
+
+    edit_rung(b, first_rung(b), ops=swap)
+    rows = verify_bundle(b).rows
+    bad = [r.reason for r in rows if r.checkpoint == "A" and r.rejected]
+    assert bad and "L2.kda" in bad[0], [(r.checkpoint, r.verdict, r.reason) for r in rows]
+
+
+def test_a_freed_request_frees_its_state_slot_and_prefix_caching_is_off(kimi: dict) -> None:
+    from plow.runtime.cpu.engine import CpuEngine
+    from plow.runtime.engine import PrefillChunk
+
+    m = _cpu(kimi["bundle"])
+    eng = CpuEngine(m)  # type: ignore[arg-type]
+    assert m.kv.free_state_slots == set(range(8))
+    long = list(range(3, 40))  # two full 16-token blocks a cache could share
+    eng.add(0, long)
+    tok = int(np.argmax(eng.prefill([PrefillChunk(0, len(long))])[0]))
+    eng.decode([0], [tok])
+    assert (eng.kv_usage().state_slots_used, eng.kv_usage().state_slots_total) == (1, 8)
+    eng.free(0)
+    assert m.kv.free_state_slots == set(range(8)) and eng.kv_usage().state_slots_used == 0
+    eng.add(2, long)  # the same prompt again: nothing may be skipped (no state snapshot)
+    assert eng.prefix_tokens_skipped == 0
