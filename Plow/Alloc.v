@@ -15,6 +15,7 @@
     ([Allocproof.conflict_spec]). *)
 From Coq Require Import NArith List Bool Orders Mergesort.
 From Plow Require Import Loc.
+From Plow Require Counters Dataflow Flowsweep.
 Import ListNotations.
 Local Open Scope N_scope.
 
@@ -59,7 +60,11 @@ Inductive alloc_error : Type :=
 | Past_end (buf buf_end arena : N)
 (** buffers [i] and [j] hold bytes [\[lo_i, hi_i)] and [\[lo_j, hi_j)]
     that intersect, and are both live on steps [\[s_lo, s_hi)] (nonempty). *)
-| Overlap (i lo_i hi_i j lo_j hi_j s_lo s_hi : N).
+| Overlap (i lo_i hi_i j lo_j hi_j s_lo s_hi : N)
+(** buffers [i] and [j] share bytes, [i]'s live range ends before [j]'s
+    starts, but task [u] (an accessor of [i]) does not happen before task [t]
+    (an accessor of [j]) by the counter protocol. *)
+| Unordered (i u j t : N).
 
 (** Both buffers live at a common step, and they share a byte. *)
 Definition conflict (x y : buffer) : bool :=
@@ -139,4 +144,193 @@ Definition check_alloc (arena : N) (bufs : list buffer) : verdict alloc_error :=
   match check_each arena 0 bufs with
   | Accept => check_pairs bufs
   | Reject e => Reject e
+  end.
+
+(** * Concurrent sharing (F3): shared bytes only between ordered buffers
+
+    Live ranges are program steps (op positions), but tasks run concurrently:
+    two buffers that share bytes at different steps are safe only when every
+    task that touches the earlier one happens before every task that touches
+    the later one, by the counter protocol's happens-before ([Dataflow.hb]:
+    gates and queue order, transitively) that checkpoint D certifies for the
+    same plan.  The payload gives, per buffer, the tasks that read or write it
+    (derived from the packets' op indices and the op table's operands) and the
+    counter plan and sweep order as checkpoint D's payload has them. *)
+
+Definition cplan := Counters.cplan.
+
+(** Every task touching the earlier of two byte-sharing buffers happens before
+    (or is) every task touching the later one.  [accs]: per buffer (same
+    positions as [bufs]), its accessor tasks. *)
+Definition shared_ordered (p : cplan) (bufs : list buffer) (accs : list (list N)) : Prop :=
+  forall i j bi bj, i <> j ->
+    nth_error bufs i = Some bi -> nth_error bufs j = Some bj ->
+    b_last bi <= b_first bj -> (exists a, holds bi a /\ holds bj a) ->
+    forall u t, In u (nth i accs []) -> In t (nth j accs []) ->
+    u = t \/ Dataflow.hb p u t.
+
+Definition vclock := Flowsweep.vclock.
+Definition ctrie := Counters.trie.
+
+(** The vector clock of every task, by one pass over [order] (an untrusted
+    witness; D's sweep order): [Flowsweep.clock_of] joins the clocks of the
+    counters a task waits on and of its worker's previous task.  Any order is
+    sound; a task swept before its predecessors only gets a smaller clock. *)
+Fixpoint task_clocks (wtm sgm : ctrie (list N)) (pm : ctrie (N * N)) (order : list N)
+  (cv : ctrie vclock) (wv : ctrie (N * vclock)) (m : ctrie vclock) : ctrie vclock :=
+  match order with
+  | [] => m
+  | t :: order' =>
+      let vt := Flowsweep.clock_of wtm pm cv wv t in
+      let wv' := match Counters.tfind (Counters.nkey t) pm with
+                 | Some (w, _) => Counters.tadd (Counters.nkey w) (t, vt) wv
+                 | None => wv
+                 end in
+      task_clocks wtm sgm pm order' (Flowsweep.sig_clocks vt cv (Counters.get sgm [] t)) wv'
+        (Counters.tadd (Counters.nkey t) vt m)
+  end.
+
+Definition omin (a b : option N) : option N :=
+  match a, b with Some x, Some y => Some (N.min x y) | _, _ => None end.
+
+(** Pointwise minimum of two clocks (an entry only where both have one). *)
+Fixpoint tmeet (a b : vclock) : vclock :=
+  match a, b with
+  | Counters.Node l1 o1 r1, Counters.Node l2 o2 r2 =>
+      Counters.Node (tmeet l1 l2) (omin o1 o2) (tmeet r1 r2)
+  | _, _ => Counters.Leaf
+  end.
+
+Definition clock (cm : ctrie vclock) (t : N) : vclock := Counters.get cm Counters.Leaf t.
+
+(** The meet of the clocks of [ts]; [None] when [ts] is empty. *)
+Fixpoint meet_clocks (cm : ctrie vclock) (ts : list N) : option vclock :=
+  match ts with
+  | [] => None
+  | t :: ts' =>
+      Some (match meet_clocks cm ts' with
+            | None => clock cm t
+            | Some m => tmeet (clock cm t) m
+            end)
+  end.
+
+(** The first of [us] that the meet [mv] does not cover. *)
+Definition first_unordered (pm : ctrie (N * N)) (mv : option vclock) (us : list N)
+  : option N :=
+  match mv with
+  | None => None
+  | Some m => find (fun u => negb (Flowsweep.hbq pm m u)) us
+  end.
+
+(** For the error: a task of [ts] whose clock does not cover [u]. *)
+Definition witness (pm : ctrie (N * N)) (cm : ctrie vclock) (u : N) (ts : list N) : N :=
+  match find (fun t => negb (Flowsweep.hbq pm (clock cm t) u)) ts with
+  | Some t => t
+  | None => u
+  end.
+
+(** Per worker, the highest queue position of a task of [us] ([None]: a task
+    of [us] is in no queue). *)
+Fixpoint join_pos (pm : ctrie (N * N)) (us : list N) (v : vclock) : option vclock :=
+  match us with
+  | [] => Some v
+  | u :: us' =>
+      match Counters.tfind (Counters.nkey u) pm with
+      | Some (w, i) => join_pos pm us' (Flowsweep.bump v w i)
+      | None => None
+      end
+  end.
+
+Definition ole (a b : option N) : bool :=
+  match a, b with
+  | None, _ => true
+  | Some x, Some y => x <=? y
+  | Some _, None => false
+  end.
+
+(** Every entry of [a] is at most [b]'s entry for the same worker (one walk of
+    both tries). *)
+Fixpoint tle (a b : vclock) : bool :=
+  match a with
+  | Counters.Leaf => true
+  | Counters.Node l1 o1 r1 =>
+      match b with
+      | Counters.Leaf => ole o1 None && tle l1 Counters.Leaf && tle r1 Counters.Leaf
+      | Counters.Node l2 o2 r2 => ole o1 o2 && tle l1 l2 && tle r1 r2
+      end
+  end.
+
+(** Every task of [x] (its positions [jx]) is covered by the meet [my] of the
+    clocks of [y]'s tasks; [y] without tasks asks nothing. *)
+Definition covered (jx : option vclock) (my : option vclock) : bool :=
+  match my with
+  | None => true
+  | Some m => match jx with Some j => tle j m | None => false end
+  end.
+
+(** [x] (position [i]) ends before [y] (position [j]) starts: every accessor of
+    [x] must be covered by the meet of [y]'s accessors' clocks ([mm]); [jm]:
+    per buffer, its accessors' positions.  The error names a task of each. *)
+Definition dir_check (pm : ctrie (N * N)) (cm : ctrie vclock) (am : ctrie (list N))
+  (jm mm : ctrie (option vclock)) (i : N) (x : buffer) (j : N) (y : buffer)
+  : option alloc_error :=
+  if b_last x <=? b_first y then
+    if covered (Counters.get jm None i) (Counters.get mm None j) then None
+    else
+      let u := match first_unordered pm (Counters.get mm None j) (Counters.get am [] i) with
+               | Some u => u
+               | None => i
+               end in
+      Some (Unordered i u j (witness pm cm u (Counters.get am [] j)))
+  else None.
+
+Definition share_bytes (x y : buffer) : bool :=
+  N.max (b_offset x) (b_offset y) <? N.min (b_end x) (b_end y).
+
+Definition pair_check (pm : ctrie (N * N)) (cm : ctrie vclock) (am : ctrie (list N))
+  (jm mm : ctrie (option vclock)) (i : N) (x : buffer) (j : N) (y : buffer)
+  : option alloc_error :=
+  if share_bytes x y then
+    match dir_check pm cm am jm mm i x j y with
+    | Some e => Some e
+    | None => dir_check pm cm am jm mm j y i x
+    end
+  else None.
+
+(** The same pair enumeration as [scan]/[sweep]: [x] against the following
+    buffers in offset order that start before its end. *)
+Fixpoint oscan (f : N -> buffer -> N -> buffer -> option alloc_error) (i : N) (x : buffer)
+  (rest : list (N * buffer)) : option alloc_error :=
+  match rest with
+  | [] => None
+  | (j, y) :: rest' =>
+      if b_end x <=? b_offset y then None
+      else match f i x j y with Some e => Some e | None => oscan f i x rest' end
+  end.
+
+Fixpoint osweep (f : N -> buffer -> N -> buffer -> option alloc_error)
+  (sorted : list (N * buffer)) : option alloc_error :=
+  match sorted with
+  | [] => None
+  | (i, x) :: rest => match oscan f i x rest with Some e => Some e | None => osweep f rest end
+  end.
+
+Definition check_shared (bufs : list buffer) (p : cplan) (order : list N)
+  (accs : list (list N)) : option alloc_error :=
+  let pm := Counters.pos_map (Counters.cp_queues p) in
+  let cm := task_clocks (Counters.index_map (Counters.cp_waits p))
+              (Counters.index_map (Counters.cp_signals p)) pm order
+              Counters.Leaf Counters.Leaf Counters.Leaf in
+  let am := Counters.index_map accs in
+  let jm := Counters.index_map (map (fun us => join_pos pm us Counters.Leaf) accs) in
+  let mm := Counters.index_map (map (meet_clocks cm) accs) in
+  osweep (pair_check pm cm am jm mm) (OffsetSort.sort (index_from 0 bufs)).
+
+(** The checkpoint-F checker with the sharing rule: [check_alloc], then every
+    two byte-sharing buffers ordered ([check_shared]). *)
+Definition check_alloc_ordered (arena : N) (bufs : list buffer) (p : cplan) (order : list N)
+  (accs : list (list N)) : verdict alloc_error :=
+  match check_alloc arena bufs with
+  | Reject e => Reject e
+  | Accept => match check_shared bufs p order accs with None => Accept | Some e => Reject e end
   end.

@@ -1,6 +1,7 @@
 (** Allocation safety (checkpoint F): theorems F1 and F2. *)
 From Coq Require Import Arith NArith List Bool Lia RelationClasses Sorted Permutation.
 From Plow Require Import Loc Alloc.
+From Plow Require Counters Countersproof Dataflow Dataflowproof Flowsweep Flowsweepproof.
 Import ListNotations.
 Local Open Scope N_scope.
 
@@ -320,4 +321,290 @@ Proof.
   split; [|split; [|exact Ha]].
   - apply N.le_lt_trans with s; [apply N.max_lub; lia|apply N.min_glb_lt; lia].
   - intros s' Hs'. lia.
+Qed.
+
+(** * F3: shared bytes only between ordered buffers *)
+
+Lemma tfind_tmeet : forall (a b : vclock) i,
+  Counters.tfind i (tmeet a b) = omin (Counters.tfind i a) (Counters.tfind i b).
+Proof.
+  induction a as [|l1 IH1 o1 r1 IH2]; intros b i.
+  - simpl. rewrite Countersproof.tfind_leaf. reflexivity.
+  - destruct b as [|l2 o2 r2].
+    + simpl tmeet. rewrite Countersproof.tfind_leaf.
+      destruct (Counters.tfind i (Counters.Node l1 o1 r1)); reflexivity.
+    + destruct i; simpl; auto.
+Qed.
+
+Lemma covers_meet : forall p a b P Q,
+  Flowsweepproof.covers p a P -> Flowsweepproof.covers p b Q ->
+  Flowsweepproof.covers p (tmeet a b) (fun x => P x /\ Q x).
+Proof.
+  intros p a b P Q Ha Hb w j i x Hw Hx Hi. rewrite tfind_tmeet in Hw.
+  destruct (Counters.tfind (Counters.nkey w) a) as [ja|] eqn:Ea;
+    destruct (Counters.tfind (Counters.nkey w) b) as [jb|] eqn:Eb;
+    simpl in Hw; try discriminate.
+  injection Hw as <-. split.
+  - eapply Ha; [exact Ea|exact Hx|]. lia.
+  - eapply Hb; [exact Eb|exact Hx|]. lia.
+Qed.
+
+(** Every clock [task_clocks] records names only tasks that happen before its
+    task (or the task itself). *)
+Lemma task_clocks_good : forall p order cv wv m,
+  (forall c v, Counters.tfind (Counters.nkey c) cv = Some v -> Flowsweepproof.cgood p c v) ->
+  (forall w a v, Counters.tfind (Counters.nkey w) wv = Some (a, v) ->
+     Flowsweepproof.tgood p a v) ->
+  (forall t v, Counters.tfind (Counters.nkey t) m = Some v -> Flowsweepproof.tgood p t v) ->
+  forall t v,
+  Counters.tfind (Counters.nkey t)
+    (task_clocks (Counters.index_map (Counters.cp_waits p))
+       (Counters.index_map (Counters.cp_signals p))
+       (Counters.pos_map (Counters.cp_queues p)) order cv wv m) = Some v ->
+  Flowsweepproof.tgood p t v.
+Proof.
+  intros p order. induction order as [|t0 order IH]; intros cv wv m Hcv Hwv Hm; simpl;
+    [exact Hm|].
+  assert (Hvt : Flowsweepproof.tgood p t0
+    (Flowsweep.clock_of (Counters.index_map (Counters.cp_waits p))
+       (Counters.pos_map (Counters.cp_queues p)) cv wv t0)).
+  { exact (Flowsweepproof.clock_good p (Flowsweep.mk_sstate Counters.Leaf cv wv) t0
+             (conj Hcv Hwv)). }
+  apply IH.
+  - eapply Flowsweepproof.sig_clocks_good; [exact Hvt|exact Hcv|].
+    intros c Hc. rewrite Countersproof.get_index_map in Hc. exact Hc.
+  - destruct (Counters.tfind (Counters.nkey t0) (Counters.pos_map (Counters.cp_queues p)))
+      as [[w0 i0]|]; [|exact Hwv].
+    intros w a v Hf. destruct (N.eq_dec w w0) as [->|Hne].
+    + rewrite Countersproof.find_add_eq in Hf. injection Hf as <- <-. exact Hvt.
+    + rewrite Countersproof.find_add_neq in Hf by exact Hne. exact (Hwv w a v Hf).
+  - intros t v Hf. destruct (N.eq_dec t t0) as [->|Hne].
+    + rewrite Countersproof.find_add_eq in Hf. injection Hf as <-. exact Hvt.
+    + rewrite Countersproof.find_add_neq in Hf by exact Hne. exact (Hm t v Hf).
+Qed.
+
+Lemma clocks_good : forall p order t,
+  Flowsweepproof.tgood p t
+    (clock (task_clocks (Counters.index_map (Counters.cp_waits p))
+       (Counters.index_map (Counters.cp_signals p))
+       (Counters.pos_map (Counters.cp_queues p)) order Counters.Leaf Counters.Leaf
+       Counters.Leaf) t).
+Proof.
+  intros p order t. unfold clock, Counters.get.
+  destruct (Counters.tfind (Counters.nkey t) _) as [v|] eqn:E.
+  - eapply task_clocks_good; [| | |exact E];
+      intros; rewrite Countersproof.tfind_leaf in *; discriminate.
+  - apply Flowsweepproof.covers_leaf.
+Qed.
+
+Lemma meet_clocks_good : forall p cm,
+  (forall t, Flowsweepproof.tgood p t (clock cm t)) ->
+  forall ts m, meet_clocks cm ts = Some m ->
+  Flowsweepproof.covers p m (fun x => forall t, In t ts -> x = t \/ Dataflow.hb p x t).
+Proof.
+  intros p cm Hc. induction ts as [|t ts IH]; intros m H; [discriminate|].
+  simpl in H. injection H as <-.
+  destruct (meet_clocks cm ts) as [m'|] eqn:Em.
+  - eapply Flowsweepproof.covers_mono; [|apply covers_meet; [apply (Hc t)|apply (IH m' eq_refl)]].
+    intros x [Hx Hxs] t' [<-|Ht']; auto.
+  - destruct ts as [|t1 ts]; [|discriminate].
+    eapply Flowsweepproof.covers_mono; [|apply (Hc t)].
+    intros x Hx t' [<-|[]]. exact Hx.
+Qed.
+
+Lemma share_bytes_sym : forall x y, share_bytes x y = share_bytes y x.
+Proof.
+  intros x y. unfold share_bytes.
+  rewrite (N.max_comm (b_offset x)), (N.min_comm (b_end x)). reflexivity.
+Qed.
+
+Lemma share_past_end : forall x y, b_end x <= b_offset y -> share_bytes x y = false.
+Proof.
+  intros x y H. unfold share_bytes. apply N.ltb_ge.
+  pose proof (N.le_max_r (b_offset x) (b_offset y)).
+  pose proof (N.le_min_l (b_end x) (b_end y)). lia.
+Qed.
+
+Lemma oscan_none : forall f i x rest,
+  StronglySorted (fun x y => is_true (OffsetOrder.leb x y)) rest ->
+  oscan f i x rest = None ->
+  forall j y, In (j, y) rest -> share_bytes x y = true -> f i x j y = None.
+Proof.
+  induction rest as [|[j0 y0] rest IH]; intros Hs H j y Hin Hsh; [destruct Hin|].
+  inversion Hs as [|? ? Hs' Hall]; subst. simpl in H.
+  destruct (N.leb_spec (b_end x) (b_offset y0)) as [Hend|Hend].
+  - exfalso. rewrite share_past_end in Hsh; [discriminate|].
+    destruct Hin as [Heq|Hin]; [injection Heq as <- <-; exact Hend|].
+    eapply Forall_forall in Hall; [|exact Hin].
+    unfold is_true, OffsetOrder.leb in Hall. apply N.leb_le in Hall. simpl in Hall. lia.
+  - destruct (f i x j0 y0) eqn:Hf; [discriminate|].
+    destruct Hin as [Heq|Hin]; [injection Heq as <- <-; exact Hf|]. eapply IH; eassumption.
+Qed.
+
+Lemma osweep_none : forall f l,
+  StronglySorted (fun x y => is_true (OffsetOrder.leb x y)) l ->
+  osweep f l = None ->
+  forall i x j y, In (i, x) l -> In (j, y) l -> i <> j -> share_bytes x y = true ->
+  f i x j y = None \/ f j y i x = None.
+Proof.
+  induction l as [|[i0 x0] rest IH]; intros Hs H i x j y H1 H2 Hne Hsh; [destruct H1|].
+  inversion Hs as [|? ? Hs' Hall]; subst. simpl in H.
+  destruct (oscan f i0 x0 rest) eqn:Hscan; [discriminate|].
+  destruct H1 as [E1|H1], H2 as [E2|H2].
+  - injection E1 as <- <-. injection E2 as <- <-. now destruct Hne.
+  - injection E1 as <- <-. left. eapply oscan_none; eassumption.
+  - injection E2 as <- <-. right. eapply oscan_none; try eassumption.
+    rewrite share_bytes_sym. exact Hsh.
+  - eapply IH; eassumption.
+Qed.
+
+Lemma pair_check_none : forall pm cm am jm mm i x j y,
+  pair_check pm cm am jm mm i x j y = None -> share_bytes x y = true ->
+  dir_check pm cm am jm mm i x j y = None /\ dir_check pm cm am jm mm j y i x = None.
+Proof.
+  intros pm cm am jm mm i x j y H Hsh. unfold pair_check in H. rewrite Hsh in H.
+  destruct (dir_check pm cm am jm mm i x j y); [discriminate|]. auto.
+Qed.
+
+Lemma get_map_in : forall {A B : Type} (f : A -> B) (l : list A) (a : A) (d : B) i,
+  (i < length l)%nat ->
+  Counters.get (Counters.index_map (map f l)) d (N.of_nat i) = f (nth i l a).
+Proof.
+  intros A B f l a d i Hi. rewrite Countersproof.get_index_map, Nat2N.id.
+  rewrite (nth_indep _ d (f a)) by (rewrite map_length; exact Hi). apply map_nth.
+Qed.
+
+Lemma bump_mono : forall v w i w' j,
+  Counters.tfind (Counters.nkey w') v = Some j ->
+  exists j', Counters.tfind (Counters.nkey w') (Flowsweep.bump v w i) = Some j' /\ j <= j'.
+Proof.
+  intros v w i w' j H. unfold Flowsweep.bump.
+  destruct (N.eq_dec w' w) as [->|Hne].
+  - rewrite Countersproof.find_add_eq, H. eexists. split; [reflexivity|lia].
+  - rewrite Countersproof.find_add_neq by exact Hne. exists j. split; [exact H|lia].
+Qed.
+
+Lemma bump_self : forall v w i,
+  exists j', Counters.tfind (Counters.nkey w) (Flowsweep.bump v w i) = Some j' /\ i <= j'.
+Proof.
+  intros v w i. unfold Flowsweep.bump. rewrite Countersproof.find_add_eq.
+  destruct (Counters.tfind (Counters.nkey w) v); eexists; split; try reflexivity; lia.
+Qed.
+
+(** [join_pos] covers every task's position, and only grows its clock. *)
+Lemma join_pos_spec : forall pm us v J,
+  join_pos pm us v = Some J ->
+  (forall w j, Counters.tfind (Counters.nkey w) v = Some j ->
+     exists k, Counters.tfind (Counters.nkey w) J = Some k /\ j <= k) /\
+  (forall u, In u us -> exists w i k, Counters.tfind (Counters.nkey u) pm = Some (w, i) /\
+     Counters.tfind (Counters.nkey w) J = Some k /\ i <= k).
+Proof.
+  intros pm. induction us as [|u us IH]; intros v J H; simpl in H.
+  - injection H as <-. split; [|intros u []]. intros w j Hj. exists j. split; [exact Hj|lia].
+  - destruct (Counters.tfind (Counters.nkey u) pm) as [[w i]|] eqn:Ep; [|discriminate].
+    destruct (IH _ _ H) as [Hmono Hus]. split.
+    + intros w' j Hj. destruct (bump_mono v w i w' j Hj) as (j' & Hj' & Hle).
+      destruct (Hmono w' j' Hj') as (k & Hk & Hle'). exists k. split; [exact Hk|lia].
+    + intros u' [<-|Hin]; [|exact (Hus u' Hin)].
+      destruct (bump_self v w i) as (j' & Hj' & Hle).
+      destruct (Hmono w j' Hj') as (k & Hk & Hle'). exists w, i, k. split; [exact Ep|]. split; [exact Hk|lia].
+Qed.
+
+Lemma tle_spec : forall (a b : vclock), tle a b = true ->
+  forall q j, Counters.tfind q a = Some j -> exists k, Counters.tfind q b = Some k /\ j <= k.
+Proof.
+  induction a as [|l1 IH1 o1 r1 IH2]; intros b H q j Hf.
+  - rewrite Countersproof.tfind_leaf in Hf. discriminate.
+  - destruct b as [|l2 o2 r2]; simpl in H; apply andb_true_iff in H as [H Hr];
+      apply andb_true_iff in H as [Ho Hl].
+    + destruct q as [q|q|]; simpl in Hf.
+      * destruct (IH2 _ Hr q j Hf) as (k & Hk & _). rewrite Countersproof.tfind_leaf in Hk.
+        discriminate.
+      * destruct (IH1 _ Hl q j Hf) as (k & Hk & _). rewrite Countersproof.tfind_leaf in Hk.
+        discriminate.
+      * subst o1. discriminate.
+    + destruct q as [q|q|]; simpl in Hf; simpl.
+      * exact (IH2 _ Hr q j Hf).
+      * exact (IH1 _ Hl q j Hf).
+      * subst o1. destruct o2 as [k|]; [|discriminate]. apply N.leb_le in Ho.
+        exists k. split; [reflexivity|exact Ho].
+Qed.
+
+Lemma get_meets : forall cm accs j,
+  Counters.get (Counters.index_map (map (meet_clocks cm) accs)) None (N.of_nat j) =
+  meet_clocks cm (nth j accs []).
+Proof.
+  intros cm accs j. rewrite Countersproof.get_index_map, Nat2N.id.
+  change None with (meet_clocks cm []). apply map_nth.
+Qed.
+
+(** F3: an accepted sharing check orders every two byte-sharing buffers. *)
+Theorem check_shared_sound : forall bufs p order accs,
+  check_shared bufs p order accs = None -> shared_ordered p bufs accs.
+Proof.
+  intros bufs p order accs H i j bi bj Hij Hi Hj Hlive Hbyte u t Hu Ht.
+  unfold check_shared in H.
+  set (pm := Counters.pos_map (Counters.cp_queues p)) in H.
+  set (cm := task_clocks _ _ pm order Counters.Leaf Counters.Leaf Counters.Leaf) in H.
+  assert (Hsh : share_bytes bi bj = true).
+  { unfold share_bytes. apply N.ltb_lt, intervals_meet.
+    destruct Hbyte as (a & Ha & Hb). exists a. unfold holds in *. split; assumption. }
+  pose proof (OffsetSort.Permuted_sort (index_from 0 bufs)) as Hperm.
+  assert (Hin : forall k b, nth_error bufs k = Some b ->
+            In (N.of_nat k, b) (OffsetSort.sort (index_from 0 bufs))).
+  { intros k b Hk. eapply Permutation_in; [exact Hperm|]. apply (index_from_nth bufs 0 k b Hk). }
+  assert (Hd : dir_check pm cm (Counters.index_map accs)
+                 (Counters.index_map (map (fun us => join_pos pm us Counters.Leaf) accs))
+                 (Counters.index_map (map (meet_clocks cm) accs))
+                 (N.of_nat i) bi (N.of_nat j) bj = None).
+  { destruct (osweep_none _ _ (sort_sorted _) H _ _ _ _ (Hin i bi Hi) (Hin j bj Hj)
+                ltac:(lia) Hsh) as [Hp|Hp].
+    - apply (pair_check_none _ _ _ _ _ _ _ _ _ Hp Hsh).
+    - rewrite share_bytes_sym in Hsh. apply (pair_check_none _ _ _ _ _ _ _ _ _ Hp Hsh). }
+  unfold dir_check in Hd.
+  destruct (N.leb_spec (b_last bi) (b_first bj)) as [_|Hlt]; [|lia].
+  destruct (covered _ _) eqn:Hc; [|discriminate]. clear Hd.
+  assert (Hli : (i < length accs)%nat).
+  { destruct (Nat.lt_ge_cases i (length accs)) as [Hl|Hl]; [exact Hl|].
+    rewrite nth_overflow in Hu by exact Hl. destruct Hu. }
+  rewrite get_meets, (get_map_in _ _ [] None i Hli) in Hc.
+  destruct (meet_clocks cm (nth j accs [])) as [m|] eqn:Em.
+  2: { destruct (nth j accs []); [destruct Ht|discriminate]. }
+  destruct (join_pos pm (nth i accs []) Counters.Leaf) as [J|] eqn:EJ; [|discriminate].
+  simpl in Hc.
+  destruct (proj2 (join_pos_spec _ _ _ _ EJ) u Hu) as (w & iu & k & Hpu & Hk & Hle).
+  destruct (tle_spec _ _ Hc _ _ Hk) as (k' & Hk' & Hle').
+  assert (Hcov := meet_clocks_good p cm (clocks_good p order) _ _ Em).
+  apply (Countersproof.pos_map_ok (Counters.cp_queues p)) in Hpu.
+  exact (Hcov w k' iu u Hk' Hpu ltac:(lia) t Ht).
+Qed.
+
+(** Checkpoint F with the sharing rule: the allocation is safe (F1, F2) and
+    every two byte-sharing buffers are ordered by happens-before (F3). *)
+Theorem checkpoint_f_sound : forall arena bufs p order accs,
+  check_alloc_ordered arena bufs p order accs = Accept ->
+  alloc_safe arena bufs /\ shared_ordered p bufs accs.
+Proof.
+  intros arena bufs p order accs H. unfold check_alloc_ordered in H.
+  destruct (check_alloc arena bufs) eqn:Ha; [|discriminate].
+  destruct (check_shared bufs p order accs) eqn:Hs; [discriminate|].
+  split; [apply check_alloc_sound; exact Ha|apply (check_shared_sound _ _ _ _ Hs)].
+Qed.
+
+(** What F3 gives with checkpoint D's hypotheses on the same counter plan (the
+    queues partition the tasks, thresholds are exact): in every execution, a
+    task touching the later of two byte-sharing buffers runs only after every
+    task touching the earlier one has run. *)
+Theorem shared_ordered_safety : forall p bufs accs,
+  shared_ordered p bufs accs ->
+  Counters.queues_partition p -> Counters.thresholds_exact p ->
+  forall i j bi bj, i <> j ->
+  nth_error bufs i = Some bi -> nth_error bufs j = Some bj ->
+  b_last bi <= b_first bj -> (exists a, holds bi a /\ holds bj a) ->
+  forall u t, In u (nth i accs []) -> In t (nth j accs []) -> u <> t ->
+  forall tr s s', Counters.exec p Counters.init tr s -> Counters.step p s t s' -> In u tr.
+Proof.
+  intros p bufs accs Hso Hpart Hthr i j bi bj Hij Hi Hj Hl Hb u t Hu Ht Hne tr s s' Hex Hst.
+  destruct (Hso i j bi bj Hij Hi Hj Hl Hb u t Hu Ht) as [->|Hhb]; [now destruct Hne|].
+  eapply Dataflowproof.hb_safety; eauto.
 Qed.

@@ -19,15 +19,16 @@ bucket:
   and signals the counters its packets signal; a counter's scope is its signalling
   packets'; queues are the packets' `worker` fields in file order; the edges are the
   schedule file's. A counter waited on with two different thresholds becomes one payload
-  counter per threshold (each must equal the number of signallers). Above
-  `D_ORACLE_MAX_TASKS` tasks the same conditions are checked in Python (a size limit far
-  above real plans) and the row says so;
+  counter per threshold (each must equal the number of signallers). The dependencies come
+  from data flow (`dataflow_from_packets`), checked by the oracle's sweep at every plan
+  size; no verdict is decided in Python;
 - E from the plan file's record bytes against the packets re-emitted from the schedule
   file and the op table (`emit_packets`): an edited byte shows up as a located mismatch;
 - F from the schedule file's arena map, with sizes from the op table's shapes and dtypes
-  and live ranges from the op table's op order (`plow.memory.live_ranges`); then, in
-  Python, every two pool buffers sharing bytes must be ordered by op edges the packets
-  realise (`plow.memory.ordering.check_bundle_sharing`), else the row rejects.
+  and live ranges from the op table's op order (`plow.memory.live_ranges`), every buffer's
+  accessor tasks (the packets' op and stage, the op table's operands) and D's counter
+  protocol and sweep order (`plow.oracle.payloads.alloc.with_sharing`): the oracle
+  requires every two buffers sharing bytes to be ordered by happens-before.
 
 Bundle-level checks (row `bundle`): the manifest parses, every file hash matches (the
 mismatching file is named), the op table's offsets equal the arena map's, the weights
@@ -74,10 +75,10 @@ from plow.graph import Bucket
 from plow.graph import Phase as GraphPhase
 from plow.memory.arena import ALIGN, alloc_payload, live_ranges
 from plow.memory.onchip import TaskPages, page_windows, split_timeline
-from plow.memory.ordering import check_bundle_sharing
 from plow.oracle import Certificate, run_checkpoint
-from plow.oracle.payloads.counters import (
-    D_ORACLE_MAX_TASKS,
+from plow.oracle.payloads.alloc import with_sharing
+from plow.oracle.payloads.counters import (  # D_ORACLE_MAX_TASKS: the runtime loader's import
+    D_ORACLE_MAX_TASKS,  # noqa: F401
     Counter,
     CounterPayload,
     Edge,
@@ -111,7 +112,7 @@ class Row:
 
     checkpoint: str
     bucket: str
-    verdict: str  # accept / reject / accept (python)
+    verdict: str  # accept / reject
     theorems: tuple[str, ...] = ()
     reason: str = ""
     certificate: Certificate | None = None
@@ -451,13 +452,10 @@ def counter_graph_from_packets(
     )
 
 
-def dataflow_from_packets(
-    arr: PacketArray, grouped: Grouped, ot: OpTable, sf: ScheduleFile, g: CounterGraph
-) -> dict[str, object] | str:
-    """The `dataflow` part of D's payload (`plow.oracle.payloads.dataflow`): per task its
-    program key and arena accesses, from its task packet (op index, opcode, flags, unit
-    range), the op table and the arena map; a string names a task packet that cannot be
-    read. The schedule file's edges play no part."""
+def task_units(arr: PacketArray, grouped: Grouped, ot: OpTable) -> list[TaskUnits] | str:
+    """Per task (the order of `grouped.main`), its op index, stage and unit range as its task
+    packet says (D's data flow and F's accessors); a string names a packet whose op index
+    is outside the op table."""
     opi = arr["op_index"].tolist()
     code = arr["opcode"].tolist()
     fl = arr["flags"].tolist()
@@ -469,6 +467,19 @@ def dataflow_from_packets(
             return f"task {k} (packet {m}): op index {opi[m]} outside the op table"
         stage = LOAD if code[m] == Opcode.LOAD else MERGE if fl[m] & Flag.ACCUMULATE else COMPUTE
         units.append(TaskUnits(opi[m], stage, rs[m], rows[m]))
+    return units
+
+
+def dataflow_from_packets(
+    arr: PacketArray, grouped: Grouped, ot: OpTable, sf: ScheduleFile, g: CounterGraph
+) -> dict[str, object] | str:
+    """The `dataflow` part of D's payload (`plow.oracle.payloads.dataflow`): per task its
+    program key and arena accesses, from its task packet (op index, opcode, flags, unit
+    range), the op table and the arena map; a string names a task packet that cannot be
+    read. The schedule file's edges play no part."""
+    units = task_units(arr, grouped, ot)
+    if isinstance(units, str):
+        return units
     offsets = {b.name: b.offset for b in sf.arena.buffers}
     try:
         accs = task_accesses(ot, offsets, units, sf.workers_per_gpu)
@@ -476,92 +487,6 @@ def dataflow_from_packets(
         return f"cannot derive the tasks' reads and writes from the op table: {e!r}"
     keys = [4 * u.op + u.stage for u in units]
     return dataflow_payload(keys, accs, g.waits, g.signals, g.queues)
-
-
-def check_counters_python(g: CounterGraph) -> str | None:
-    """The hypotheses of checkpoint D (docs/oracle.md) in Python, for plans above the
-    oracle's size limit; None when they hold, else the first violation. Acyclicity is
-    checked on the task/counter graph (signaller -> counter -> waiter, plus queue order),
-    which has a cycle exactly when must-precede has one."""
-    n = len(g.names)
-    pos: dict[int, tuple[int, int]] = {}
-    for w, q in enumerate(g.queues):
-        for k, t in enumerate(q):
-            if not 0 <= t < n:
-                return f"worker {w} queue entry {k}: task {t} does not exist ({n} tasks)"
-            if t in pos:
-                return f"task {t} ({g.names[t]}) occurs twice in the queues"
-            if g.workers[t] != w:
-                return f"task {t} ({g.names[t]}) is in worker {w}'s queue but says {g.workers[t]}"
-            pos[t] = (w, k)
-    if len(pos) != n:
-        t = next(i for i in range(n) if i not in pos)
-        return f"task {t} ({g.names[t]}) occurs 0 times in the queues"
-    nc = len(g.thresholds)
-    sig = [0] * nc
-    for ss in g.signals:
-        for c in set(ss):
-            sig[c] += 1
-    for c in range(nc):
-        if g.thresholds[c] != sig[c]:
-            return (
-                f"counter {c} ({g.counter_names[c]}): threshold {g.thresholds[c]} "
-                f"but {sig[c]} tasks signal it"
-            )
-    wsets = [set(x) for x in g.waits]
-    e = g.edges
-    for k in range(0, len(e), 2):
-        u, t = e[k], e[k + 1]
-        if not (0 <= u < n and 0 <= t < n):
-            return f"edge {k // 2}: task index out of range ({n} tasks)"
-        if wsets[t].intersection(g.signals[u]):
-            continue
-        if pos[u][0] == pos[t][0] and pos[u][1] < pos[t][1]:
-            continue
-        return (
-            f"edge {k // 2} ({g.names[u]} -> {g.names[t]}): not covered by any counter "
-            "or same-queue order"
-        )
-    wpg = g.workers_per_gpu or max(1, len(g.queues))
-    first: dict[int, int] = {}  # counter -> its first toucher (task order)
-    for t in range(n):
-        for c in (*g.waits[t], *g.signals[t]):
-            t0 = first.setdefault(c, t)
-            sc, w, w0 = g.scopes[c], g.workers[t], g.workers[t0]
-            if (sc == "cta" and w != w0) or (sc == "device" and w // wpg != w0 // wpg):
-                return (
-                    f"counter {c} ({g.counter_names[c]}): scope {sc} but task {t0} "
-                    f"({g.names[t0]}) on worker {w0} and task {t} ({g.names[t]}) on worker {w} "
-                    "both use it"
-                )
-    # Kahn over tasks 0..n-1 and counters n..n+nc-1.
-    succ: list[list[int]] = [[] for _ in range(n + nc)]
-    indeg = [0] * (n + nc)
-    for t, ss in enumerate(g.signals):
-        for c in set(ss):
-            succ[t].append(n + c)
-            indeg[n + c] += 1
-    for t, ws in enumerate(g.waits):
-        for c in set(ws):
-            succ[n + c].append(t)
-            indeg[t] += 1
-    for q in g.queues:
-        for a, b in zip(q, q[1:], strict=False):
-            succ[a].append(b)
-            indeg[b] += 1
-    ready = [i for i in range(n + nc) if indeg[i] == 0]
-    seen = 0
-    while ready:
-        x = ready.pop()
-        seen += 1
-        for y in succ[x]:
-            indeg[y] -= 1
-            if indeg[y] == 0:
-                ready.append(y)
-    if seen < n + nc:
-        stuck = next(i for i in range(n) if indeg[i] > 0)
-        return f"cycle: task {stuck} ({g.names[stuck]}) is on or behind a cycle of waits"
-    return None
 
 
 # ----------------------------------------------------------------- the numbers B, C, F use
@@ -1341,28 +1266,24 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             g = graph.get()
             if isinstance(g, str):
                 return Row("D", name, "reject", (), g)
-            if len(g.names) <= D_ORACLE_MAX_TASKS:
-                # every plan size: dependencies from data flow, by the oracle's sweep
-                payload = g.payload_dict()
-                if isinstance(grouped, str):
-                    return Row("D", name, "reject", (), f"cannot read the tasks: {grouped}")
-                flow = dataflow_from_packets(decoded, grouped, ot, sf, g)
-                if isinstance(flow, str):
-                    return Row("D", name, "reject", (), flow)
-                payload["dataflow"] = flow
-                row = _row("D", name, run_checkpoint("D", payload, timeout_s=600))
-                if row.rejected:
-                    return row
-                st = (row.certificate.stats if row.certificate else None) or {}
-                n_acc = sum(len(a) for a in cast(list[list[Any]], flow["accesses"]))
-                why = (
-                    f"data flow: {len(g.names)} tasks, {st.get('accesses', n_acc)} accesses "
-                    f"swept, {st.get('comparisons', '?')} frontier entries compared"
-                )
-                return replace(row, reason=why)
-            err = check_counters_python(g)
-            note = f"checked in Python: {len(g.names)} tasks > {D_ORACLE_MAX_TASKS} (oracle limit)"
-            return Row("D", name, "reject" if err else "accept (python)", (), err or note)
+            # every plan size: dependencies from data flow, by the oracle's sweep
+            payload = g.payload_dict()
+            if isinstance(grouped, str):
+                return Row("D", name, "reject", (), f"cannot read the tasks: {grouped}")
+            flow = dataflow_from_packets(decoded, grouped, ot, sf, g)
+            if isinstance(flow, str):
+                return Row("D", name, "reject", (), flow)
+            payload["dataflow"] = flow
+            row = _row("D", name, run_checkpoint("D", payload, timeout_s=600))
+            if row.rejected:
+                return row
+            st = (row.certificate.stats if row.certificate else None) or {}
+            n_acc = sum(len(a) for a in cast(list[list[Any]], flow["accesses"]))
+            why = (
+                f"data flow: {len(g.names)} tasks, {st.get('accesses', n_acc)} accesses "
+                f"swept, {st.get('comparisons', '?')} frontier entries compared"
+            )
+            return replace(row, reason=why)
 
         def job_e(body: bytes = body, expected: PacketArray = expected, name: str = name) -> Row:
             return _row(
@@ -1375,20 +1296,27 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             graph: _Once = graph,
             ex: Expected = ex,
             name: str = name,
+            decoded: PacketArray | str = decoded,
+            grouped: Grouped | str = grouped,
         ) -> Row:
-            payload = alloc_payload_from_files(sf, ot, ex.align)
-            row = _row("F", name, run_checkpoint("F", payload))
-            if row.rejected:
-                return row
-            # shared bytes need their accesses ordered by the packets (docs/oracle.md, F)
+            # shared bytes need their accessors ordered by D's protocol (docs/oracle.md, F)
             g = graph.get()
-            bufs = [(b.name, b.region, b.offset, b.size) for b in payload.buffers]
-            err = (
-                f"cannot order the shared arena bytes: {g}"
-                if isinstance(g, str)
-                else check_bundle_sharing(sf, ot, bufs, g)
+            if isinstance(decoded, str) or isinstance(grouped, str) or isinstance(g, str):
+                why = next(x for x in (decoded, grouped, g) if isinstance(x, str))
+                return Row("F", name, "reject", (), f"cannot order the shared arena bytes: {why}")
+            units = task_units(decoded, grouped, ot)
+            if isinstance(units, str):
+                return Row("F", name, "reject", (), f"cannot order the shared arena bytes: {units}")
+            payload = with_sharing(
+                alloc_payload_from_files(sf, ot, ex.align),
+                ot,
+                units,
+                g.names,
+                g.waits,
+                g.signals,
+                g.queues,
             )
-            return row if err is None else Row("F", name, "reject", (), err)
+            return _row("F", name, run_checkpoint("F", payload, timeout_s=600))
 
         def job_a(
             ops: Path = bundle / rung.ops, bk: Bucket | str = bucket, name: str = name
