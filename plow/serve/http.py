@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -589,6 +590,33 @@ def _stream_error(ev: GenerationEvent) -> str:
                            "param": None, "code": kind}})  # fmt: skip
 
 
+class _Mailbox:
+    """Events from the dispatcher thread to one event loop, one loop wake-up per burst: the
+    first event posted while none is pending schedules a drain (`call_soon_threadsafe`, a
+    write to the loop's self-pipe); the events posted before the drain runs (a tick's rows)
+    join it. So a tick of b streams wakes the loop once, not b times; each queue still gets
+    its events in the order they were posted."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue[Any], Any]] = []
+
+    def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
+        with self._lock:
+            self._items.append((queue, item))
+            if len(self._items) > 1:  # a drain is already scheduled
+                return
+        with contextlib.suppress(RuntimeError):  # loop closed at shutdown
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
 @dataclass
 class _Job:
     """The n requests (one per choice) of one HTTP request, their events on one queue, and
@@ -676,6 +704,7 @@ class Server:
             raise PlowError("--max-request-bytes", f"must be at least 1, got {max_request_bytes}")
         self.max_request_bytes = max_request_bytes
         self._counter = 0
+        self._mailboxes: dict[asyncio.AbstractEventLoop, _Mailbox] = {}
 
     # -- request handling ---------------------------------------------------------------
 
@@ -875,6 +904,14 @@ class Server:
             )
         return max_tokens
 
+    def _mailbox(self) -> _Mailbox:
+        """The running loop's mailbox (one per loop: the dispatcher threads post into it)."""
+        loop = asyncio.get_running_loop()
+        box = self._mailboxes.get(loop)
+        if box is None:
+            box = self._mailboxes[loop] = _Mailbox(loop)
+        return box
+
     def _submit(
         self,
         m: ServedModel,
@@ -888,7 +925,7 @@ class Server:
         grammars: Sequence[Grammar | None] = (),
         prompt_logprobs: int | None = None,
     ) -> _Job:
-        loop = asyncio.get_running_loop()
+        mailbox = self._mailbox()
         penalties = self._penalties(body)
         queue: asyncio.Queue[tuple[int, GenerationEvent]] = asyncio.Queue()
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -901,8 +938,7 @@ class Server:
         for i in range(body.n):
 
             def sink(ev: GenerationEvent, i: int = i) -> None:
-                with contextlib.suppress(RuntimeError):  # loop closed at shutdown
-                    loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
+                mailbox.post(queue, (i, ev))
 
             rid = m.client.new_id(prefix)
             req = GenRequest(
@@ -1054,8 +1090,13 @@ class Server:
                         break
                     if ev.prompt_logprobs is not None:  # a choice's first event: its prompt
                         lp = choice_logprobs(ev.prompt_logprobs, (), 0) if body.echo else None
-                        choice = {"index": i, "text": echo, "logprobs": lp,
-                                  "finish_reason": None, **prompt_field(ev.prompt_logprobs)}
+                        choice = {
+                            "index": i,
+                            "text": echo,
+                            "logprobs": lp,
+                            "finish_reason": None,
+                            **prompt_field(ev.prompt_logprobs),
+                        }
                         yield _sse({**base, "choices": [choice], **extra})
                     if ev.text or ev.logprobs or ev.finish_reason is not None:
                         lp = None
