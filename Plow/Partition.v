@@ -47,6 +47,7 @@ Inductive op_kind :=
 | K_ssm_conv | K_ssm_scan | K_ssm_norm
 | K_kda  (* Kimi-Linear (plow/graph/kda.py, kernels/kda.h) *)
 | K_add_rmsnorm | K_linear_glu | K_linear_qkv  (* fused (issue 15, kernels/fused.h) *)
+| K_allreduce  (* tensor parallel (plow/graph/shard.py, kernels/collective.h) *)
 | K_other.
 
 (** One task, as its task packet says: [pt_id] its index in the plan
@@ -88,6 +89,7 @@ Definition opcode_of_kind (k : op_kind) : option N :=
   | K_ssm_conv => Some 16 | K_ssm_scan => Some 17 | K_ssm_norm => Some 18
   | K_kda => Some 19
   | K_add_rmsnorm => Some 3 | K_linear_glu => Some 8 | K_linear_qkv => Some 4
+  | K_allreduce => Some opcode_allreduce
   | K_other => None
   end.
 
@@ -149,6 +151,9 @@ Definition last_dim (s : list N) : N := last s 1.
     - linear_glu (R2+R3+R13): the interleaved weight [[2 n; k]] (rows 2i, 2i + 1 are
       column i's gate and up), axes [m; n; k] with [m * k = numel x], [last x = k],
       [numel o = m * n], [last o = n];
+    - allreduce (tensor parallel): every input (one partial per device) and the
+      output have [x]'s rows x cols ([numel = numel x], [last = c = last x]): axes
+      [numel x / c; c], divisible;
     - linear_qkv (R4): the weight cat3(Wq, Wk, Wv) [[n; k]], outputs q, k, v each
       [m] rows of its last dim, the last dims summing to [n]: axes [m; n; k] with
       [m * k = numel x], [last x = k].
@@ -265,6 +270,13 @@ Definition expected_extents (x : opx) : option (list N) :=
               then Some [m; n; k] else None
           | _, _ => None
           end
+      | K_allreduce =>
+          let c := last_dim xs in
+          let r := numel xs / c in
+          let same t := (numel t =? numel xs) && (last_dim t =? c) in
+          if (r * c =? numel xs) && forallb same rest && (numel o =? numel xs)
+             && (last_dim o =? c)
+          then Some [r; c] else None
       | K_other => None
       end
   | _, _ => None

@@ -84,7 +84,7 @@ void set_err(char* err, int64_t len, const std::string& msg) {
 
 bool supported(uint32_t opcode) {
   return opcode <= PLOW_OP_SAMPLE || opcode == plow::PLOW_OP_ROUTER ||
-         opcode == plow::PLOW_OP_EXPERT_LINEAR ||
+         opcode == plow::PLOW_OP_EXPERT_LINEAR || opcode == plow::PLOW_OP_ALLREDUCE ||
          (opcode >= plow::PLOW_OP_SSM_CONV && opcode <= plow::PLOW_OP_SSM_NORM) ||
          opcode == plow::PLOW_OP_KDA;
 }
@@ -454,14 +454,14 @@ void plow_plan_work(void* handle, int64_t* out) {
 
 const char* plow_build_info(void) {
 #if defined(__SANITIZE_THREAD__)
-  return "plow-native abi 2 tsan portable";
+  return "plow-native abi 3 tsan portable";
 #elif defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("x86-64-v4")) return "plow-native abi 2 x86-64-v4 (avx512)";
-  if (__builtin_cpu_supports("x86-64-v3")) return "plow-native abi 2 x86-64-v3 (avx2, fma)";
-  return "plow-native abi 2 portable";
+  if (__builtin_cpu_supports("x86-64-v4")) return "plow-native abi 3 x86-64-v4 (avx512)";
+  if (__builtin_cpu_supports("x86-64-v3")) return "plow-native abi 3 x86-64-v3 (avx2, fma)";
+  return "plow-native abi 3 portable";
 #else
-  return "plow-native abi 2 portable";
+  return "plow-native abi 3 portable";
 #endif
 }
 

@@ -11,6 +11,7 @@
 #include "deepseek.h"
 #include "fused.h"
 #include "kda.h"
+#include "collective.h"
 
 namespace plow {
 
@@ -79,6 +80,7 @@ PLOW_HD static int64_t run_tile(const Ctx& c, const PlowOp& op, const Range* r, 
     case PLOW_ADD_RMSNORM: tile_add_rmsnorm(c, op, r, step); break;  // kernels/fused.h (R1)
     case PLOW_LINEAR_GLU: tile_linear_glu(c, op, r); break;    // kernels/fused.h (R2+R3+R13)
     case PLOW_LINEAR_QKV: tile_linear_qkv(c, op, r); break;    // kernels/fused.h (R4)
+    case PLOW_ALLREDUCE: tile_allreduce(c, op, r); break;      // kernels/collective.h (tp)
     default: break;  // the loader refuses other kinds
   }
   return 0;

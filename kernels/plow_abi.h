@@ -15,7 +15,7 @@
 extern "C" {
 #endif
 
-#define PLOW_ABI_VERSION 2
+#define PLOW_ABI_VERSION 3  // 3: op kind allreduce (kernels/collective.h)
 #define PLOW_RECORD_SIZE 64
 
 // Op kinds (the op table's `kind`), not wire opcodes.

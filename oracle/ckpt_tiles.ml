@@ -86,6 +86,7 @@ let kind_of (k : string) : op_kind =
   | "kda" -> K_kda
   (* fused (issue 15, plow/egraph/apply.py): packets carry RMSNORM / MLP_GATE_UP / LINEAR *)
   | "add_rmsnorm" -> K_add_rmsnorm | "linear_glu" -> K_linear_glu | "linear_qkv" -> K_linear_qkv
+  | "allreduce" -> K_allreduce
   | _ -> K_other
 
 let to_coq_task (t : ptask_r) : ptask =

@@ -214,6 +214,20 @@ def _inspect_cmd(fail: Fail) -> Callable[..., None]:
                 str(b["hoisted_loads"]),
             )
         console.print(m)
+        ct = Table(title="counters per scope (system: why)")
+        for col in ("bucket", "cta", "device", "system", "why system scope"):
+            ct.add_column(col)
+        for b in info["buckets"]:
+            sc, why = b["counter_scopes"], b["system_counters_why"]
+            ct.add_row(
+                b["bucket"],
+                str(sc["cta"]),
+                str(sc["device"]),
+                str(sc["system"]),
+                "; ".join(f"{n}: {w}" for w, n in why.items())
+                or "- (every dependency within a GPU)",
+            )
+        console.print(ct)
 
     return inspect
 

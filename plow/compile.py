@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from plow.checkpoint import ModelSpec, load_spec
 from plow.errors import PlanRejected, PlowError
 from plow.graph import Bucket, OpGraph, build_graph
+from plow.graph.shard import shard_graph
 from plow.oracle import Certificate
 from plow.oracle.payloads.counters import D_ORACLE_MAX_TASKS
 from plow.oracle.payloads.tiles import TilePayload
@@ -121,7 +122,8 @@ def compile_plan(
     options = TilingOptions(activation_dtype=profile.activation_dtype, cache_dtype=profile.kv_dtype)
     plans = []
     chosen = None
-    if profile.fuse:  # the extraction decides once, on the one-row decode rung (plow/egraph)
+    # the extraction decides once, on the one-row decode rung (plow/egraph); not sharded
+    if profile.fuse and target.gpus == 1:
         from plow.egraph.apply import RULES, extracted_instances
 
         ladder = profile.buckets(spec.max_position)
@@ -132,7 +134,9 @@ def compile_plan(
         budget = profile.budget_ns(bucket)
         graph = stage("graph", name, build_graph, spec, bucket)
         applied = None
-        if profile.fuse:  # the extraction decides (plow/egraph/apply.py)
+        if target.gpus > 1:  # tensor parallel: the sharded graph (plow/graph/shard.py)
+            graph = stage("shard", name, shard_graph, graph, target.gpus)
+        elif profile.fuse:  # the extraction decides (plow/egraph/apply.py)
             from plow.egraph.apply import RULES, fuse_graph
 
             applied = stage("fuse", name, fuse_graph, graph, target, RULES, None, chosen)

@@ -192,6 +192,8 @@ def _relaid(store: Any, name: str, layout: str, sources: tuple[str, ...]) -> Any
     rows of the three sources stacked in order, their byte runs one after another)."""
     if layout == "interleave":
         return _interleaved(store, name, sources)
+    if layout.startswith(("rows ", "cols ")):
+        return _sliced(store, name, layout, sources[0])
     from plow.checkpoint.fp8 import FP8
     from plow.checkpoint.weights import TensorEntry
 
@@ -205,6 +207,32 @@ def _relaid(store: Any, name: str, layout: str, sources: tuple[str, ...]) -> Any
     shape = (sum(e.shape[0] for e in es), *e0.shape[1:])
     parts = tuple(p for e in es for p in e.pieces)
     return TensorEntry(e0.file, e0.dtype, shape, e0.offset, sum(e.nbytes for e in es), parts, quant)
+
+
+def _sliced(store: Any, name: str, layout: str, source: str) -> Any:
+    """A tensor-parallel slice of a 2-D weight (plow/graph/shard.py): `rows A:B` is one byte
+    run, `cols A:B` one run per row. Float weights only (block-quantized and fp8 refused)."""
+    from plow.checkpoint.fp8 import FP8
+    from plow.checkpoint.weights import TensorEntry
+
+    e = store.entry(source)
+    axis, span = layout.split(" ")
+    a, b = (int(v) for v in span.split(":"))
+    if e.parts or e.quant is not None or e.dtype == FP8 or len(e.shape) not in (1, 2):
+        raise PlowError(name, f"--tp slices float weights only; {source!r} is stored otherwise")
+    shape = list(e.shape)
+    item = e.dtype.itemsize
+    if axis == "rows":
+        rb = item * (shape[1] if len(shape) == 2 else 1)
+        shape[0] = b - a
+        return TensorEntry(e.file, e.dtype, tuple(shape), e.offset + a * rb, (b - a) * rb)
+    rows, cols = shape
+    rb = cols * item
+    parts = tuple(
+        TensorEntry(e.file, e.dtype, (1, b - a), e.offset + r * rb + a * item, (b - a) * item)
+        for r in range(rows)
+    )
+    return TensorEntry(e.file, e.dtype, (rows, b - a), e.offset, rows * (b - a) * item, parts)
 
 
 def _interleaved(store: Any, name: str, sources: tuple[str, ...]) -> Any:
@@ -347,6 +375,10 @@ def write_bundle_files(
             if b.rewrites is not None
             for x in b.rewrites.layouts
         }
+        for b in result.buckets:  # tensor parallel: the slices the ops record
+            for op in b.graph.ops:
+                for new, source, axis, lo, hi in op.attrs.get("slices", ()):
+                    layouts[new] = (f"{('rows', 'cols')[axis]} {lo}:{hi}", (source,))
         weights = copy_weights(src, names, tmp / WEIGHTS, layouts)
         for f in TOKENIZER_FILES:
             if (src_dir / f).is_file():

@@ -61,6 +61,7 @@ OPCODE_OF_KIND: dict[str, Opcode] = {
     "attention": Opcode.ATTENTION,
     "gated_mlp": Opcode.MLP_GATE_UP,
     "residual_add": Opcode.RESIDUAL_ADD,
+    "allreduce": Opcode.ALLREDUCE,  # tensor parallel (plow/graph/shard.py)
     # fused ops (plow/egraph/apply.py): the opcode of their main canonical op; the op table's
     # kind says which (R1: a norm packet; R2+R3+R13: the gate/up linear with the glu epilogue)
     "add_rmsnorm": Opcode.RMSNORM,

@@ -44,6 +44,36 @@ def transitive_reduction(n: int, edges: set[tuple[int, int]]) -> set[tuple[int, 
     return keep
 
 
+def counter_scopes(ot: OpTable, sf: ScheduleFile, per_gpu: int) -> dict[str, Any]:
+    """Counters per scope (cta / device / system), and why each system-scope one is: the
+    kinds of the ops that signal it and of those that wait on it, and their GPUs (a
+    tensor-parallel plan: the row-parallel partials every device's allreduce reads)."""
+    by_scope = {sc: 0 for sc in ("cta", "device", "system")}
+    for sc in sf.counters.scope:
+        by_scope[sc] = by_scope.get(sc, 0) + 1
+    system = {k for k, sc in enumerate(sf.counters.scope) if sc == "system"}
+    sig: dict[int, set[tuple[str, int]]] = {k: set() for k in system}
+    wait: dict[int, set[tuple[str, int]]] = {k: set() for k in system}
+    t = sf.tasks
+    for op_i, w, ws, ss in zip(t.op, t.worker, t.waits, t.signals, strict=True):
+        g = w // per_gpu if per_gpu else 0
+        for k in ss:
+            if k in sig:
+                sig[k].add((ot.ops[op_i].kind, g))
+        for k in ws:
+            if k in wait:
+                wait[k].add((ot.ops[op_i].kind, g))
+    why: dict[str, int] = {}
+    for k in sorted(system):
+        pk = "/".join(sorted({kd for kd, _ in sig[k]}))
+        ck = "/".join(sorted({kd for kd, _ in wait[k]}))
+        pg = sorted({g for _, g in sig[k]})
+        cg = sorted({g for _, g in wait[k]})
+        line = f"{pk} on GPU {pg} -> {ck} on GPU {cg}"
+        why[line] = why.get(line, 0) + 1
+    return {"counter_scopes": by_scope, "system_counters_why": why}
+
+
 def inspect_bundle(bundle: Path) -> dict[str, Any]:
     """One JSON-able object: the manifest summary and per-bucket figures."""
     bundle = Path(bundle)
@@ -99,6 +129,7 @@ def inspect_bundle(bundle: Path) -> dict[str, Any]:
                 "op_edges": len(op_edges),
                 "op_edges_after_reduction": len(reduced),
                 "dead_counters": len(signalled - waited),
+                **counter_scopes(ot, sf, sf.workers_per_gpu),
                 "arena_bytes": sf.arena.arena_bytes,
                 "arena_bytes_by_region": regions,
                 "onchip_budget_pages": p.budget_pages,

@@ -43,6 +43,9 @@ class OpKind(str, Enum):
     # R4: one linear over cat3(Wq, Wk, Wv) writing q, k and v (its rows split by the widths of
     # its three outputs, so it has no attributes: `OpGraph.validate` checks the outputs)
     linear_qkv = "linear_qkv"
+    # tensor parallel (plow/graph/shard.py): the sum of every device's partial [.., N] in
+    # device order, written on one device (one op per device: each reads all the partials)
+    allreduce = "allreduce"
 
 
 class TensorRole(str, Enum):
@@ -145,6 +148,10 @@ def infer_shapes(
         # a third input [1] scales the sum (Gemma 4's layer_scalar)
         _need(name, len(ins) == 2 or ins[2] == (1,), f"residual scale {ins[2:]} is not [1]")
         return [a]
+    if kind is OpKind.allreduce:  # the partials of every device, one shape
+        _need(name, len(ins) >= 2, f"allreduce wants at least two partials, got {len(ins)}")
+        _need(name, all(s == ins[0] for s in ins), f"allreduce partials {ins} differ in shape")
+        return [ins[0]]
     if kind is OpKind.add_rmsnorm:  # inputs a, b, norm weight; outputs a + b, rmsnorm(a + b)
         a, b_, w = ins
         _need(name, a == b_, f"residual operands {a} and {b_} differ")

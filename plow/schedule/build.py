@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 from plow.errors import GraphError
 from plow.graph.ops import OpGraph
+from plow.graph.shard import device_of, graph_tp
 from plow.schedule.ir import Counter, EdgeDecision, Schedule, Task, TaskKind
 from plow.schedule.passes import (
     compact,
@@ -229,9 +230,15 @@ def build_schedule(
     W, P = target.workers, target.l2_partitions
     lat = {k: float(v) for k, v in target.atomic_latency_ns.items()}
     min_task = opt.min_task_ns if opt.min_task_ns is not None else 4 * lat["device"]
-    cap = min(tp * W, opt.max_tasks_per_op or tp * W)
+    # a sharded graph (plow/graph/shard.py): every op on its own device's workers
+    device = {op.name: device_of(op) for op in graph.ops} if graph_tp(graph) > 1 else None
+    if device is not None and graph_tp(graph) != tp:
+        raise GraphError(
+            tg.bucket or "schedule", f"graph sharded for tp {graph_tp(graph)}, planned for {tp}"
+        )
+    cap = min(W if device else tp * W, opt.max_tasks_per_op or tp * W)
     regions = Regions(graph)
-    rowpar = _row_parallel(graph) if tp > 1 else set()
+    rowpar = _row_parallel(graph) if tp > 1 and device is None else set()
     overhead = float(target.tile_overhead_ns)
     load_ns_per_byte = W * 1e9 / target.bandwidth_bytes_per_s
 
@@ -341,8 +348,13 @@ def build_schedule(
             st = writer_stage.get(tn)
             if st is not None:
                 ready = max(ready, stage_finish[st] + lat["device"])
-        s = min(int(d.key * tp * (P if opt.l2_aware else 1)), tp * (P if opt.l2_aware else 1) - 1)
-        gpu, part = (s // P, s % P) if opt.l2_aware else (s, None)
+        if device is not None:  # the op's device; the stripe picks the partition on it
+            gpu, part = device[d.op], (min(int(d.key * P), P - 1) if opt.l2_aware else None)
+        else:
+            s = min(
+                int(d.key * tp * (P if opt.l2_aware else 1)), tp * (P if opt.l2_aware else 1) - 1
+            )
+            gpu, part = (s // P, s % P) if opt.l2_aware else (s, None)
         load = (
             drafts[i - 1]
             if i > 0 and drafts[i - 1].kind is TaskKind.load and drafts[i - 1].op == d.op

@@ -15,7 +15,7 @@ tile whose output it reads.
 | rope | the tile's rows, columns widened to whole heads (rotation pairs) | the tile's box |
 | attention | per batch row: query heads of the key-value heads its rows touch, and those |
 |   | key-value heads of the new keys/values (every `s` tile: the position is dynamic) | q box |
-| gated_mlp, residual_add | the same box of both inputs | the box |
+| gated_mlp, residual_add, allreduce | the same box of every input | the box |
 | add_rmsnorm (R1) | whole rows of both operands | the box of both outputs (sum, norm) |
 | embedding | nothing produced by an op (ids, table) | the box |
 | sample | `logits[rows of the batch rows, cols]` | `index[rows]` |
@@ -275,7 +275,7 @@ class Regions:
             return [(op.inputs[0], (a, b, *wide))], (a, b, c0, c1)
         if k == "attention":
             return self._attention(op, ranges)
-        if k in ("gated_mlp", "residual_add"):
+        if k in ("gated_mlp", "residual_add", "allreduce"):
             (a, b), (c0, c1) = ranges
             box = (a, b, c0, c1)
             return [(t, box) for t in op.inputs], box
@@ -420,7 +420,7 @@ class Regions:
             ncols = view(self.shape(out))[1]
             lo, hi = (c0 // hd) * hd, np.minimum(ncols, -(-c1 // hd) * hd)
             return [(op.inputs[0], box(a, b, lo, hi))], box(a, b, c0, c1)
-        if k in ("gated_mlp", "residual_add"):
+        if k in ("gated_mlp", "residual_add", "allreduce"):
             wb = box(a, b, c0, c1)
             return [(t, wb) for t in op.inputs], wb
         if k == "add_rmsnorm":

@@ -200,6 +200,7 @@ class _Tiler:
             OpKind.rope,
             OpKind.gated_mlp,
             OpKind.residual_add,
+            OpKind.allreduce,
             OpKind.embedding,
             OpKind.sample,
             OpKind.add_rmsnorm,
@@ -522,6 +523,10 @@ class _Tiler:
             x = self.shape(op.inputs[0])
             rows, cols = _numel(x) // x[-1], x[-1]
             fpp, per_point = 1, 3 * a
+        elif k is OpKind.allreduce:  # reads every device's partial, writes the sum
+            x = self.shape(op.inputs[0])
+            rows, cols = _numel(x) // x[-1], x[-1]
+            fpp, per_point = len(op.inputs) - 1, (len(op.inputs) + 1) * a
         elif k is OpKind.add_rmsnorm:  # R1: reads a, b; writes the sum and its norm
             x = self.shape(op.inputs[0])
             rows, cols = _numel(x) // x[-1], x[-1]

@@ -23,6 +23,8 @@ ranges are row-major over the op's axes; views are `rows x cols` with `cols` the
 - rope: reads the rows of `x` with columns widened to whole heads, and `positions`; writes
   the rows x cols of `out`;
 - gated_mlp, residual_add: read the same box of every input, write it of `out`;
+- allreduce (tensor parallel, one op per device): reads the same box of every device's
+  partial, writes it of the device's sum;
 - fused ops (issue 15, `kernels/fused.h`): linear_glu as linear (its weight rows 2n, 2n + 1
   are column n's gate and up; k never split); linear_qkv reads `x[m0:m1, k0:k1]` and writes
   columns `n0:n1` of q, k, v side by side (q's columns first, then k's, then v's, each
@@ -286,7 +288,8 @@ def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]
         sp.box(o.inputs[0], a, b, 0, _view(ot.tensors[o.inputs[0]].shape)[1], False, out)
         sp.box(dst, a, b, c0, c1, True, out)
         return
-    if k in ("gated_mlp", "residual_add"):
+    # allreduce (tensor parallel): the box of every device's partial, the box of its sum
+    if k in ("gated_mlp", "residual_add", "allreduce"):
         for name in o.inputs:
             sp.box(name, a, b, c0, c1, False, out)
         sp.box(dst, a, b, c0, c1, True, out)

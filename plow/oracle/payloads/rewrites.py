@@ -167,6 +167,15 @@ def rewrites_payload(bundle: Path, ops_file: Path, bucket: Any) -> RewritesPaylo
         graph = build_graph(load_spec(bundle / "config.json"), bucket)
     except PlowError as e:
         return f"config.json: cannot lower the model's graph: {e.problem}"
+    try:  # a tensor-parallel bundle: the canonical graph is the shard pass's (docs/parallel.md)
+        from plow.graph.shard import shard_graph
+
+        target = json.loads((bundle / "manifest.json").read_bytes()).get("target", {})
+        graph = shard_graph(graph, int(target.get("gpus", 1)))
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        return f"manifest.json: cannot read the target's gpus: {e}"
+    except PlowError as e:
+        return f"config.json: cannot shard the model's graph: {e.problem}"
     try:
         doc = json.loads(Path(ops_file).read_bytes())
         ops = [_FileOp(o) for o in doc["ops"]]

@@ -256,12 +256,18 @@ class Bundle:
         have = ", ".join(r.name for r in self.manifest.ladder)
         raise BundleRefused(self.path, f"no bucket {name!r} in the ladder (have {have})")
 
+    @property
+    def tp(self) -> int:
+        """Devices of a tensor-parallel bundle (plow/graph/shard.py; 1: not sharded)."""
+        return int(self.manifest.target.get("gpus", 1))
+
     def default_kv(self, block_size: int = 16, blocks: int | None = None) -> KVShape:
         ctx = max(b.context for b in self.ladder)
         rows = max(b.batch for b in self.ladder)
-        s = self.spec
+        s, tp = self.spec, self.tp
         n = blocks or 2 * rows * -(-ctx // block_size)
-        return KVShape(s.num_layers, n, s.num_kv_heads, block_size, s.head_dim)
+        # tensor parallel: pool layer n * tp + d holds device d's kv_heads / tp heads
+        return KVShape(s.num_layers * tp, n, s.num_kv_heads // tp, block_size, s.head_dim)
 
     def plan(
         self,

@@ -161,6 +161,17 @@ def _elementwise(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | No
     acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], out)
 
 
+def _allreduce(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
+    """Tensor parallel (plow/graph/shard.py): the box of every device's partial summed in
+    device order (the native kernel's order: kernels/collective.h), written to the sum."""
+    (a, b), (c0, c1) = r
+    v = _view2(_shape(plan, op.inputs[0]))
+    out = np.array(acc.get(op.inputs[0], v, np.s_[a:b, c0:c1]), dtype=F32)
+    for t in op.inputs[1:]:
+        out = (out + acc.get(t, v, np.s_[a:b, c0:c1])).astype(F32)
+    acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], out)
+
+
 def _add_rmsnorm(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
     """R1 (plow/egraph): a + b of the tile's box, written; unsplit (whole rows) its
     full-width norm, written; split, the box's sums of squares per row (the partial)."""
@@ -361,6 +372,7 @@ def _attention(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None
     q_name, k_name, v_name = op.inputs[0], op.inputs[1], op.inputs[2]
     pos_name = op.inputs[5]
     layer = int(op.layer) if op.layer is not None else 0
+    layer = int(op.attrs.get("cache_layer", layer))  # tensor parallel: the device's pool layer
     scale = F32(op.attrs["scale"])
     window = op.attrs.get("window")
     softcap = op.attrs.get("softcap")
@@ -757,6 +769,7 @@ TILE: dict[str, TileFn] = {
     "attention": _attention,
     "gated_mlp": _elementwise,
     "residual_add": _elementwise,
+    "allreduce": _allreduce,
     "add_rmsnorm": _add_rmsnorm,
     "sample": _sample,
     "router": _router,

@@ -122,6 +122,7 @@ class CpuModel:
         schedule_options: ScheduleOptions | None = None,
         kv_dtype: KVDtype = "float32",
         fuse_argmax: bool = True,
+        tp: int = 1,
     ) -> None:
         self.spec = spec
         self.fuse_argmax = fuse_argmax
@@ -140,14 +141,13 @@ class CpuModel:
         self._raw = weights
         self._names = names
         self.kv_dtype: KVDtype = kv_dtype
-        kv = KVShape(
-            spec.num_layers, blocks, spec.num_kv_heads, block_size, spec.head_dim, kv_dtype
-        )
+        # tensor parallel (plow/graph/shard.py): device d's heads of layer n are pool layer
+        # n * tp + d, kv_heads / tp heads each
+        layers, kv_heads = spec.num_layers * tp, spec.num_kv_heads // tp
+        kv = KVShape(layers, blocks, kv_heads, block_size, spec.head_dim, kv_dtype)
         state = state_shape(spec, max_batch)
         self.arena = Arena(kv, state=state)
-        self.kv = PagedKVCache(
-            spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, blocks, kv_dtype
-        )
+        self.kv = PagedKVCache(layers, kv_heads, spec.head_dim, block_size, blocks, kv_dtype)
         if state.tensors:
             self.kv.use_state_slots(state.slots)  # one per request a launch may hold
         self.kv.arena = self.arena.kv  # the pool's storage is the arena's key-value region
@@ -195,6 +195,7 @@ class CpuModel:
             b.weights,
             max_batch=batch,
             max_context=min(max_context or ctx, ctx),
+            tp=b.tp,
             **kw,  # type: ignore[arg-type]
         )
         m.bundle = b

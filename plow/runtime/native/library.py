@@ -16,7 +16,7 @@ from pathlib import Path
 
 from plow.errors import PlowError
 
-ABI_VERSION = 2
+ABI_VERSION = 3  # 3: op kind allreduce (kernels/collective.h)
 ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "_build" / "native"
 LIBRARIES = {"release": "libplow_native.so", "tsan": "libplow_native_tsan.so"}

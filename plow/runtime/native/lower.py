@@ -50,6 +50,8 @@ KDA_KINDS = {"kda": 60}
 GROUPED_ROUTER_KIND = 40
 # Fused kinds of plow/egraph (kernels/fused.h `PlowFusedKind`).
 FUSED_KINDS = {"add_rmsnorm": 30, "linear_glu": 31, "linear_qkv": 32}
+# Tensor parallel (kernels/collective.h `PlowCollectiveKind`).
+COLLECTIVE_KINDS = {"allreduce": 50}
 
 
 @dataclass
@@ -250,7 +252,11 @@ def _lower_op(
     low: Lowered,
 ) -> None:
     kind = KINDS.get(
-        op.kind, MOE_KINDS.get(op.kind, SSM_KINDS.get(op.kind, FUSED_KINDS.get(op.kind)))
+        op.kind,
+        MOE_KINDS.get(
+            op.kind,
+            SSM_KINDS.get(op.kind, FUSED_KINDS.get(op.kind, COLLECTIVE_KINDS.get(op.kind))),
+        ),
     )
     kind = KDA_KINDS.get(op.kind) if kind is None else kind
     if kind is None:
@@ -319,6 +325,7 @@ def _lower_op(
         o.d[2], o.d[3] = int(op.attrs["heads"]), int(op.attrs["kv_heads"])
         o.d[4] = int(op.attrs["head_dim"])
         o.d[5] = int(op.layer) if op.layer is not None else 0
+        o.d[5] = int(op.attrs.get("cache_layer", o.d[5]))  # tensor parallel: the device's
         o.d[6] = int(op.attrs.get("window") or 0)
         o.d[7] = op.steps[1]
         o.f[0] = float(op.attrs["scale"])
@@ -329,6 +336,13 @@ def _lower_op(
         o.d[1] = 0 if op.attrs.get("activation", "silu") == "silu" else 1
         if len(op.inputs) > 2:  # residual_add's scale [1] (Gemma 4's layer_scalar)
             o.w0, o.w0_dtype = weight(op.inputs[2])
+    elif k == "allreduce":  # kernels/collective.h: every device's partial, in device order
+        if len(op.inputs) > 7:
+            raise PlowError(op.name, f"allreduce over {len(op.inputs)} devices exceeds 7")
+        for j, part_name in enumerate(op.inputs):
+            o.t[j] = word(part_name)
+        o.t[7] = word(op.outputs[0])
+        o.d[0], o.d[1] = _view2(shape(op.outputs[0]).shape)[1], len(op.inputs)
     elif k == "router":  # kernels/moe.h
         o.t[0], o.t[1] = word(op.inputs[0]), word(op.outputs[0])
         o.d[0] = _view2(shape(op.inputs[0]).shape)[1]

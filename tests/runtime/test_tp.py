@@ -1,0 +1,193 @@
+"""Tensor-parallel plans that split the work (plow/graph/shard.py, docs/parallel.md): a
+`--tp 2` bundle of the tiny llama shards attention heads and MLP columns over two devices,
+is certified A-F, runs on the native and cpu executors here with transformers' greedy
+tokens, keeps system-scope counters to the allreduce partials, and a dropped allreduce
+dependency is rejected by checkpoint D."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file
+from typer.testing import CliRunner
+
+from plow.cli import app
+from plow.emit.bundle import compile_bundle
+from plow.emit.files import OpTable
+from plow.profile import CompileProfile
+from plow.runtime.cpu import CpuModel, Request, generate
+from plow.runtime.native import open_native
+from plow.target import load_target
+
+PROMPTS = [[5, 17, 93, 2, 44, 8, 61, 30, 12, 7, 99, 14, 3, 150, 88, 21, 40, 9], [3, 250, 41]]
+NEW = 6
+RUNG = "decode_b1_s48"
+
+
+def _profile() -> CompileProfile:
+    return CompileProfile(name="tp", decode_batches=(1, 2), prefill_seqs=(16,), context=48)
+
+
+@pytest.fixture(scope="module")
+def tp2(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tp") / "tp2"
+    target = load_target("cpu").model_copy(update={"gpus": 2})
+    compile_bundle(tiny_llama, out, target, _profile(), verify=True)  # A-F, else raises
+    return out
+
+
+def _hf_greedy(path: Path) -> list[list[int]]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    out = []
+    with torch.no_grad():
+        for p in PROMPTS:
+            gen = model.generate(
+                torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
+                eos_token_id=None, pad_token_id=0,
+            )  # fmt: skip
+            out.append(gen[0, len(p) :].tolist())
+    return out
+
+
+def _ops(bundle: Path, rung: str = RUNG) -> OpTable:
+    return OpTable.model_validate_json((bundle / "plan" / f"{rung}.ops.json").read_bytes())
+
+
+def _schedule(bundle: Path, rung: str = RUNG) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((bundle / "plan" / f"{rung}.schedule.json").read_text())
+    return doc
+
+
+def test_tp2_tokens_equal_transformers_on_native_and_cpu(tp2: Path, tiny_llama: Path) -> None:
+    want = _hf_greedy(tiny_llama)
+    reqs = [Request(tuple(p), NEW) for p in PROMPTS]
+    assert generate(open_native(tp2, max_batch=2), reqs) == want  # opened verified
+    assert generate(CpuModel.from_bundle(tp2, max_batch=2), reqs) == want
+
+
+def test_tp2_ops_are_split_over_devices_with_sliced_weights(tp2: Path, tiny_llama: Path) -> None:
+    """Heads and MLP columns are split (each device's attention has half the heads, its
+    q/k/v/gate/up half the rows, o/down half the columns of the checkpoint's tensors, as the
+    op table's `slices` say, and the bundle's bytes are those slices); norms and residual
+    adds are replicated; one allreduce per device sums both partials."""
+    ot = _ops(tp2)
+    ops = {o.name: o for o in ot.ops}
+    a0, a1 = ops["L0.attn@d0"], ops["L0.attn@d1"]
+    assert (a0.attrs["heads"], a0.attrs["kv_heads"]) == (2, 1) == (a1.attrs["heads"], 1)
+    assert {a0.attrs["cache_layer"], a1.attrs["cache_layer"]} == {0, 1}
+    assert "L0.attn_norm@d0" in ops and "L0.attn_norm@d1" in ops  # replicated
+    ar = ops["L0.o_proj.allreduce@d1"]
+    assert ar.kind == "allreduce" and ar.inputs == ["L0.o_proj@d0", "L0.o_proj@d1"]
+    bundle_w = load_file(str(tp2 / "weights.safetensors"))
+    src = load_file(str(tiny_llama / "model.safetensors"))
+    seen = 0
+    for o in ot.ops:
+        for new, source, axis, lo, hi in o.attrs.get("slices", []):
+            full = src[source]
+            want = full[lo:hi] if axis == 0 else full[:, lo:hi]
+            assert np.array_equal(bundle_w[new], want), new
+            seen += 1
+    assert seen == 2 * 2 * 7  # layers x devices x (q, k, v, o, gate, up, down)
+    # every op's tasks run on its device's workers
+    s = _schedule(tp2)
+    per = s["workers_per_gpu"]
+    dev = {o.name: int(o.attrs.get("device", 0)) for o in ot.ops}
+    names = [o.name for o in ot.ops]
+    for op_i, w in zip(s["tasks"]["op"], s["tasks"]["worker"], strict=True):
+        assert w // per == dev[names[op_i]]
+
+
+def test_system_scope_counters_are_the_allreduce_partials(tp2: Path) -> None:
+    """Exactly the counters a device waits on for another device's partial are system
+    scope (the row-parallel o_proj / down_proj partials every allreduce reads); every other
+    counter stays within a device; `plow inspect` counts them and says why."""
+    for rung in ("decode_b1_s48", "prefill_b1_s16_c48"):
+        s = _schedule(tp2, rung)
+        per = s["workers_per_gpu"]
+        t, c = s["tasks"], s["counters"]
+        gpus_of: dict[int, set[int]] = {}
+        for worker, waits, signals in zip(t["worker"], t["waits"], t["signals"], strict=True):
+            for k in (*waits, *signals):
+                gpus_of.setdefault(k, set()).add(worker // per)
+        system = {k for k, sc in enumerate(c["scope"]) if sc == "system"}
+        assert system == {k for k, g in gpus_of.items() if len(g) > 1}
+        names = {c["name"][k] for k in system}
+        assert names and all(".o_proj@d" in n or ".down_proj@d" in n for n in names), names
+    res = CliRunner().invoke(app, ["inspect", str(tp2)])
+    assert res.exit_code == 0, res.output
+    assert "system" in res.output and "allreduce" in res.output
+
+
+def test_a_dropped_allreduce_wait_is_rejected_by_d(tp2: Path, tmp_path: Path) -> None:
+    """Device 1's allreduce no longer waits for device 0's o_proj partial (its system
+    counter swapped for an earlier counter of its own device, the edges gone, the plan
+    re-emitted and the hashes re-forged): only the data flow can tell, and D rejects it
+    naming the tasks."""
+    from plow.emit.verify import verify_bundle
+    from tests.emit.bundle_edit import copy_bundle, edit_rung, rungs
+
+    b = copy_bundle(tp2, tmp_path / "b")
+    rung = next(r for r in rungs(b) if r["name"] == RUNG)
+    hit_names: list[str] = []
+
+    def edit(sched: dict[str, Any]) -> None:
+        t, names = sched["tasks"], sched["counters"]["name"]
+        part, early = names.index("L0.o_proj@d0.done"), names.index("L0.attn_norm@d1.done")
+        hit = {i for i, n in enumerate(t["name"]) if n.startswith("L0.o_proj.allreduce@d1#")}
+        assert hit and all(part in t["waits"][i] for i in hit)
+        for i in hit:
+            t["waits"][i] = [early if x == part else x for x in t["waits"][i]]
+            hit_names.append(t["name"][i])
+        e = sched["edges"]
+        pairs = zip(e[0::2], e[1::2], strict=True)
+        keep = [(u, v) for u, v in pairs if not (v in hit and part in t["signals"][u])]
+        sched["edges"] = [x for pair in keep for x in pair]
+
+    edit_rung(b, rung, schedule=edit)
+    rep = verify_bundle(b, checkpoints=("B", "D"))
+    bad = [r for r in rep.rows if r.rejected]
+    assert [r.checkpoint for r in bad] == ["D"], [(r.checkpoint, r.reason) for r in bad]
+    reason = bad[0].reason or ""
+    assert "L0.o_proj@d0#" in reason and "L0.o_proj.allreduce@d1#" in reason, reason
+
+
+def test_heads_that_do_not_split_are_refused_in_one_line(tiny_llama: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tp3"
+    res = CliRunner().invoke(
+        app,
+        ["compile", str(tiny_llama / "config.json"), "-o", str(out), "--plan-only",
+         "--target", "h100", "--tp", "3"],
+    )  # fmt: skip
+    assert res.exit_code != 0
+    lines = [x for x in res.output.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and "4 attention heads and 2 key-value heads" in lines[0], res.output
+    assert "tp 2 would" in lines[0] and not out.exists()
+
+
+SMOLLM2 = Path(os.path.expanduser("~/.cache/plow/smollm2-135m-instruct"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reason="SmolLM2-135M not cached")
+def test_smollm2_tp3_tokens_equal_transformers(tmp_path: Path) -> None:
+    """SmolLM2-135M (9 heads, 3 key-value heads: tp 3 divides, tp 2 is refused) at --tp 3:
+    the native executor's greedy tokens are transformers'."""
+    prof = CompileProfile(name="tp", decode_batches=(1,), prefill_seqs=(16,), context=64)
+    out = tmp_path / "smol3"
+    compile_bundle(SMOLLM2, out, load_target("cpu").model_copy(update={"gpus": 3}), prof)
+    model = transformers.AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32)
+    prompt = [1, 504, 3458, 282, 4235, 314]
+    with torch.no_grad():
+        gen = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
+    want = gen[0, len(prompt) :].tolist()
+    got = generate(open_native(out, max_batch=1, verify=False), [Request(tuple(prompt), 8)])
+    assert got == [want]
