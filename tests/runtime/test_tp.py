@@ -178,10 +178,20 @@ SMOLLM2 = Path(os.path.expanduser("~/.cache/plow/smollm2-135m-instruct"))
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reason="SmolLM2-135M not cached")
+@pytest.mark.skipif(
+    os.environ.get("PLOW_TP_SMOLLM2") != "1",
+    reason="about 50 s on 2 cores (over the suite's budget): PLOW_TP_SMOLLM2=1 runs it",
+)
 def test_smollm2_tp3_tokens_equal_transformers(tmp_path: Path) -> None:
     """SmolLM2-135M (9 heads, 3 key-value heads: tp 3 divides, tp 2 is refused) at --tp 3:
-    the native executor's greedy tokens are transformers'."""
-    prof = CompileProfile(name="tp", decode_batches=(1,), prefill_seqs=(16,), context=64)
+    the native executor's greedy tokens are transformers'. Opt-in (PLOW_TP_SMOLLM2=1)."""
+    prof = CompileProfile(
+        name="tp",
+        decode_batches=(1,),
+        prefill_seqs=(16,),
+        context=64,
+        prefill_budget_ns_per_token=20_000_000,  # this machine's bandwidth, 2 cores shared
+    )
     out = tmp_path / "smol3"
     compile_bundle(SMOLLM2, out, load_target("cpu").model_copy(update={"gpus": 3}), prof)
     model = transformers.AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32)
