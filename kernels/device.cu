@@ -741,6 +741,10 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       case plow::PLOW_SSM_NORM:
         if (threadIdx.x == 0) plow::ssm_tile(c, op, r);
         break;
+      // Kimi-Linear (kernels/kda.h): one thread runs the tile's recurrence (correct, not fast)
+      case plow::PLOW_KDA:
+        if (threadIdx.x == 0) plow::tile_kda(c, op, r);
+        break;
       // fused ops (kernels/fused.h): add_rmsnorm, one warp per row
       case plow::PLOW_ADD_RMSNORM: tile_add_rmsnorm_cta(c, op, r, step); break;
       // the fused linears (kernels/fused.h): the linear's warp dots, then the fused store
