@@ -107,6 +107,10 @@ def gen(e: A.Expr, env: Env) -> str:
         return f"({then} if {cond} else {orelse})"
     if isinstance(e, A.Call):
         args = [gen(a, env) for a in e.args]
+        if e.func in ("min", "max") and len(args) == 2:
+            inline = _min_max_inline(e, args)
+            if inline is not None:
+                return inline
         if e.func in ("ceil", "floor", "min", "max"):
             return f"_{e.func}({', '.join(args)})"
         d = env.defs[e.func]
@@ -143,6 +147,25 @@ _MIXED_OPS = {"+", "-", "*", "<", "<=", ">", ">=", "==", "!="}
 _SWAP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
 _FLOAT_LITERAL = re.compile(r"-?(\d+\.\d*(e[-+]?\d+)?|\d+e[-+]?\d+)")
 _SIMPLE = re.compile(r"\(?-?[\w.]+\)?")
+
+
+_NUM_LITERAL = re.compile(r"\(?-?[0-9][0-9.e+-]*\)?")
+
+
+def _min_max_inline(e: A.Call, args: list[str]) -> str | None:
+    """``min(a, C)`` / ``max(a, C)`` with a numeric literal ``C`` as a conditional, without a
+    call: the builtin returns its first argument unless the second is strictly less (``min``)
+    or greater (``max``), and so does the conditional, on the same values, evaluating ``a``
+    once (``C`` is a literal, so the order of evaluation does not matter)."""
+    lit = [i for i, a in enumerate(args) if _NUM_LITERAL.fullmatch(a)]
+    if len(lit) != 1:
+        return None
+    c, a = args[lit[0]], args[1 - lit[0]]
+    var = f"_mm{e.loc.line}_{e.loc.col}" if e.loc.line else f"_mm{id(e)}"
+    op = "<" if e.func == "min" else ">"
+    if lit[0] == 1:  # min(a, C): C if C < a else a
+        return f"({c} if {c} {op} ({var} := {a}) else {var})"
+    return f"({var} if ({var} := {a}) {op} {c} else {c})"  # min(C, a): a if a < C else C
 
 
 def _small_int_literal(code: str) -> bool:
@@ -490,6 +513,8 @@ def _build(
     (server,) = info.servers
     amounts = {"prefill": "0", "decode": "0"}  # whole numbers of tokens
     amount_site: dict[str, int] = {}
+    # the values an amount can take (whole tokens), where they are known before the run
+    amount_range: dict[str, tuple[float, float]] = {"prefill": (0, 0), "decode": (0, 0)}
     stage_obs: dict[str, list[tuple[str, A.Expr]]] = {"arrive": [], "first": [], "done": []}
     runs = [st for st in server.steps if isinstance(st, A.Run)]
     last_run = runs[-1] if runs else None
@@ -504,8 +529,10 @@ def _build(
             amount_site[st.phase] = site(
                 f"the amount of 'run {st.engine} {st.phase}'", amt, per_request=True
             )
-            if not _is_int(amt, consts, {s.name: s.value for s in init_sets}):
+            sets_all = {s.name: s.value for s in init_sets}
+            if not _is_int(amt, consts, sets_all):
                 amounts[st.phase] = f"_ceil({amounts[st.phase]})"  # an int already needs none
+            amount_range[st.phase] = _amount_range(amt, consts, sets_all)
             stage = "done" if st is last_run else "first"
         else:
             stage_obs["done" if last_run is None else stage].append((st.name, st.value))
@@ -559,7 +586,10 @@ def _build(
         ka = amount_site.get(phase)
         arrive += [f"# @{ka}"] if ka is not None else []
         arrive += [f"{var} = {amounts[phase]}"]
-        if ka is not None:
+        lo, hi = amount_range.get(phase, (-math.inf, math.inf))
+        if lo >= 0 and hi <= MAX_TOKENS:
+            pass  # always a whole number of tokens in range: nothing to check or clamp
+        elif ka is not None:
             arrive += [
                 f"if not 0 <= {var} <= {MAX_TOKENS}:",
                 f"    if {var} < 0:",
@@ -569,17 +599,23 @@ def _build(
             ]
         else:
             arrive += [f"if {var} < 0:", f"    {var} = 0"]
+    # a request with a prompt, or with an output, never finishes at its arrival
+    p_lo = amount_range.get("prefill", (0, 0))[0]
+    d_lo = amount_range.get("decode", (0, 0))[0]
     arrive += [
         "arr_t.append(_ta); prem.append(_p); dtot.append(_d); first_t.append(-1.0)",
-        "gden.append(_d if _p > 0 else _d - 1)",
+        "gden.append(_d)" if p_lo >= 1 else "gden.append(_d if _p > 0 else _d - 1)",
     ]
     arr_obs = observe("arrive")
     if arr_obs:
         # like every measurement, only of requests arriving after the warm-up
         arrive += ["if _ta >= W:", "    _t = _ta", *_ind(arr_obs, 1)]
-    arrive += ["if _p == 0 and _d == 0:", "    n_res += 1", "    first_t[rid] = _ta"]
-    arrive += _ind(finish("_ta"), 1)
-    arrive += ["else:", "    waiting.append(rid)", "    n_res += 1"]
+    if p_lo >= 1 or d_lo >= 1:
+        arrive += ["waiting.append(rid)", "n_res += 1"]
+    else:
+        arrive += ["if _p == 0 and _d == 0:", "    n_res += 1", "    first_t[rid] = _ta"]
+        arrive += _ind(finish("_ta"), 1)
+        arrive += ["else:", "    waiting.append(rid)", "    n_res += 1"]
 
     # ---------------------------------------------------------------- batch formation
     form: list[str] = []
@@ -1136,6 +1172,97 @@ def _is_int(e: A.Expr, consts: Mapping[str, Value], sets: Mapping[str, A.Expr]) 
         if e.func in ("min", "max"):
             return all(_is_int(a, consts, sets) for a in e.args)
     return False
+
+
+def _amount_range(
+    e: A.Expr, consts: Mapping[str, Value], sets: Mapping[str, A.Expr]
+) -> tuple[float, float]:
+    """Bounds on an amount of work after rounding up to whole tokens (``ceil``); infinite
+    where unknown."""
+    try:
+        r = _range(e, consts, sets)
+        if r is None:
+            return (-math.inf, math.inf)
+        return (
+            math.ceil(r[0]) if abs(r[0]) < math.inf else r[0],
+            math.ceil(r[1]) if abs(r[1]) < math.inf else r[1],
+        )
+    except (OverflowError, ValueError):  # a bound too large for a float
+        return (-math.inf, math.inf)
+
+
+def _range(
+    e: A.Expr, consts: Mapping[str, Value], sets: Mapping[str, A.Expr]
+) -> tuple[float, float] | None:
+    """Bounds ``(lo, hi)`` on every value ``e`` takes at an arrival, or None when unknown.
+
+    Each operation used is monotone in each argument (``+``, ``-``, ``*`` over the corners,
+    ``floor``, ``ceil``, ``min``, ``max``) and so is rounding to the nearest float, so the
+    operation evaluated on the bounds, in floats as the generated code evaluates it, bounds
+    the rounded result: no widening is needed. A uniform draw lies between its bounds, an
+    exponential one (of a mean >= 0) in ``[0, inf)``.
+    """
+
+    def ok(lo: float, hi: float) -> tuple[float, float] | None:
+        return None if lo != lo or hi != hi or lo > hi else (lo, hi)  # NaN != NaN
+
+    if isinstance(e, A.Num):
+        v = e.value
+        return None if isinstance(v, bool) else ok(v, v)
+    if isinstance(e, A.Name):
+        if e.name in sets:
+            inner = {k: v for k, v in sets.items() if k != e.name}  # no cycles
+            return _range(sets[e.name], consts, inner)
+        c = consts.get(e.name)
+        return None if c is None or isinstance(c, bool) else ok(c, c)
+    if isinstance(e, A.Unary):
+        r = _range(e.operand, consts, sets) if e.op == "-" else None
+        return None if r is None else ok(-r[1], -r[0])
+    if isinstance(e, A.Binary) and e.op in ("+", "-", "*"):
+        a, b = _range(e.left, consts, sets), _range(e.right, consts, sets)
+        if a is None or b is None:
+            return None
+        try:
+            if e.op == "+":
+                return ok(a[0] + b[0], a[1] + b[1])
+            if e.op == "-":
+                return ok(a[0] - b[1], a[1] - b[0])
+            corners = [x * y for x in a for y in b]
+        except OverflowError:
+            return None
+        return ok(min(corners), max(corners))
+    if isinstance(e, A.Call) and e.func in ("floor", "ceil", "min", "max"):
+        rs = [_range(x, consts, sets) for x in e.args]
+        if any(r is None for r in rs):
+            return None
+        los = [r[0] for r in rs if r is not None]
+        his = [r[1] for r in rs if r is not None]
+        if e.func in ("min", "max"):
+            f = min if e.func == "min" else max
+            return ok(f(los), f(his))
+        g = math.floor if e.func == "floor" else math.ceil
+        return ok(*(float(x) if math.isinf(x) else g(x) for x in (los[0], his[0])))
+    if isinstance(e, A.Draw):
+        rs = [_range(x, consts, sets) for x in e.args]
+        if any(r is None for r in rs):
+            return None
+        if e.dist == "uniform":
+            # `a + (b - a) * U`, U in [0, 1): from `a` towards `b`; `b - a` may round up, so
+            # the far end is widened by two ulps (the near one is exact: `a + x` for x >= 0)
+            (a0, a1), (b0, b1) = (r for r in rs if r is not None)
+
+            def up(x: float) -> float:
+                return math.nextafter(math.nextafter(x, math.inf), math.inf)
+
+            def down(x: float) -> float:
+                return math.nextafter(math.nextafter(x, -math.inf), -math.inf)
+
+            if a1 <= b0:
+                return ok(a0, up(b1))
+            return ok(down(min(a0, b0)), up(max(a1, b1)))
+        scale = rs[0]
+        return (0.0, math.inf) if scale is not None and scale[0] >= 0 else None
+    return None
 
 
 def _names(e: A.Expr) -> set[str]:
