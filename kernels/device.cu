@@ -29,9 +29,9 @@
 // exactly dot_f32 / dot_bf16's operations in their order, and the host build's bits. rmsnorm's
 // sums of squares are the same warp dot. Element-wise tiles (embedding, rope, gated MLP,
 // residual add) and merges of linear ops split their independent elements over the CTA's
-// threads; attention splits a tile's rows over up to PLOW_ATTN_THREADS threads (each
-// with its own scratch); everything else runs on thread 0 with the others idle (correctness
-// first). Transcendentals (expf, tanhf, sinf, cosf) are CUDA's, not glibc's: within CUDA's
+// threads; attention splits a tile's rows over the CTA's warps (each with its own scratch;
+// the lanes split a row's keys, then its output elements); everything else runs on thread 0
+// with the others idle (correctness first). Transcendentals (expf, tanhf, sinf, cosf) are CUDA's, not glibc's: within CUDA's
 // documented ulp bounds of the host's, not bitwise equal to them.
 #define PLOW_HD __host__ __device__
 #define PLOW_SIMD __host__ __device__
@@ -164,6 +164,7 @@ inline unsigned atomicCAS(unsigned* p, unsigned want, unsigned put) {
 inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 #define PLOW_SHFL_DOWN(v, s) plow_emu::shfl((v), static_cast<int>(threadIdx.x & 31) + (s))
 #define PLOW_SHFL0(v) plow_emu::shfl((v), 0)
+#define PLOW_SYNCWARP() plow_emu::arrive(plow_emu::block->warps[threadIdx.x / 32].bar)
 #define PLOW_SLEEP() std::this_thread::sleep_for(std::chrono::microseconds(50))
 #define PLOW_SHARED_ABORT int& s_abort = plow_emu::block->s_abort
 #define PLOW_DYN_SMEM(name) unsigned char* name = plow_emu::block->smem.get()
@@ -209,6 +210,8 @@ inline void mma_bf16(float* d, const uint32_t* a, const uint32_t* b) {
 #include <hip/hip_runtime.h>
 #define PLOW_SHFL_DOWN(v, s) __shfl_down((v), (s), 32)
 #define PLOW_SHFL0(v) __shfl((v), 0, 32)
+// a wavefront's lanes run in lockstep: its memory operations only need ordering
+#define PLOW_SYNCWARP() (__threadfence_block(), __builtin_amdgcn_wave_barrier())
 #define PLOW_SLEEP() __builtin_amdgcn_s_sleep(1)
 #define PLOW_SHARED_ABORT __shared__ int s_abort
 #define PLOW_DYN_SMEM(name) extern __shared__ __attribute__((aligned(16))) unsigned char name[]
@@ -216,6 +219,7 @@ inline void mma_bf16(float* d, const uint32_t* a, const uint32_t* b) {
 #include <cuda/atomic>
 #define PLOW_SHFL_DOWN(v, s) __shfl_down_sync(0xffffffffu, (v), (s))
 #define PLOW_SHFL0(v) __shfl_sync(0xffffffffu, (v), 0)
+#define PLOW_SYNCWARP() __syncwarp()
 #define PLOW_SLEEP() __nanosleep(64)
 #define PLOW_SHARED_ABORT __shared__ int s_abort
 #define PLOW_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
@@ -651,7 +655,6 @@ __device__ void tile_elements_cta(const Ctx& c, const PlowOp& op, const Range* r
         if (op.w0 != nullptr) plow::tile_residual_scaled(c, op, s);
         else plow::tile_elementwise(c, op, s);
         break;
-      case plow::PLOW_ALLREDUCE: plow::tile_allreduce(c, op, s); break;  // kernels/collective.h
       default: plow::tile_elementwise(c, op, s); break;
     }
   }
@@ -680,20 +683,87 @@ __device__ int64_t tile_moe_cta(const Ctx& c, const PlowOp& op, const Range* r, 
   return work;
 }
 
-// -- attention: the tile's rows split over PLOW_ATTN_THREADS threads, each with its scratch --
+// -- attention: the tile's rows split over the CTA's warps, each with its scratch ---------------
+// tiles.h's tile_attention on the 32 lanes of a warp (WarpAttend): the scores of keys j = lane,
+// lane + 32, ... (qk_dot's order each); per row the scale / soft-cap and max over the lanes, the
+// weights, and their sum l with attend_rows' 8 lanes (lane k < 8 adds the weights k, k + 8, ...
+// in order; qk_tree by shuffles); then lane l owns output elements d = l, l + 32, ... and adds
+// w * v key by key in key order, as attend_rows does (its four-key passes are the same adds in
+// the same order). So every word is the host's bits (up to CUDA's tanhf under a soft-cap).
 // Rows are independent (each writes its own output or partial); the key / value cache write of
-// a token happens in the call whose rows hold the token's first query head, so exactly once.
+// a token happens in the warp whose rows hold the token's first query head, so exactly once.
+#if PLOW_LANES == 32
+struct WarpAttend {
+  int lane;
+  static constexpr int width = 32;
+  __device__ void sync() const { PLOW_SYNCWARP(); }
+  __device__ void rows(plow::KvWalk& kw, plow::KvWalk& vw, const float* const* qv, int64_t R,
+                       int64_t D, int64_t n, float scale, float softcap, float* sc, float* acc,
+                       float* m, float* l) const {
+    plow::KvWalk k = kw;  // this lane's own walk (keys out of order: one table lookup each)
+    const int64_t lo = kw.kp;
+    for (int64_t j = lane; j < n; j += 32) {
+      k.seek_to(lo + j);
+      for (int64_t i = 0; i < R; ++i) sc[i * n + j] = k.dot(qv[i], D);
+    }
+    for (int64_t i = 0; i < R; ++i) {
+      float* s = sc + i * n;
+      float mx = -INFINITY;
+      for (int64_t j = lane; j < n; j += 32) {
+        const float v = softcap != 0.0f ? tanhf(s[j] * scale / softcap) * softcap : s[j] * scale;
+        s[j] = v;
+        mx = v > mx ? v : mx;
+      }
+      for (int o = 16; o > 0; o >>= 1) {  // a max: the same value in any order
+        const float y = PLOW_SHFL_DOWN(mx, o);
+        mx = y > mx ? y : mx;
+      }
+      const float big = PLOW_SHFL0(mx);
+      m[i] = big;
+      if (big == -INFINITY) {  // warp-uniform: no weight, acc stays 0
+        l[i] = 0.0f;
+        for (int64_t j = lane; j < n; j += 32) s[j] = 0.0f;
+        continue;
+      }
+      for (int64_t j = lane; j < n; j += 32) s[j] = plow::exp_nonpos(s[j] - big);
+      sync();
+      float ls = 0.0f;
+      if (lane < PLOW_QK_LANES)
+        for (int64_t j = lane; j < n; j += PLOW_QK_LANES) ls += s[j];
+      for (int o = PLOW_QK_LANES / 2; o > 0; o >>= 1) ls = ls + PLOW_SHFL_DOWN(ls, o);
+      l[i] = PLOW_SHFL0(ls);
+    }
+    sync();
+    plow::KvWalk v = vw;  // every lane walks the values in key order
+    for (int64_t j = 0; j < n; ++j, v.next())
+      for (int64_t i = 0; i < R; ++i) {
+        const float w = sc[i * n + j];
+        float* a = acc + i * D;
+        for (int64_t d = lane; d < D; d += 32) a[d] = a[d] + w * v.at(d);
+      }
+  }
+};
+#endif
+
 __device__ int64_t tile_attention_cta(const Ctx& c, const PlowOp& op, const Range* r,
                                       int64_t step, float* scratch, int64_t scratch_floats) {
+#if PLOW_LANES == 32
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t rows = r[0].b - r[0].a;
-  const int64_t parts = rows < PLOW_ATTN_THREADS ? rows : PLOW_ATTN_THREADS;
-  if (static_cast<int64_t>(threadIdx.x) >= parts) return 0;
+  const int64_t parts = rows < PLOW_WARPS ? rows : PLOW_WARPS;
+  if (warp >= parts) return 0;
   const int64_t per = (rows + parts - 1) / parts;
-  const int64_t a = r[0].a + threadIdx.x * per;
+  const int64_t a = r[0].a + warp * per;
   const int64_t b = a + per < r[0].b ? a + per : r[0].b;
   if (a >= b) return 0;
   const Range s[3] = {{a, b}, r[1], r[2]};
-  return plow::tile_attention(c, op, s, step, scratch + threadIdx.x * scratch_floats);
+  const int64_t work =
+      plow::tile_attention(c, op, s, step, scratch + warp * scratch_floats, WarpAttend{lane});
+  return lane == 0 ? work : 0;  // counted once per warp
+#else
+  (void)scratch_floats;
+  return threadIdx.x == 0 ? plow::tile_attention(c, op, r, step, scratch) : 0;
+#endif
 }
 
 // The work of one task record on the whole CTA (every thread calls it); returns this thread's
@@ -725,8 +795,7 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       case PLOW_EMBEDDING:
       case PLOW_ROPE:
       case PLOW_GATED_MLP:
-      case PLOW_RESIDUAL_ADD:
-      case plow::PLOW_ALLREDUCE: tile_elements_cta(c, op, r); break;  // allreduce: tensor parallel
+      case PLOW_RESIDUAL_ADD: tile_elements_cta(c, op, r); break;
       case PLOW_ATTENTION:
         work += tile_attention_cta(c, op, r, step, scratch, scratch_floats);
         break;
@@ -1010,7 +1079,7 @@ __device__ bool run_record_extras(const Ctx& c, const plow::Record& rec, int64_t
     return true;
   }
   if (op.kind == PLOW_ATTENTION && act != nullptr &&
-      PLOW_ATTN_THREADS * scratch_floats <= act_floats) {
+      PLOW_WARPS * scratch_floats <= act_floats) {
     *work = 0;
     for (uint32_t k = 0; k < rec.rows; ++k) {
       plow::tile_ranges(op, rec.row_start + k, r, &step);

@@ -560,6 +560,33 @@ PLOW_HD static inline void kv_put(const Ctx& c, int64_t layer, int64_t kind, int
 #ifndef PLOW_KV_AHEAD
 #define PLOW_KV_AHEAD 32
 #endif
+
+// q . k with 8 lanes (lane l sums elements l, l + 8, ... in order) and a fixed tree. Attention
+// dots are short (head_dim), so fewer lanes than dot_f32's 32 keep the tree cheap; each score's
+// order depends only on head_dim, never on which keys or rows share its tile.
+#define PLOW_QK_LANES 8
+PLOW_HD static inline float qk_tree(float* a) {
+  for (int s = PLOW_QK_LANES / 2; s > 0; s >>= 1)
+    for (int l = 0; l < s; ++l) a[l] += a[l + s];
+  return a[0];
+}
+
+// `k`: a key row as F32Row / Bf16Row (a bf16 pool's row widened element by element: the
+// values KvWalk::row's staging gives)
+template <class Row>
+PLOW_HD PLOW_INLINE float qk_dot_row(const float* q, Row k, int64_t n) {
+  float a[PLOW_QK_LANES] = {0};
+  int64_t d = 0;
+  for (; d + PLOW_QK_LANES <= n; d += PLOW_QK_LANES)
+    for (int l = 0; l < PLOW_QK_LANES; ++l) a[l] = fmaf(q[d + l], k(d + l), a[l]);
+  for (int l = 0; d + l < n; ++l) a[l] = fmaf(q[d + l], k(d + l), a[l]);
+  return qk_tree(a);
+}
+
+PLOW_HD PLOW_INLINE float qk_dot(const float* q, const float* k, int64_t n) {
+  return qk_dot_row(q, F32Row{k}, n);
+}
+
 // One (sequence, kv head)'s keys or values in key order: the pool's pages through the page
 // table, then this step's fresh rows (positions >= p_min are the step's own tokens, contiguous
 // in the input, fp32 as the op computed them). Advancing is an add within a page and one
@@ -595,6 +622,17 @@ struct KvWalk {
     } else {
       ptr = kv_row(c, layer, kind, table[kp / bs], kv, slot);
     }
+  }
+  // key `kp_` of the walk (any order: one table lookup), for walks that are not sequential
+  PLOW_HD void seek_to(int64_t kp_) {
+    kp = kp_;
+    seek();
+  }
+  // element d of the current row as fp32 (a bf16 row's element widened, exactly as row())
+  PLOW_HD float at(int64_t d) const { return ptr != nullptr ? ptr[d] : bf16_to_f32(ptr16[d]); }
+  // q . the current row, with qk_dot's order
+  PLOW_HD float dot(const float* q, int64_t n) const {
+    return ptr != nullptr ? qk_dot_row(q, F32Row{ptr}, n) : qk_dot_row(q, Bf16Row{ptr16}, n);
   }
   // the current row as fp32 (a bf16 row widened into stage row i)
   PLOW_HD const float* row(int i) {
@@ -635,24 +673,6 @@ struct KvWalk {
   }
 };
 
-// q . k with 8 lanes (lane l sums elements l, l + 8, ... in order) and a fixed tree. Attention
-// dots are short (head_dim), so fewer lanes than dot_f32's 32 keep the tree cheap; each score's
-// order depends only on head_dim, never on which keys or rows share its tile.
-#define PLOW_QK_LANES 8
-PLOW_HD static inline float qk_tree(float* a) {
-  for (int s = PLOW_QK_LANES / 2; s > 0; s >>= 1)
-    for (int l = 0; l < s; ++l) a[l] += a[l + s];
-  return a[0];
-}
-
-PLOW_HD PLOW_INLINE float qk_dot(const float* q, const float* k, int64_t n) {
-  float a[PLOW_QK_LANES] = {0};
-  int64_t d = 0;
-  for (; d + PLOW_QK_LANES <= n; d += PLOW_QK_LANES)
-    for (int l = 0; l < PLOW_QK_LANES; ++l) a[l] = fmaf(q[d + l], k[d + l], a[l]);
-  for (int l = 0; d + l < n; ++l) a[l] = fmaf(q[d + l], k[d + l], a[l]);
-  return qk_tree(a);
-}
 
 // Four keys against one query: four independent chains in flight, each with qk_dot's order.
 // Inlined into attend_rows' clones (a call per four keys through the clone dispatch cost as
@@ -783,8 +803,25 @@ PLOW_SIMD static void attend_rows(KvWalk& kw, KvWalk& vw, const float* const* qv
 // ranges [s0, s1), its key index). A row's
 // visible keys (causal, windowed) are one contiguous run, scored in key order; masked keys are
 // never touched.
+//
+// `Attend` says who runs it: ThreadAttend (one thread: the host, and any build's default), or
+// a group of `width` lanes that run every line together (kernels/device.cu's warp version:
+// lane `lane` writes elements d = lane, lane + width, ... of the rows, lane 0 alone the cache
+// and the partials' (m, l), `sync()` orders the lanes' scratch words, and `rows` replaces
+// attend_rows with the same arithmetic per word). The bits do not depend on it.
+struct ThreadAttend {
+  static constexpr int lane = 0, width = 1;
+  PLOW_HD void sync() const {}
+  PLOW_HD void rows(KvWalk& kw, KvWalk& vw, const float* const* qv, int64_t R, int64_t D,
+                    int64_t n, float scale, float softcap, float* sc, float* acc, float* m,
+                    float* l) const {
+    attend_rows(kw, vw, qv, R, D, n, scale, softcap, sc, acc, m, l);
+  }
+};
+
+template <class Attend = ThreadAttend>
 PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Range* r,
-                                      int64_t step, float* scratch) {
+                                      int64_t step, float* scratch, const Attend& at = {}) {
   int64_t scored = 0;  // (query row, key) pairs of the live length: the work, for the host
   const AttnGeom g(op);
   const PlowPlan* p = c.plan;
@@ -833,7 +870,7 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
         j1 = s1 < n_live ? s1 : n_live;
       }
       // cache write: tokens whose first query head is in the tile and key index in [s0, s1)
-      for (int64_t t = 0; t < g.T; ++t) {
+      for (int64_t t = 0; at.lane == 0 && t < g.T; ++t) {
         const int64_t pt = prow[t];
         if (pt < 0 || t * g.grp < lo_r || t * g.grp >= hi_r) continue;
         if (pt - key_lo < s0 || pt - key_lo >= s1) continue;
@@ -860,7 +897,8 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
         m[i] = -INFINITY;
         l[i] = 0.0f;
       }
-      for (int64_t d = 0; d < R * D; ++d) acc[d] = 0.0f;
+      for (int64_t d = at.lane; d < R * D; d += at.width) acc[d] = 0.0f;
+      at.sync();
       if (live && j1 > j0 && qpos >= 0) {
         scored += R * (j1 - j0);
         // the visible run: key positions in [lo, hi] (causal and windowed), inside the tile
@@ -875,21 +913,26 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
           float* stage = acc + PLOW_ATTN_ROWS * D;  // attention_scratch_floats' last 8 rows
           KvWalk kw(c, trow, layer, 0, kv, p_min, kfresh, fresh_ld, lo, stage);
           KvWalk vw(c, trow, layer, 1, kv, p_min, vfresh, fresh_ld, lo, stage + 4 * D);
-          attend_rows(kw, vw, qv, R, D, n, scale, softcap, sc, acc, m, l);
+          at.rows(kw, vw, qv, R, D, n, scale, softcap, sc, acc, m, l);
         }
       }
+      at.sync();
       for (int64_t i = 0; i < R; ++i) {
         const int64_t row = blk * g.block + r0 + i;
         const int64_t head = kv * g.grp + (r0 + i) % g.grp;
         if (step >= 0) {
-          memcpy(o_part + row * D, acc + i * D, D * 4);
-          ml_part[row * 2] = m[i];
-          ml_part[row * 2 + 1] = l[i];
+          for (int64_t d = at.lane; d < D; d += at.width) o_part[row * D + d] = acc[i * D + d];
+          if (at.lane == 0) {
+            ml_part[row * 2] = m[i];
+            ml_part[row * 2 + 1] = l[i];
+          }
         } else {
           float* o = out + ((bi * g.T + t) * g.H + head) * D;
-          for (int64_t d = 0; d < D; ++d) o[d] = l[i] > 0.0f ? acc[i * D + d] / l[i] : 0.0f;
+          for (int64_t d = at.lane; d < D; d += at.width)
+            o[d] = l[i] > 0.0f ? acc[i * D + d] / l[i] : 0.0f;
         }
       }
+      at.sync();  // the next group's scores overwrite the scratch these lanes read
       r0 = r1;
     }
   }
