@@ -997,6 +997,7 @@ def _build(
         "_np": np,
         "_heappop": heapq.heappop,
         "_binade": _binade,
+        "_int": int,
     }
     from collections import deque
 

@@ -81,14 +81,24 @@ def fast_block(
     # form, below)
     dur_lines += ["fok = fdur >= 1.0 and fdur == _floor(fdur)"]
     free = set(re.findall(r"\b[A-Za-z_]\w*\b", exec_code)) - {"b_tok", *PURE}
+    # whether each claim, holding at a run's first iteration, holds at all of them: a function
+    # of the duration and the batch alone, so remembered with the duration
+    monos = _monotone(chk_run) if not free else None
+    closed = _closed_form(chk_run, monos)
     if not free:
+        names = ["fdur", "fok", *(f"_mo{j}" for j in range(len(monos or [])))]
+        flags = [
+            f"_mo{j} = fok and {m}" if m is not None else f"_mo{j} = False"
+            for j, m in enumerate(monos or [])
+        ]
         # a subscript in a `try` (free when it does not raise) costs less than `FDUR.get`
         dur_lines = [
             "try:",
-            "    fdur, fok = FDUR[b_tok]",
+            f"    {', '.join(names)} = FDUR[b_tok]",
             "except KeyError:",
             *_ind(dur_lines, 1),
-            "    FDUR[b_tok] = (fdur, fok)",
+            *_ind(flags, 1),
+            f"    FDUR[b_tok] = ({', '.join(names)})",
         ]
     # `stop` and `rec` are set once before a chain of runs (see `warm` below)
     head = [*dur_lines]
@@ -141,7 +151,6 @@ def fast_block(
         ]
     else:
         stepped += [*step, "n = it - i0"]
-    closed = _closed_form(chk_run)
     head += ["i0 = it"]
     if closed is not None:
         head += [*closed, "else:", *_ind(stepped, 1)]
@@ -233,7 +242,90 @@ def fast_block(
     return out
 
 
-def _closed_form(chk_run: list[str]) -> list[str] | None:
+def _claim_parts(chk_run: list[str]) -> list[tuple[str, str, pyast.expr]] | None:
+    """``(flag, record, body)`` of each claim check in ``chk_run``, or None when one is not
+    an affine comparison (:func:`_affine_claim`)."""
+    checks: list[tuple[str, str, pyast.expr]] = []
+    for i in range(0, len(chk_run), 3):
+        m = re.fullmatch(r"if (c\d+) and not (.*):", chk_run[i + 1].strip())
+        if m is None:
+            return None
+        body = pyast.parse(m.group(2), mode="eval").body
+        if not _affine_claim(body):
+            return None
+        checks.append((m.group(1), "v" + m.group(1)[1:], body))
+    return checks
+
+
+def _monotone(chk_run: list[str]) -> list[str | None] | None:
+    """For each claim, code deciding from ``fdur`` and ``b_tok`` that the claim cannot go from
+    holding to failing within a run (None: not known, the run checks its last iteration).
+
+    A claim ``L op R`` whose sides have constant coefficients ``a`` on ``now`` and ``s`` on
+    ``served`` (:func:`_coefs`) changes ``L - R`` by ``a * fdur + s * b_tok`` per iteration
+    (exactly: ``fdur`` is a whole number when the closed form runs, and the sum is taken in
+    ints); for ``>=`` and ``>`` a change ``>= 0`` keeps it holding, for ``<=`` and ``<`` a
+    change ``<= 0`` (a negated claim flips the comparison).
+    """
+    checks = _claim_parts(chk_run)
+    if checks is None:
+        return None
+    out: list[str | None] = []
+    for _, _, body in checks:
+        neg = isinstance(body, pyast.UnaryOp)
+        cmp = body.operand if isinstance(body, pyast.UnaryOp) else body
+        assert isinstance(cmp, pyast.Compare)
+        lc, rc = _coefs(cmp.left), _coefs(cmp.comparators[0])
+        if lc is None or rc is None:
+            out.append(None)
+            continue
+        a, s = lc[0] - rc[0], lc[1] - rc[1]
+        up = isinstance(cmp.ops[0], pyast.Gt | pyast.GtE) != neg
+        slope = f"({a} * _int(fdur) + {s} * b_tok)"
+        out.append(f"{slope} >= 0" if up else f"{slope} <= 0")
+    return out
+
+
+def _coefs(e: pyast.expr) -> tuple[int, int] | None:
+    """The constant coefficients ``(on now, on served)`` of a side that :func:`_affine`
+    accepts, or None when one depends on the run's counts (``served * n_dec``)."""
+    if isinstance(e, pyast.Constant):
+        return (0, 0)
+    if isinstance(e, pyast.Name):
+        return (1, 0) if e.id == "now" else (0, 1) if e.id == "served" else (0, 0)
+    if isinstance(e, pyast.UnaryOp) and isinstance(e.op, pyast.USub | pyast.UAdd):
+        c = _coefs(e.operand)
+        return None if c is None else (-c[0], -c[1]) if isinstance(e.op, pyast.USub) else c
+    if isinstance(e, pyast.BinOp):
+        a, b = _coefs(e.left), _coefs(e.right)
+        if a is None or b is None:
+            return None
+        if isinstance(e.op, pyast.Add):
+            return (a[0] + b[0], a[1] + b[1])
+        if isinstance(e.op, pyast.Sub):
+            return (a[0] - b[0], a[1] - b[1])
+        if isinstance(e.op, pyast.Mult):
+            for x, cx, y in ((e.left, a, e.right), (e.right, b, e.left)):
+                if cx == (0, 0):
+                    k = _const_value(x)
+                    if k is not None:
+                        cy = _coefs(y)
+                        return None if cy is None else (k * cy[0], k * cy[1])
+            return (0, 0) if a == (0, 0) and b == (0, 0) else None
+    return None
+
+
+def _const_value(e: pyast.expr) -> int | None:
+    """An int constant, or a float literal that is a whole number (a power of two here)."""
+    v = _int_const(e)
+    if v is not None:
+        return v
+    if isinstance(e, pyast.Constant) and type(e.value) is float and e.value.is_integer():
+        return int(e.value)
+    return None
+
+
+def _closed_form(chk_run: list[str], monos: list[str | None] | None) -> list[str] | None:
     """A run taken in one step instead of iteration by iteration, when that is exact.
 
     Guarded at run time by the *exact regime*: the duration ``fdur`` is a whole number of µs
@@ -252,21 +344,15 @@ def _closed_form(chk_run: list[str]) -> list[str] | None:
     (:func:`_affine`): at the run's ``k``-th iteration each side is then an affine function
     of ``k``, so the iterations where the claim holds are an interval that reaches one end of
     the run. Checking the first and the last iteration decides whether it holds on all of
-    them; when it holds on the first and fails on the last, a bisection finds the first that
-    fails, which the plain loop would have recorded (``it``, its exact ``now``; the trace is
+    them (the first alone when the claim's slope keeps it holding: :func:`_monotone`); when
+    it holds on the first and fails on the last, a bisection finds the first that fails, which the plain loop would have recorded (``it``, its exact ``now``; the trace is
     empty when not tracing, and the fast path does not run when tracing). Claims that cannot
     raise (no division, no call) are the only ones taken. Returns None when a claim is not of
     this form (the run is then stepped).
     """
-    checks: list[tuple[str, str, pyast.expr]] = []
-    for i in range(0, len(chk_run), 3):
-        m = re.fullmatch(r"if (c\d+) and not (.*):", chk_run[i + 1].strip())
-        if m is None:
-            return None
-        body = pyast.parse(m.group(2), mode="eval").body
-        if not _affine_claim(body):
-            return None
-        checks.append((m.group(1), "v" + m.group(1)[1:], body))
+    checks = _claim_parts(chk_run)
+    if checks is None:
+        return None
 
     def at(e: pyast.expr, k: str | None) -> str:
         if k is None:
@@ -301,12 +387,13 @@ def _closed_form(chk_run: list[str]) -> list[str] | None:
     ]
     if checks:
         out += ["    if n:"]
-        for c, v, body in checks:
+        for j, (c, v, body) in enumerate(checks):
+            cached = monos is not None and monos[j] is not None
             out += [
                 f"        if {c}:",
                 f"            if not ({at(body, None)}):",
                 f"                {c} = False; {v} = (it, now, list(trace))",
-                "            else:",
+                f"            elif not _mo{j}:" if cached else "            else:",
                 "                _k = n - 1",
                 f"                if _k and not ({at(body, '_k')}):",
                 "                    _lo = 0",
