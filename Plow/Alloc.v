@@ -64,7 +64,9 @@ Inductive alloc_error : Type :=
 (** buffers [i] and [j] share bytes, [i]'s live range ends before [j]'s
     starts, but task [u] (an accessor of [i]) does not happen before task [t]
     (an accessor of [j]) by the counter protocol. *)
-| Unordered (i u j t : N).
+| Unordered (i u j t : N)
+(** buffer [i] has tasks and bytes but an empty live range. *)
+| Unlive (i : N).
 
 (** Both buffers live at a common step, and they share a byte. *)
 Definition conflict (x y : buffer) : bool :=
@@ -268,52 +270,81 @@ Definition covered (jx : option vclock) (my : option vclock) : bool :=
   | Some m => match jx with Some j => tle j m | None => false end
   end.
 
-(** [x] (position [i]) ends before [y] (position [j]) starts: every accessor of
-    [x] must be covered by the meet of [y]'s accessors' clocks ([mm]); [jm]:
-    per buffer, its accessors' positions.  The error names a task of each. *)
-Definition dir_check (pm : ctrie (N * N)) (cm : ctrie vclock) (am : ctrie (list N))
-  (jm mm : ctrie (option vclock)) (i : N) (x : buffer) (j : N) (y : buffer)
-  : option alloc_error :=
-  if b_last x <=? b_first y then
-    if covered (Counters.get jm None i) (Counters.get mm None j) then None
-    else
-      let u := match first_unordered pm (Counters.get mm None j) (Counters.get am [] i) with
-               | Some u => u
-               | None => i
-               end in
-      Some (Unordered i u j (witness pm cm u (Counters.get am [] j)))
-  else None.
+(** ** The sweep over time
 
-Definition share_bytes (x y : buffer) : bool :=
-  N.max (b_offset x) (b_offset y) <? N.min (b_end x) (b_end y).
+    Comparing every two byte-sharing buffers costs the number of such pairs
+    (a pool reused by every layer: the square of the layers).  Instead the
+    buffers that have tasks and bytes are swept in order of their first live
+    step, keeping a frontier: pieces [(buffer, lo, hi)] of the arena, each
+    the last swept buffer on those bytes.  A buffer is compared only with the
+    frontier pieces it overlaps and then replaces them on its bytes; an older
+    buffer under those bytes is ordered before it through the piece that
+    covered it (happens-before is transitive and every frontier buffer has a
+    task).  Buffers live at a common step never share bytes
+    ([check_alloc]), so a buffer that shares bytes with a later-starting one
+    ends before that one starts. *)
 
-Definition pair_check (pm : ctrie (N * N)) (cm : ctrie vclock) (am : ctrie (list N))
-  (jm mm : ctrie (option vclock)) (i : N) (x : buffer) (j : N) (y : buffer)
-  : option alloc_error :=
-  if share_bytes x y then
-    match dir_check pm cm am jm mm i x j y with
-    | Some e => Some e
-    | None => dir_check pm cm am jm mm j y i x
-    end
-  else None.
+(** Buffers (with their positions) by first live step. *)
+Module FirstOrder <: Orders.TotalLeBool'.
+  Definition t : Type := (N * buffer)%type.
+  Definition leb (x y : t) : bool := b_first (snd x) <=? b_first (snd y).
+  Infix "<=?" := leb (at level 70, no associativity).
+  Lemma leb_total : forall x y, (x <=? y) = true \/ (y <=? x) = true.
+  Proof.
+    intros x y. unfold leb. destruct (N.leb_spec (b_first (snd x)) (b_first (snd y)));
+      [left; reflexivity|right; apply N.leb_le; apply N.lt_le_incl; assumption].
+  Qed.
+End FirstOrder.
 
-(** The same pair enumeration as [scan]/[sweep]: [x] against the following
-    buffers in offset order that start before its end. *)
-Fixpoint oscan (f : N -> buffer -> N -> buffer -> option alloc_error) (i : N) (x : buffer)
-  (rest : list (N * buffer)) : option alloc_error :=
-  match rest with
+Module FirstSort := Mergesort.Sort FirstOrder.
+
+(** A frontier piece: a buffer and bytes [[lo, hi)] of it. *)
+Definition piece : Type := (N * N * N)%type.
+
+Definition meets (lo hi a b : N) : bool := (a <? hi) && (lo <? b).
+
+(** The parts of piece [f] outside [[lo, hi)]. *)
+Definition outside (lo hi : N) (f : piece) : list piece :=
+  let '(z, a, b) := f in
+  if meets lo hi a b then
+    (if a <? lo then [(z, a, lo)] else []) ++ (if hi <? b then [(z, hi, b)] else [])
+  else [f].
+
+Definition ftrim (lo hi : N) (fr : list piece) : list piece := flat_map (outside lo hi) fr.
+
+(** The first frontier buffer overlapping [[lo, hi)] whose tasks the meet
+    [my] does not cover. *)
+Fixpoint fcheck (jm : ctrie (option vclock)) (my : option vclock) (lo hi : N)
+  (fr : list piece) : option N :=
+  match fr with
   | [] => None
-  | (j, y) :: rest' =>
-      if b_end x <=? b_offset y then None
-      else match f i x j y with Some e => Some e | None => oscan f i x rest' end
+  | (z, a, b) :: fr' =>
+      if meets lo hi a b && negb (covered (Counters.get jm None z) my) then Some z
+      else fcheck jm my lo hi fr'
   end.
 
-Fixpoint osweep (f : N -> buffer -> N -> buffer -> option alloc_error)
-  (sorted : list (N * buffer)) : option alloc_error :=
-  match sorted with
+Fixpoint fsweep (pm : ctrie (N * N)) (cm : ctrie vclock) (am : ctrie (list N))
+  (jm mm : ctrie (option vclock)) (l : list (N * buffer)) (fr : list piece)
+  : option alloc_error :=
+  match l with
   | [] => None
-  | (i, x) :: rest => match oscan f i x rest with Some e => Some e | None => osweep f rest end
+  | (j, y) :: l' =>
+      match fcheck jm (Counters.get mm None j) (b_offset y) (b_end y) fr with
+      | Some z =>
+          let u := match first_unordered pm (Counters.get mm None j) (Counters.get am [] z) with
+                   | Some u => u
+                   | None => z
+                   end in
+          Some (Unordered z u j (witness pm cm u (Counters.get am [] j)))
+      | None => fsweep pm cm am jm mm l' ((j, b_offset y, b_end y) :: ftrim (b_offset y) (b_end y) fr)
+      end
   end.
+
+(** The buffers the rule is about: with a task and a byte. *)
+Definition sharing_entries (am : ctrie (list N)) (bufs : list buffer) : list (N * buffer) :=
+  filter (fun e => negb (match Counters.get am [] (fst e) with [] => true | _ => false end)
+                   && (0 <? b_size (snd e)))
+    (index_from 0 bufs).
 
 Definition check_shared (bufs : list buffer) (p : cplan) (order : list N)
   (accs : list (list N)) : option alloc_error :=
@@ -324,7 +355,11 @@ Definition check_shared (bufs : list buffer) (p : cplan) (order : list N)
   let am := Counters.index_map accs in
   let jm := Counters.index_map (map (fun us => join_pos pm us Counters.Leaf) accs) in
   let mm := Counters.index_map (map (meet_clocks cm) accs) in
-  osweep (pair_check pm cm am jm mm) (OffsetSort.sort (index_from 0 bufs)).
+  let es := sharing_entries am bufs in
+  match find (fun e => b_last (snd e) <=? b_first (snd e)) es with
+  | Some (i, _) => Some (Unlive i)
+  | None => fsweep pm cm am jm mm (FirstSort.sort es) []
+  end.
 
 (** The checkpoint-F checker with the sharing rule: [check_alloc], then every
     two byte-sharing buffers ordered ([check_shared]). *)

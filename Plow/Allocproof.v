@@ -1,5 +1,5 @@
 (** Allocation safety (checkpoint F): theorems F1 and F2. *)
-From Coq Require Import Arith NArith List Bool Lia RelationClasses Sorted Permutation.
+From Coq Require Import Arith NArith List Bool Lia RelationClasses Sorted Permutation Relations.
 From Plow Require Import Loc Alloc.
 From Plow Require Counters Countersproof Dataflow Dataflowproof Flowsweep Flowsweepproof.
 Import ListNotations.
@@ -412,65 +412,19 @@ Proof.
     intros x Hx t' [<-|[]]. exact Hx.
 Qed.
 
-Lemma share_bytes_sym : forall x y, share_bytes x y = share_bytes y x.
-Proof.
-  intros x y. unfold share_bytes.
-  rewrite (N.max_comm (b_offset x)), (N.min_comm (b_end x)). reflexivity.
-Qed.
-
-Lemma share_past_end : forall x y, b_end x <= b_offset y -> share_bytes x y = false.
-Proof.
-  intros x y H. unfold share_bytes. apply N.ltb_ge.
-  pose proof (N.le_max_r (b_offset x) (b_offset y)).
-  pose proof (N.le_min_l (b_end x) (b_end y)). lia.
-Qed.
-
-Lemma oscan_none : forall f i x rest,
-  StronglySorted (fun x y => is_true (OffsetOrder.leb x y)) rest ->
-  oscan f i x rest = None ->
-  forall j y, In (j, y) rest -> share_bytes x y = true -> f i x j y = None.
-Proof.
-  induction rest as [|[j0 y0] rest IH]; intros Hs H j y Hin Hsh; [destruct Hin|].
-  inversion Hs as [|? ? Hs' Hall]; subst. simpl in H.
-  destruct (N.leb_spec (b_end x) (b_offset y0)) as [Hend|Hend].
-  - exfalso. rewrite share_past_end in Hsh; [discriminate|].
-    destruct Hin as [Heq|Hin]; [injection Heq as <- <-; exact Hend|].
-    eapply Forall_forall in Hall; [|exact Hin].
-    unfold is_true, OffsetOrder.leb in Hall. apply N.leb_le in Hall. simpl in Hall. lia.
-  - destruct (f i x j0 y0) eqn:Hf; [discriminate|].
-    destruct Hin as [Heq|Hin]; [injection Heq as <- <-; exact Hf|]. eapply IH; eassumption.
-Qed.
-
-Lemma osweep_none : forall f l,
-  StronglySorted (fun x y => is_true (OffsetOrder.leb x y)) l ->
-  osweep f l = None ->
-  forall i x j y, In (i, x) l -> In (j, y) l -> i <> j -> share_bytes x y = true ->
-  f i x j y = None \/ f j y i x = None.
-Proof.
-  induction l as [|[i0 x0] rest IH]; intros Hs H i x j y H1 H2 Hne Hsh; [destruct H1|].
-  inversion Hs as [|? ? Hs' Hall]; subst. simpl in H.
-  destruct (oscan f i0 x0 rest) eqn:Hscan; [discriminate|].
-  destruct H1 as [E1|H1], H2 as [E2|H2].
-  - injection E1 as <- <-. injection E2 as <- <-. now destruct Hne.
-  - injection E1 as <- <-. left. eapply oscan_none; eassumption.
-  - injection E2 as <- <-. right. eapply oscan_none; try eassumption.
-    rewrite share_bytes_sym. exact Hsh.
-  - eapply IH; eassumption.
-Qed.
-
-Lemma pair_check_none : forall pm cm am jm mm i x j y,
-  pair_check pm cm am jm mm i x j y = None -> share_bytes x y = true ->
-  dir_check pm cm am jm mm i x j y = None /\ dir_check pm cm am jm mm j y i x = None.
-Proof.
-  intros pm cm am jm mm i x j y H Hsh. unfold pair_check in H. rewrite Hsh in H.
-  destruct (dir_check pm cm am jm mm i x j y); [discriminate|]. auto.
-Qed.
-
 Lemma get_map_in : forall {A B : Type} (f : A -> B) (l : list A) (a : A) (d : B) i,
   (i < length l)%nat ->
   Counters.get (Counters.index_map (map f l)) d (N.of_nat i) = f (nth i l a).
 Proof.
   intros A B f l a d i Hi. rewrite Countersproof.get_index_map, Nat2N.id.
+  rewrite (nth_indep _ d (f a)) by (rewrite map_length; exact Hi). apply map_nth.
+Qed.
+
+Lemma get_map_N : forall {A B : Type} (f : A -> B) (l : list A) (a : A) (d : B) i,
+  (N.to_nat i < length l)%nat ->
+  Counters.get (Counters.index_map (map f l)) d i = f (nth (N.to_nat i) l a).
+Proof.
+  intros A B f l a d i Hi. rewrite Countersproof.get_index_map.
   rewrite (nth_indep _ d (f a)) by (rewrite map_length; exact Hi). apply map_nth.
 Qed.
 
@@ -531,11 +485,190 @@ Proof.
 Qed.
 
 Lemma get_meets : forall cm accs j,
-  Counters.get (Counters.index_map (map (meet_clocks cm) accs)) None (N.of_nat j) =
-  meet_clocks cm (nth j accs []).
+  Counters.get (Counters.index_map (map (meet_clocks cm) accs)) None j =
+  meet_clocks cm (nth (N.to_nat j) accs []).
 Proof.
-  intros cm accs j. rewrite Countersproof.get_index_map, Nat2N.id.
+  intros cm accs j. rewrite Countersproof.get_index_map.
   change None with (meet_clocks cm []). apply map_nth.
+Qed.
+
+Section Sweep.
+Variable p : cplan.
+Variable order : list N.
+Variable accs : list (list N).
+
+Let pm := Counters.pos_map (Counters.cp_queues p).
+Let cm := task_clocks (Counters.index_map (Counters.cp_waits p))
+            (Counters.index_map (Counters.cp_signals p)) pm order
+            Counters.Leaf Counters.Leaf Counters.Leaf.
+Let am := Counters.index_map accs.
+Let jm := Counters.index_map (map (fun us => join_pos pm us Counters.Leaf) accs).
+Let mm := Counters.index_map (map (meet_clocks cm) accs).
+
+Let acc (i : N) : list N := nth (N.to_nat i) accs [].
+
+(** Every task of buffer [i] is, or happens before, every task of buffer [j]. *)
+Definition reach (i j : N) : Prop :=
+  forall u t, In u (acc i) -> In t (acc j) -> u = t \/ Dataflow.hb p u t.
+
+Lemma reach_trans : forall i z j, reach i z -> reach z j -> acc z <> [] -> reach i j.
+Proof.
+  intros i z j H1 H2 Hz u t Hu Ht.
+  destruct (acc z) as [|s rest] eqn:E; [now destruct Hz|].
+  assert (Hs : In s (acc z)) by (rewrite E; left; reflexivity).
+  destruct (H1 u s Hu Hs) as [->|Hus]; destruct (H2 s t Hs Ht) as [->|Hst]; auto.
+  right. eapply t_trans; eauto.
+Qed.
+
+Lemma covered_reach : forall z j,
+  covered (Counters.get jm None z) (Counters.get mm None j) = true -> reach z j.
+Proof.
+  intros z j Hc u t Hu Ht. unfold acc in Hu, Ht.
+  assert (Hli : (N.to_nat z < length accs)%nat).
+  { destruct (Nat.lt_ge_cases (N.to_nat z) (length accs)) as [Hl|Hl]; [exact Hl|].
+    rewrite nth_overflow in Hu by exact Hl. destruct Hu. }
+  unfold jm, mm in Hc.
+  rewrite get_meets, (get_map_N _ _ [] None _ Hli) in Hc.
+  destruct (meet_clocks cm (nth (N.to_nat j) accs [])) as [m|] eqn:Em.
+  2: { destruct (nth (N.to_nat j) accs []); [destruct Ht|discriminate]. }
+  destruct (join_pos pm (nth (N.to_nat z) accs []) Counters.Leaf) as [J|] eqn:EJ;
+    [|discriminate].
+  simpl in Hc.
+  destruct (proj2 (join_pos_spec _ _ _ _ EJ) u Hu) as (w & iu & k & Hpu & Hk & Hle).
+  destruct (tle_spec _ _ Hc _ _ Hk) as (k' & Hk' & Hle').
+  assert (Hcov := meet_clocks_good p cm (clocks_good p order) _ _ Em).
+  apply (Countersproof.pos_map_ok (Counters.cp_queues p)) in Hpu.
+  exact (Hcov w k' iu u Hk' Hpu ltac:(lia) t Ht).
+Qed.
+
+Lemma fcheck_none : forall my lo hi fr, fcheck jm my lo hi fr = None ->
+  forall z a b, In (z, a, b) fr -> meets lo hi a b = true ->
+  covered (Counters.get jm None z) my = true.
+Proof.
+  induction fr as [|[[z0 a0] b0] fr IH]; intros H z a b Hin Hm; [destruct Hin|].
+  simpl in H. destruct (meets lo hi a0 b0 && negb (covered (Counters.get jm None z0) my)) eqn:E;
+    [discriminate|].
+  destruct Hin as [Heq|Hin]; [|exact (IH H z a b Hin Hm)].
+  injection Heq as <- <- <-. rewrite Hm in E. simpl in E.
+  apply negb_false_iff in E. exact E.
+Qed.
+
+Lemma meets_spec : forall lo hi a b x, lo <= x < hi -> a <= x < b -> meets lo hi a b = true.
+Proof.
+  intros lo hi a b x H1 H2. unfold meets. apply andb_true_iff. split; apply N.ltb_lt; lia.
+Qed.
+
+Lemma ftrim_keeps : forall lo hi fr z a b x, In (z, a, b) fr -> a <= x < b -> ~ (lo <= x < hi) ->
+  exists a' b', In (z, a', b') (ftrim lo hi fr) /\ a' <= x < b'.
+Proof.
+  intros lo hi fr z a b x Hin Hx Hn. unfold ftrim.
+  assert (H : exists a' b', In (z, a', b') (outside lo hi (z, a, b)) /\ a' <= x < b').
+  { unfold outside. destruct (meets lo hi a b) eqn:Hm.
+    - destruct (N.lt_ge_cases x lo) as [Hl|Hl].
+      + exists a, lo. split; [|lia]. apply in_or_app. left.
+        destruct (N.ltb_spec a lo); [left; reflexivity|lia].
+      + assert (hi <= x) by lia.
+        exists hi, b. split; [|lia]. apply in_or_app. right.
+        destruct (N.ltb_spec hi b); [left; reflexivity|lia].
+    - exists a, b. split; [left; reflexivity|exact Hx]. }
+  destruct H as (a' & b' & Hin' & Hx'). exists a', b'. split; [|exact Hx'].
+  apply in_flat_map. exists (z, a, b). auto.
+Qed.
+
+Lemma ftrim_sub : forall lo hi fr z a' b', In (z, a', b') (ftrim lo hi fr) ->
+  exists a b, In (z, a, b) fr.
+Proof.
+  intros lo hi fr z a' b' H. unfold ftrim in H. apply in_flat_map in H as ([[z0 a] b] & Hin & Ho).
+  unfold outside in Ho. exists a, b.
+  destruct (meets lo hi a b).
+  - apply in_app_or in Ho.
+    destruct Ho as [Ho|Ho]; [destruct (a <? lo)|destruct (hi <? b)]; simpl in Ho;
+      try contradiction; destruct Ho as [Ho|[]]; injection Ho as -> _ _; exact Hin.
+  - destruct Ho as [Ho|[]]. injection Ho as -> _ _. exact Hin.
+Qed.
+
+Definition shares (x y : buffer) : Prop := exists a, holds x a /\ holds y a.
+
+(** The frontier covers every byte of every swept buffer by a piece of a
+    buffer it reaches. *)
+Definition finv (P : N * buffer -> Prop) (fr : list piece) : Prop :=
+  (forall i x a, P (i, x) -> holds x a ->
+     exists z lo hi, In (z, lo, hi) fr /\ lo <= a < hi /\ (z = i \/ reach i z)) /\
+  (forall z lo hi, In (z, lo, hi) fr -> acc z <> []).
+
+Inductive before {A : Type} : list A -> A -> A -> Prop :=
+| before_here : forall a b l, In b l -> before (a :: l) a b
+| before_there : forall a b c l, before l a b -> before (c :: l) a b.
+
+Lemma fsweep_ok : forall l fr P,
+  fsweep pm cm am jm mm l fr = None -> finv P fr ->
+  (forall e, In e l -> acc (fst e) <> []) ->
+  (forall e1 e2, P e1 -> In e2 l -> shares (snd e1) (snd e2) -> reach (fst e1) (fst e2)) /\
+  (forall e1 e2, before l e1 e2 -> shares (snd e1) (snd e2) -> reach (fst e1) (fst e2)).
+Proof.
+  induction l as [|[j y] l IH]; intros fr P H [Hcov Hne] Hl.
+  { split; [intros e1 e2 _ He2; destruct He2|intros e1 e2 Hb; inversion Hb]. }
+  simpl in H.
+  destruct (fcheck jm (Counters.get mm None j) (b_offset y) (b_end y) fr) eqn:Hc;
+    [discriminate|].
+  assert (Hj : acc j <> []) by exact (Hl (j, y) (or_introl eq_refl)).
+  (* an old buffer under [y]'s bytes reaches [y] *)
+  assert (Hold : forall i x a, P (i, x) -> holds x a -> holds y a -> reach i j).
+  { intros i x a Hp Hx Hy.
+    destruct (Hcov i x a Hp Hx) as (z & lo & hi & Hin & Ha & Hz).
+    assert (Hzj : reach z j).
+    { apply covered_reach. eapply fcheck_none; [exact Hc|exact Hin|].
+      unfold holds in Hy. eapply meets_spec; [exact Hy|exact Ha]. }
+    destruct Hz as [->|Hiz]; [exact Hzj|]. eapply reach_trans; eauto. }
+  set (P' := fun e => P e \/ e = (j, y)).
+  assert (Hinv : finv P' ((j, b_offset y, b_end y) :: ftrim (b_offset y) (b_end y) fr)).
+  { split.
+    - intros i x a [Hp|Heq] Hx.
+      + destruct (N.le_gt_cases (b_offset y) a) as [H1|H1];
+          [destruct (N.lt_ge_cases a (b_end y)) as [H2|H2]|].
+        * exists j, (b_offset y), (b_end y). split; [left; reflexivity|]. split; [lia|].
+          right. eapply Hold; [exact Hp|exact Hx|]. unfold holds. lia.
+        * destruct (Hcov i x a Hp Hx) as (z & lo & hi & Hin & Ha & Hz).
+          destruct (ftrim_keeps (b_offset y) (b_end y) fr z lo hi a Hin Ha ltac:(lia))
+            as (a' & b' & Hin' & Ha').
+          exists z, a', b'. split; [right; exact Hin'|]. auto.
+        * destruct (Hcov i x a Hp Hx) as (z & lo & hi & Hin & Ha & Hz).
+          destruct (ftrim_keeps (b_offset y) (b_end y) fr z lo hi a Hin Ha ltac:(lia))
+            as (a' & b' & Hin' & Ha').
+          exists z, a', b'. split; [right; exact Hin'|]. auto.
+      + injection Heq as -> ->. exists j, (b_offset y), (b_end y).
+        split; [left; reflexivity|]. unfold holds in Hx. split; [lia|left; reflexivity].
+    - intros z lo hi [Heq|Hin].
+      + injection Heq as -> _ _. exact Hj.
+      + destruct (ftrim_sub _ _ _ _ _ _ Hin) as (a & b & Hin0). exact (Hne z a b Hin0). }
+  destruct (IH _ P' H Hinv (fun e He => Hl e (or_intror He))) as [HA HB].
+  split.
+  - intros e1 e2 Hp [<-|He2] Hsh.
+    + destruct e1 as [i x]. destruct Hsh as (a & Hx & Hy). exact (Hold i x a Hp Hx Hy).
+    + apply HA; [left; exact Hp|exact He2|exact Hsh].
+  - intros e1 e2 Hb Hsh. inversion Hb as [a b l0 Hin|a b c l0 Hb']; subst.
+    + apply HA; [right; reflexivity|exact Hin|exact Hsh].
+    + apply HB; [exact Hb'|exact Hsh].
+Qed.
+
+End Sweep.
+
+Lemma sorted_before : forall {A} (R : A -> A -> Prop) l e1 e2,
+  StronglySorted R l -> In e1 l -> In e2 l -> ~ R e2 e1 -> (forall e, R e e) ->
+  before l e1 e2.
+Proof.
+  intros A R l. induction l as [|h l IH]; intros e1 e2 Hs H1 H2 Hn Hr; [destruct H1|].
+  inversion Hs as [|? ? Hs' Hall]; subst.
+  destruct H1 as [<-|H1], H2 as [<-|H2].
+  - exfalso. apply Hn, Hr.
+  - apply before_here. exact H2.
+  - exfalso. apply Hn. eapply Forall_forall in Hall; [exact Hall|exact H1].
+  - apply before_there. apply IH; auto.
+Qed.
+
+Lemma first_leb_trans : Transitive (fun x y => is_true (FirstOrder.leb x y)).
+Proof.
+  intros x y z. unfold is_true, FirstOrder.leb. rewrite !N.leb_le. lia.
 Qed.
 
 (** F3: an accepted sharing check orders every two byte-sharing buffers. *)
@@ -544,39 +677,41 @@ Theorem check_shared_sound : forall bufs p order accs,
 Proof.
   intros bufs p order accs H i j bi bj Hij Hi Hj Hlive Hbyte u t Hu Ht.
   unfold check_shared in H.
-  set (pm := Counters.pos_map (Counters.cp_queues p)) in H.
-  set (cm := task_clocks _ _ pm order Counters.Leaf Counters.Leaf Counters.Leaf) in H.
-  assert (Hsh : share_bytes bi bj = true).
-  { unfold share_bytes. apply N.ltb_lt, intervals_meet.
-    destruct Hbyte as (a & Ha & Hb). exists a. unfold holds in *. split; assumption. }
-  pose proof (OffsetSort.Permuted_sort (index_from 0 bufs)) as Hperm.
-  assert (Hin : forall k b, nth_error bufs k = Some b ->
-            In (N.of_nat k, b) (OffsetSort.sort (index_from 0 bufs))).
-  { intros k b Hk. eapply Permutation_in; [exact Hperm|]. apply (index_from_nth bufs 0 k b Hk). }
-  assert (Hd : dir_check pm cm (Counters.index_map accs)
-                 (Counters.index_map (map (fun us => join_pos pm us Counters.Leaf) accs))
-                 (Counters.index_map (map (meet_clocks cm) accs))
-                 (N.of_nat i) bi (N.of_nat j) bj = None).
-  { destruct (osweep_none _ _ (sort_sorted _) H _ _ _ _ (Hin i bi Hi) (Hin j bj Hj)
-                ltac:(lia) Hsh) as [Hp|Hp].
-    - apply (pair_check_none _ _ _ _ _ _ _ _ _ Hp Hsh).
-    - rewrite share_bytes_sym in Hsh. apply (pair_check_none _ _ _ _ _ _ _ _ _ Hp Hsh). }
-  unfold dir_check in Hd.
-  destruct (N.leb_spec (b_last bi) (b_first bj)) as [_|Hlt]; [|lia].
-  destruct (covered _ _) eqn:Hc; [|discriminate]. clear Hd.
-  assert (Hli : (i < length accs)%nat).
-  { destruct (Nat.lt_ge_cases i (length accs)) as [Hl|Hl]; [exact Hl|].
-    rewrite nth_overflow in Hu by exact Hl. destruct Hu. }
-  rewrite get_meets, (get_map_in _ _ [] None i Hli) in Hc.
-  destruct (meet_clocks cm (nth j accs [])) as [m|] eqn:Em.
-  2: { destruct (nth j accs []); [destruct Ht|discriminate]. }
-  destruct (join_pos pm (nth i accs []) Counters.Leaf) as [J|] eqn:EJ; [|discriminate].
-  simpl in Hc.
-  destruct (proj2 (join_pos_spec _ _ _ _ EJ) u Hu) as (w & iu & k & Hpu & Hk & Hle).
-  destruct (tle_spec _ _ Hc _ _ Hk) as (k' & Hk' & Hle').
-  assert (Hcov := meet_clocks_good p cm (clocks_good p order) _ _ Em).
-  apply (Countersproof.pos_map_ok (Counters.cp_queues p)) in Hpu.
-  exact (Hcov w k' iu u Hk' Hpu ltac:(lia) t Ht).
+  set (am := Counters.index_map accs) in H.
+  set (es := sharing_entries am bufs) in H.
+  assert (Hes : forall k b, nth_error bufs k = Some b -> nth k accs [] <> [] -> 0 < b_size b ->
+            In (N.of_nat k, b) es).
+  { intros k b Hk Hn Hsz. unfold es, sharing_entries. apply filter_In. split.
+    - apply (index_from_nth bufs 0 k b Hk).
+    - simpl. unfold am. rewrite Countersproof.get_index_map, Nat2N.id.
+      destruct (nth k accs []); [now destruct Hn|]. simpl. apply N.ltb_lt. exact Hsz. }
+  assert (Hsz : forall b, (exists a, holds b a) -> 0 < b_size b).
+  { intros b (a & Ha). unfold holds, b_end in Ha. lia. }
+  destruct Hbyte as (a & Ha & Hb).
+  assert (Hei : In (N.of_nat i, bi) es).
+  { apply Hes; [exact Hi| |apply Hsz; exists a; exact Ha]. destruct (nth i accs []); [destruct Hu|discriminate]. }
+  assert (Hej : In (N.of_nat j, bj) es).
+  { apply Hes; [exact Hj| |apply Hsz; exists a; exact Hb]. destruct (nth j accs []); [destruct Ht|discriminate]. }
+  destruct (find (fun e => b_last (snd e) <=? b_first (snd e)) es) as [[k e]|] eqn:Hf;
+    [discriminate|].
+  pose proof (find_none _ _ Hf _ Hei) as Hlv. simpl in Hlv. apply N.leb_gt in Hlv.
+  pose proof (FirstSort.Permuted_sort es) as Hperm.
+  assert (Hbef : before (FirstSort.sort es) (N.of_nat i, bi) (N.of_nat j, bj)).
+  { apply (sorted_before (fun x y => is_true (FirstOrder.leb x y))).
+    - apply FirstSort.StronglySorted_sort. exact first_leb_trans.
+    - eapply Permutation_in; [exact Hperm|exact Hei].
+    - eapply Permutation_in; [exact Hperm|exact Hej].
+    - unfold is_true, FirstOrder.leb. simpl. rewrite N.leb_le. lia.
+    - intros x. unfold is_true, FirstOrder.leb. apply N.leb_le. lia. }
+  assert (Hne : forall e, In e (FirstSort.sort es) -> nth (N.to_nat (fst e)) accs [] <> []).
+  { intros [k' b'] He. simpl fst. apply (Permutation_in _ (Permutation_sym Hperm)) in He.
+    unfold es, sharing_entries in He. apply filter_In in He as [_ Hk].
+    simpl in Hk. unfold am in Hk. rewrite Countersproof.get_index_map in Hk.
+    destruct (nth (N.to_nat k') accs []); [simpl in Hk; discriminate Hk|intros Habs; discriminate Habs]. }
+  edestruct fsweep_ok with (P := fun _ : N * buffer => False) as [_ HB];
+    [exact H|split; [intros ? ? ? []|intros ? ? ? []]|exact Hne|].
+  assert (Hr := HB _ _ Hbef (ex_intro _ a (conj Ha Hb))).
+  unfold reach in Hr. simpl in Hr. rewrite !Nat2N.id in Hr. exact (Hr u t Hu Ht).
 Qed.
 
 (** Checkpoint F with the sharing rule: the allocation is safe (F1, F2) and

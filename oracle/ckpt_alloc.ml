@@ -122,5 +122,9 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
                [%d, %d) but %s, which touches %S, does not happen before %s, which touches %S"
               b1.name b1.region b1.first (b1.last - 1) b2.name b2.region b2.first (b2.last - 1)
               lo hi (task u) b1.name (task t) b2.name
+        | Unlive k ->
+            let b = nth k in
+            Printf.sprintf "%s has tasks and bytes but an empty live range (steps %d..%d)"
+              (who b) b.first (b.last - 1)
       in
       { accepted = false; reason = Some reason; theorems = [] }

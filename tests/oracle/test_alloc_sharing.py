@@ -22,7 +22,7 @@ from plow.emit.emit import emit_packets
 from plow.emit.files import OpTable, ScheduleFile
 from plow.emit.verify import read_manifest, verify_bundle
 from plow.emit.wire import read_plan, write_plan
-from plow.oracle import run_checkpoint
+from plow.oracle import Certificate, run_checkpoint
 from plow.oracle.payloads.alloc import AllocPayload, BufferPlacement, SharingProtocol
 from plow.oracle.payloads.dataflow import sweep_order
 from plow.profile import CompileProfile
@@ -45,7 +45,7 @@ def _check(
     signals: list[list[int]],
     queues: list[list[int]],
     order: list[int] | None = None,
-):  # type: ignore[no-untyped-def]
+) -> Certificate:
     """A [0, 64) live [0, 1) and B [32, 96) live [1, 2): they share bytes [32, 64)."""
     proto = SharingProtocol(
         tasks=[f"t{k}" for k in range(len(waits))],
@@ -94,6 +94,55 @@ def test_the_sweep_order_is_only_a_witness() -> None:
     # more than the protocol orders)
     cert = _check([0, 1], [2], [[], [], [0]], [[0], [0], []], [[0, 2], [1]], order=[2, 1, 0])
     assert not cert.accepted
+
+
+def _check_map(bufs: list[BufferPlacement], waits: list[list[int]], signals: list[list[int]],
+               queues: list[list[int]]) -> Certificate:  # fmt: skip
+    proto = SharingProtocol(
+        tasks=[f"t{k}" for k in range(len(waits))], waits=waits, signals=signals, queues=queues,
+        order=sweep_order(waits, signals, queues),
+    )  # fmt: skip
+    return run_checkpoint("F", AllocPayload(arena_bytes=256, buffers=bufs, protocol=proto))
+
+
+def test_a_partly_covered_buffer_is_still_compared() -> None:
+    """A [0, 64) at step 0, B [0, 32) at step 1, C [32, 96) at step 2, one task each on
+    its own worker. B covers only half of A, so C (on A's other half) must be ordered after
+    A itself: through B's counter chain it is; without a wait on that chain it is not."""
+    bufs = [
+        BufferPlacement(
+            name=n,
+            offset=o,
+            size=z,
+            align=32,
+            live_start=k,
+            live_end=k + 1,
+            region="activations",
+            accessors=[k],
+        )  # fmt: skip
+        for k, (n, o, z) in enumerate((("A", 0, 64), ("B", 0, 32), ("C", 32, 64)))
+    ]
+    queues = [[0], [1], [2]]
+    # t1 waits on c0 (t0); t2 waits on c1 (t1): A -> B -> C, so C is ordered after A too
+    assert _check_map(bufs, [[], [0], [1]], [[0], [1], []], queues).accepted
+    # t2 waits on nothing of t0's chain: B is ordered after A, C after nobody
+    bad = _check_map(bufs, [[], [0], []], [[0], [1], []], queues)
+    assert not bad.accepted
+    assert bad.reason is not None and '"A"' in bad.reason and '"C"' in bad.reason
+
+
+def test_a_buffer_with_tasks_and_no_live_step_is_rejected() -> None:
+    bufs = [
+        BufferPlacement(name="A", offset=0, size=64, align=32, live_start=0, live_end=1,
+                        region="activations", accessors=[0]),
+        BufferPlacement(name="E", offset=0, size=64, align=32, live_start=3, live_end=3,
+                        region="activations", accessors=[1]),
+    ]  # fmt: skip
+    cert = _check_map(bufs, [[], [0]], [[0], []], [[0, 1]])
+    assert not cert.accepted
+    assert cert.reason == (
+        'buffer "E" (activations) has tasks and bytes but an empty live range (steps 3..2)'
+    )
 
 
 @st.composite
