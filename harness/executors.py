@@ -251,6 +251,9 @@ def cpu_model(
                 raise PlowError(
                     "compile", f"no certified bundle on record for bucket {bp.bucket.name}"
                 )
+            # the checkpoint's weights plus a fused bundle's re-laid-out ones derived from
+            # them (q/k/v concatenated, gate/up interleaved: plow.runtime.cpu.bundle)
+            model._raw = bundle.weights
             model.add_plan(bundle.plan(bp.bucket, kv=model.arena.kv_shape, ring=model.ring))
     return _recording(model, compiled)
 

@@ -83,13 +83,14 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
             ),
         ] = None,
         fuse: Annotated[
-            bool,
+            bool | None,
             typer.Option(
-                "--fuse",
-                help="Put the e-graph stage's fused ops in the packets (R1 add+rmsnorm; "
-                "docs/egraph.md). Off by default.",
+                "--fuse/--no-fuse",
+                help="The e-graph stage's fused ops in the packets (R1, R2+R3+R13, R4; "
+                "docs/egraph.md): on by default (the profile's `fuse`); --no-fuse plans "
+                "the canonical ops.",
             ),
-        ] = False,
+        ] = None,
     ) -> None:
         """Compile a checkpoint into a bundle (plan files, op tables, weights, tokenizer)."""
         from plow.cli_bundle import certificate_table, compile_table
@@ -115,8 +116,8 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
                 upd["decode_budget_ns"] = max(1, round(budget_ms * 1e6))
             if context is not None:
                 upd["context"] = context
-            if fuse:
-                upd["fuse"] = True
+            if fuse is not None:
+                upd["fuse"] = fuse
             if upd:
                 prof = prof.model_copy(update=upd)
             # What can be refused before planning is refused before the progress display

@@ -122,6 +122,7 @@ def compile_plan(
     options = TilingOptions(activation_dtype=profile.activation_dtype, cache_dtype=profile.kv_dtype)
     plans = []
     chosen = None
+    relayable = None
     # the extraction decides once, on the one-row decode rung (plow/egraph); not sharded
     if profile.fuse and target.gpus == 1:
         from plow.egraph.apply import RULES, extracted_instances
@@ -129,6 +130,7 @@ def compile_plan(
         ladder = profile.buckets(spec.max_position)
         ref = min(ladder, key=lambda b: (b.phase.value != "decode", b.batch * b.seq))
         chosen = stage("fuse", "", extracted_instances, build_graph(spec, ref), target, RULES)
+        relayable = _relayable(Path(source))
     for bucket in profile.buckets(spec.max_position):
         name = bucket.name
         budget = profile.budget_ns(bucket)
@@ -139,7 +141,7 @@ def compile_plan(
         elif profile.fuse:  # the extraction decides (plow/egraph/apply.py)
             from plow.egraph.apply import RULES, fuse_graph
 
-            applied = stage("fuse", name, fuse_graph, graph, target, RULES, None, chosen)
+            applied = stage("fuse", name, fuse_graph, graph, target, RULES, None, chosen, relayable)
             graph = applied.graph
         tg = stage("tile", name, tile_graph, graph, target, options)
         bounds = stage("bounds", name, bounds_stage, tg, budget)
@@ -163,6 +165,31 @@ def compile_plan(
             BucketPlan(bucket, budget, graph, tg, bounds, payload, cert, sched, dcert, applied)
         )
     return CompileResult(Path(source), spec, target, profile, tuple(plans), seconds)
+
+
+def _relayable(source: Path) -> Callable[[str, tuple[str, ...]], bool] | None:
+    """Whether the bundle writer can store a checkpoint's weights re-laid-out (fp8 weights,
+    stacked parts and sources of mixed block formats it refuses: those fusions stay
+    canonical); None when `source` has no weights to ask (a config.json)."""
+    from plow.checkpoint.loader import weight_files
+    from plow.checkpoint.weights import WeightStore
+    from plow.emit.bundle import _relaid
+
+    if not source.is_dir():
+        return None
+    try:
+        store = WeightStore.open(weight_files(source), where=source)
+    except PlowError:
+        return None
+
+    def ok(layout: str, sources: tuple[str, ...]) -> bool:
+        try:
+            _relaid(store, "", layout, sources)
+        except PlowError:  # MissingTensor included
+            return False
+        return True
+
+    return ok
 
 
 def write_plan(result: CompileResult, out: Path) -> list[Path]:

@@ -27,8 +27,9 @@ class CompileProfile(BaseModel):
     prefill_budget_ns_per_token: int = Field(default=2_000_000, ge=1)
     activation_dtype: str | None = None  # None: the weights' dtype
     kv_dtype: str | None = None  # None: the activation dtype
-    # the e-graph stage's fused ops in the packets (plow/egraph/apply.py; opt-in, docs/egraph.md)
-    fuse: bool = False
+    # the e-graph stage's fused ops in the packets (plow/egraph/apply.py, docs/egraph.md): the
+    # extraction decides by default; False (`plow compile --no-fuse`) plans the canonical ops
+    fuse: bool = True
 
     @field_validator("decode_batches", "prefill_seqs")
     @classmethod

@@ -18,6 +18,7 @@ docs/egraph.md, "Status".
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,11 +117,14 @@ def fuse_graph(
     rules: tuple[str, ...] = RULES,
     limits: Limits | None = None,
     chosen: dict[str, set[tuple[str, ...]]] | None = None,
+    relayable: Callable[[str, tuple[str, ...]], bool] | None = None,
 ) -> Applied:
     """`graph` with the extraction's instances of `rules` fused (see the module doc).
     `chosen`: the instances to fuse (`extracted_instances` of another bucket of the ladder:
     every rung of a bundle is fused alike, as every rung reduces a row alike); None: this
-    graph's own extraction."""
+    graph's own extraction. `relayable(layout, sources)`: whether the bundle can store those
+    weights re-laid-out (`interleave` / `cat3`; fp8 weights and sources of mixed block
+    formats cannot); an instance whose weights cannot be is left canonical. None: all can."""
     if chosen is None:
         chosen = extracted_instances(graph, target, rules, limits)
     norms = {name for outs in chosen.get("add_rmsnorm", ()) for name in outs}
@@ -159,6 +163,8 @@ def fuse_graph(
         wg, wu = graph.tensor(lg.inputs[1]), graph.tensor(lu.inputs[1])
         if lg.inputs[0] != lu.inputs[0] or wg.shape != wu.shape or wg.dtype != wu.dtype:
             continue
+        if relayable is not None and not relayable("interleave", (wg.name, wu.name)):
+            continue
         glu[op.name] = (lg, lu)
         fused_away |= {lg.name, lu.name}
     # R4: the q, k, v projections (bias-free linears of one input) the extraction concatenated
@@ -172,6 +178,8 @@ def fuse_graph(
         if len({x.inputs[0] for x in (lq, lk, lv)}) != 1 or len({w.dtype for w in ws}) != 1:
             continue
         if len({w.shape[1] for w in ws}) != 1 or len({lq.name, lk.name, lv.name}) != 3:
+            continue
+        if relayable is not None and not relayable("cat3", tuple(w.name for w in ws)):
             continue
         qkv[lq.name] = (lq, lk, lv)
         fused_away |= {lk.name, lv.name}

@@ -85,7 +85,7 @@ def _term(op: Op, ins: list[str], graph: OpGraph, f: Mapping[str, str]) -> str:
 
     if k is OpKind.embedding:
         return call("embedding", ins[0], ins[1], _s(attrs_key(a)))
-    if k is OpKind.rmsnorm:
+    if k is OpKind.rmsnorm and len(ins) == 2:  # (a weightless norm, Gemma 4's v norm: opaque)
         x = graph.tensor(op.inputs[0])
         group = int(a.pop("group", x.shape[-1]))
         return call(

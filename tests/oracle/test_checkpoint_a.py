@@ -24,7 +24,8 @@ from plow.profile import CompileProfile
 from plow.target import load_target
 from tests.emit.bundle_edit import copy_bundle, edit_json, edit_rung, first_rung, reforge
 
-PROFILE = CompileProfile(decode_batches=(1,), prefill_seqs=(8,))
+# unfused: these tests write their own rewrite blocks over the canonical ops
+PROFILE = CompileProfile(decode_batches=(1,), prefill_seqs=(8,), fuse=False)
 
 
 @pytest.fixture(scope="module")

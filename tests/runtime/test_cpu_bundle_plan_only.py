@@ -5,6 +5,7 @@ bundle's op tables are refused in one line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,17 @@ def test_plan_only_bundle_with_the_checkpoints_weights_gives_the_full_bundles_to
     with pytest.raises(BundleRefused, match="plan-only bundle has no weights"):
         Bundle.open(plan)
     b = Bundle.open(plan, weights=ckpt.weights)
-    assert b.manifest.plan_only and b.verified and b.weights is ckpt.weights
+    assert b.manifest.plan_only and b.verified
+    # the caller's weights, and the fused bundle's re-laid-out ones derived from them
+    layouts = json.loads((plan / "rewrites.json").read_text())["layouts"]
+    assert {x["layout"] for x in layouts} == {"cat3", "interleave"}
+    for lay in layouts:
+        src = [np.asarray(ckpt.weights[s]) for s in lay["sources"]]
+        w = np.asarray(b.weights[lay["weight"]])
+        cat = lay["layout"] == "cat3"
+        assert np.array_equal(w, np.concatenate(src) if cat else np.stack(src, 1).reshape(w.shape))
+    name = "model.layers.0.self_attn.o_proj.weight"
+    assert np.array_equal(b.weights[name], ckpt.weights[name])
     reqs = [Request(tuple(p), 8) for p in PROMPTS]
     got = generate(CpuModel.from_bundle(b), reqs)
     want = generate(CpuModel.from_bundle(full), reqs)
@@ -62,10 +73,15 @@ def test_plan_only_bundle_refuses_weights_that_do_not_match(
     assert "\n" not in str(e.value)
     ckpt = load_checkpoint(tiny_checkpoints["llama"])
     w = {n: ckpt.weights[n] for n in ckpt.weights}
-    name = next(n for n in w if n.endswith("k_proj.weight"))
+    name = next(n for n in w if n.endswith("o_proj.weight"))  # (q/k/v: read concatenated)
     w[name] = np.zeros((1, *w[name].shape[1:]), dtype=np.float32)
     with pytest.raises(BundleRefused, match=rf"{name!r} has shape \[1, "):
         Bundle.open(plan, weights=w)
     del w[name]
     with pytest.raises(BundleRefused, match=f"no tensor {name!r}"):
         load_bundle_plan(plan, "decode_b1_s96", weights=w)
+    # a source of a re-laid-out weight (the fused bundle's cat3 of q, k, v) is named as such
+    k = next(n for n in w if n.endswith("k_proj.weight"))
+    del w[k]
+    with pytest.raises(BundleRefused, match=rf"no tensor {k!r} \(a source of 'cat3\("):
+        Bundle.open(plan, weights=w)

@@ -843,7 +843,7 @@ def test_the_kernel_emulated_on_cpu_threads_gives_the_native_bits(
     if name == "llama-split":
         assert "rmsnorm" in split
     if "bf16" in name:
-        assert str(m.weights["model.layers.0.mlp.up_proj.weight"].dtype) == "bfloat16"
+        assert str(m.weights["model.layers.0.mlp.down_proj.weight"].dtype) == "bfloat16"
     rung = m.cuda._rung(plan)
     assert rung.smem_bytes > 0 and rung.page_table is not None and rung.tensor_core_ops == 0
     assert np.count_nonzero(rung.page_table.table[:, 1]) > 0

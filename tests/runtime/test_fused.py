@@ -9,7 +9,7 @@ plan has fewer ops, op edges and packets than the unfused one; `rewrites.json` n
 whose canonical ops are the rule's pattern in the model's graph and whose fused op is the op
 table's; the interleaved weight is the checkpoint's gate and up rows alternated, the
 concatenated one q, k, v stacked; `plow inspect --rewrites` lists the applied blocks. Fusion
-is off by default: an unfused compile writes no `rewrites.json` and no fused kind.
+is on by default; `--no-fuse` (fuse=False) writes no `rewrites.json` and no fused kind.
 The CUDA source's fused tiles, on the emulation build of tests/runtime/test_cuda.py, give the
 native executor's tokens and logits bit for bit.
 
@@ -186,9 +186,8 @@ def test_rewrites_json_blocks_are_rule_instances_of_the_model_graph(
         assert not set(lay["sources"]) & set(stored)  # the sources are not copied too
 
 
-def test_fusion_is_off_by_default_and_inspect_lists_the_applied_rules(bundles: dict) -> None:
-    plain = bundles["gemma3", False]
-    assert CompileProfile().fuse is False
+def test_fusion_is_opted_out_and_inspect_lists_the_applied_rules(bundles: dict) -> None:
+    plain = bundles["gemma3", False]  # fuse=False: the canonical ops
     assert not (plain / "rewrites.json").exists()
     assert not {o.kind for o in _ops(plain, "decode_b1_s48").ops} & FUSED_KINDS
     res = CliRunner().invoke(app, ["inspect", str(bundles["gemma3", True]), "--rewrites", "--json"])
@@ -242,18 +241,25 @@ def test_the_emulated_cuda_kernel_runs_a_fused_plan_with_the_native_bits(
     assert np.array_equal(got_logits, want_logits)
 
 
-def test_plow_compile_fuse_flag_writes_a_fused_plan(
+def test_plow_compile_fuses_by_default_and_no_fuse_opts_out(
     tiny_checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
-    out = tmp_path / "b"
+    """The extraction decides by default (`--fuse` is accepted and changes nothing);
+    `--no-fuse` plans the canonical ops and writes no rewrites.json."""
+    assert CompileProfile().fuse is True
     src = str(tiny_checkpoints["llama"])
-    res = CliRunner().invoke(app, ["compile", src, "-o", str(out), "--plan-only", "--fuse"])
-    assert res.exit_code == 0, res.output
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["profile"]["fuse"] is True
-    assert "rewrites.json" in manifest["files"]  # hashed like every other file
-    kinds = {o.kind for r in manifest["ladder"] for o in _ops(out, r["name"]).ops}
-    assert kinds >= FUSED_KINDS
+    kinds = {}
+    for flag in ("", "--fuse", "--no-fuse"):
+        out = tmp_path / (flag or "default")
+        args = ["compile", src, "-o", str(out), "--plan-only", *([flag] if flag else [])]
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 0, res.output
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["profile"]["fuse"] is (flag != "--no-fuse")
+        assert ("rewrites.json" in manifest["files"]) is (flag != "--no-fuse")  # hashed
+        kinds[flag] = {o.kind for r in manifest["ladder"] for o in _ops(out, r["name"]).ops}
+    assert kinds[""] == kinds["--fuse"] and kinds[""] >= FUSED_KINDS
+    assert not kinds["--no-fuse"] & FUSED_KINDS
 
 
 def test_every_checkpoint_accepts_the_fused_bundles(bundles: dict) -> None:

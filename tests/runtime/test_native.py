@@ -286,7 +286,7 @@ def test_bf16_weights_run_in_bf16_and_give_transformers_tokens(tmp_path: Path) -
     m = open_native(out, max_batch=8)
     got = generate(m, [Request(tuple(p), NEW) for p in PROMPTS])
     assert got == [hf_greedy(ref, p) for p in PROMPTS]
-    w = m.weights["model.layers.0.mlp.up_proj.weight"]
+    w = m.weights["model.layers.0.mlp.down_proj.weight"]  # (gate and up: interleaved)
     assert str(w.dtype) == "bfloat16"  # not widened
     ckpt = load_checkpoint(ck)
     fp32 = sum(int(np.prod(np.asarray(a).shape)) * 4 for a in ckpt.weights.values())

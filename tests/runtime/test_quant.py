@@ -81,8 +81,30 @@ def quantized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, ck in (("q", q), ("deq", deq)):
         for tname, tgt in (("cpu", load_target("cpu")), ("split", split)):
             out[f"{name}-{tname}"] = root / f"b-{name}-{tname}"
-            compile_bundle(ck, out[f"{name}-{tname}"], tgt, PROFILE, verify=True)
+            # q, k, v and gate, up have mixed block formats, so the quantized bundles keep
+            # them canonical (they cannot be re-laid-out); the dequantized ones alike, for
+            # the bit-for-bit comparison of one plan
+            prof = PROFILE.model_copy(update={"fuse": False})
+            compile_bundle(ck, out[f"{name}-{tname}"], tgt, prof, verify=True)
     return out
+
+
+def test_default_fusion_keeps_weights_it_cannot_relay_canonical(
+    quantized: dict[str, Path], tmp_path: Path
+) -> None:
+    """Fused by default, the quantized checkpoint's q/k/v (q4_1, q4_0, q8_0) and gate/up
+    (q4_1, q4_0) have no common block format to concatenate or interleave: those linears stay
+    canonical, the residual add + rmsnorm (no weight re-laid) is still fused."""
+    from plow.emit.files import OpTable
+
+    out = tmp_path / "b"
+    prof = CompileProfile(decode_batches=(1,), context=32)
+    assert prof.fuse
+    compile_bundle(quantized["q"], out, load_target("cpu"), prof, plan_only=True)
+    kinds = {o.kind for o in OpTable.model_validate_json(
+        (out / "plan" / "decode_b1_s32.ops.json").read_bytes()).ops}  # fmt: skip
+    assert "add_rmsnorm" in kinds and not kinds & {"linear_qkv", "linear_glu"}
+    assert kinds >= {"linear", "gated_mlp"}
 
 
 def test_the_bundle_keeps_the_checkpoints_blocks(quantized: dict[str, Path]) -> None:

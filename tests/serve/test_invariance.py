@@ -191,15 +191,19 @@ def test_every_rung_of_a_wide_target_reduces_a_row_in_one_order(
     ways); the compiled bundle gives every rung the one-row steps, and serves 16 prompts
     alone, all at once and shuffled with the same bits (native), through rungs 1, 2 and 8."""
     from plow.checkpoint import load_spec
+    from plow.egraph.apply import RULES, extracted_instances, fuse_graph
     from plow.graph import Bucket, build_graph
     from plow.target import load_target
     from plow.tiles.tiler import REDUCTION_AXIS, TilingOptions, tile_graph
 
     spec = load_spec(tiny_ckpt)
     target = load_target("cpu").model_copy(update={"workers": 16})
+    # the bundle's graph: fused as the compile fuses it (the one-row rung's extraction)
+    chosen = extracted_instances(build_graph(spec, Bucket.decode(1, 64)), target, RULES)
     default = {}
     for bk in (Bucket.decode(1, 64), Bucket.decode(8, 64)):
-        tg = tile_graph(build_graph(spec, bk), target, TilingOptions(rung_invariant=False))
+        graph = fuse_graph(build_graph(spec, bk), target, RULES, None, chosen).graph
+        tg = tile_graph(graph, target, TilingOptions(rung_invariant=False))
         default[bk.batch] = {o.name: o.axes[REDUCTION_AXIS[OpKind(o.kind)]].steps
                              for o in tg.ops if OpKind(o.kind) in REDUCTION_AXIS}  # fmt: skip
     assert default[1] != default[8]  # the default splits do differ per rung

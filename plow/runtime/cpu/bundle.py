@@ -7,9 +7,10 @@ is not what was verified:
 
 1. every file hash in the manifest matches (`plow verify`'s own hash and cross-reference
    check, `verify_bundle(..., checkpoints=())`); a mismatch names the file;
-2. `certificates/<ckpt>.json` exists for B..F, and every rung has an accepted certificate
-   (checkpoint D above the oracle's size limit is re-checked in Python, as `plow verify`
-   does); a rejected one names the checkpoint, the bucket and the oracle's reason;
+2. `certificates/<ckpt>.json` exists for A..F (a bundle verified before checkpoint A existed
+   is refused in one line that says to recompile it), and every rung has an accepted
+   certificate (checkpoint D above the oracle's size limit is re-checked in Python, as
+   `plow verify` does); a rejected one names the checkpoint, the bucket and the oracle's reason;
 3. each certificate is bound to what runs: it carries the bundle digest
    (`plow.emit.verify.bundle_digest`: the manifest, with every file's sha256, less its
    volatile fields) and a certificate of another digest is refused; the certificate files
@@ -88,7 +89,7 @@ from plow.schedule.regions import REDUCTION_AXIS, partial_name
 from plow.target.model import dtype_bytes
 from plow.tiles.ir import Axis, Tile, TiledOp
 
-CHECKPOINTS = ("B", "C", "D", "E", "F")
+CHECKPOINTS = ("A", "B", "C", "D", "E", "F")
 ArenaMode = Literal["bundle", "private"]
 
 
@@ -127,6 +128,14 @@ def check_bundle(bundle: Path, m: Manifest) -> list[str]:
     for ck in CHECKPOINTS:
         rel = f"certificates/{ck}.json"
         p = bundle / rel
+        # verified before checkpoint A existed (its other certificates are there)
+        if ck == "A" and not p.is_file() and (bundle / "certificates" / "B.json").is_file():
+            raise BundleRefused(
+                bundle,
+                f"no checkpoint A certificate ({rel} missing: nothing certifies that its op "
+                "table is the model's graph); recompile it with `plow compile --verify` "
+                f"{NO_VERIFY_HINT}",
+            )
         if not p.is_file():
             raise BundleRefused(
                 p,
@@ -238,6 +247,7 @@ class Bundle:
         if weights is None:
             weights = WeightStore.open([path / WEIGHTS])
         else:
+            weights = _with_layouts(path, weights)
             _check_weights(path, m, weights)
         ladder = tuple(_bucket(r) for r in m.ladder)
         return cls(path, m, spec, ladder, weights, verify, notes)
@@ -295,6 +305,62 @@ def load_bundle_plan(
     `weights` opens a plan-only bundle with the caller's weights."""
     b = Bundle.open(bundle_dir, verify=verify, weights=weights)
     return b.plan(bucket, kv=kv, ring=ring, arena=arena)
+
+
+class _Relaid(Mapping[str, np.ndarray]):
+    """The caller's (checkpoint) weights plus the re-laid-out ones a fused bundle's op tables
+    read, built on first use from their sources as `rewrites.json` records them
+    (`interleave`: row 2i of the first, 2i + 1 of the second; `cat3`: stacked by rows)."""
+
+    def __init__(self, base: Mapping[str, np.ndarray], layouts: dict[str, Any]) -> None:
+        self._base, self._layouts = base, layouts
+        self._built: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        lay = self._layouts.get(name)
+        if lay is None:
+            return self._base[name]
+        if name not in self._built:
+            src = [np.asarray(self._base[s]) for s in lay.sources]
+            if lay.layout == "interleave":
+                out = np.empty((2 * src[0].shape[0], *src[0].shape[1:]), src[0].dtype)
+                out[0::2], out[1::2] = src
+            else:
+                out = np.concatenate(src, axis=0)
+            self._built[name] = out
+        return self._built[name]
+
+    def __contains__(self, name: object) -> bool:
+        if name in self._layouts:
+            return all(s in self._base for s in self._layouts[name].sources)
+        return name in self._base
+
+    def __iter__(self) -> Any:
+        yield from self._base
+        yield from (n for n in self._layouts if n not in self._base)
+
+    def __len__(self) -> int:
+        return len(self._base) + sum(n not in self._base for n in self._layouts)
+
+
+def _with_layouts(bundle: Path, weights: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """`weights` (a plan-only bundle's checkpoint weights), with the re-laid-out weights of
+    a fused bundle (`rewrites.json`) derived from them; as given when it has none."""
+    from plow.oracle.payloads.rewrites import read_rewrites
+
+    rw = read_rewrites(bundle)
+    if isinstance(rw, str):
+        raise BundleRefused(bundle / "rewrites.json", rw)
+    layouts = {x.weight: x for x in rw.layouts if x.weight not in weights}
+    for x in layouts.values():
+        gone = next((s for s in x.sources if s not in weights), None)
+        if gone is not None:
+            raise BundleRefused(
+                bundle,
+                f"the weights do not match the bundle: no tensor {gone!r} (a source of "
+                f"{x.weight!r}, rewrites.json)",
+            )
+    return _Relaid(weights, layouts) if layouts else weights
 
 
 def _check_weights(bundle: Path, m: Manifest, weights: Mapping[str, np.ndarray]) -> None:
@@ -729,7 +795,7 @@ def compile_cached(
     tgt = cached_cpu_target(cache_dir(), _note) if target == "cpu" else load_target(target)
     prof = profile or cache_profile(spec.max_position, max_batch)
     out = cache_dir() / "bundles" / cache_key(src, tgt, prof)
-    if is_bundle(out) and (out / "certificates" / "F.json").is_file():
-        return out
+    if is_bundle(out) and all((out / "certificates" / f"{c}.json").is_file() for c in "AF"):
+        return out  # (a cached bundle from before checkpoint A is compiled again)
     compile_bundle(src, out, tgt, prof, verify=True)
     return out
