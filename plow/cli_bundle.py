@@ -51,16 +51,36 @@ def _verify_cmd(fail: Fail) -> Callable[..., None]:
     def verify(
         bundle: Annotated[Path, typer.Argument(help="A bundle directory (plow compile -o).")],
         as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+        source: Annotated[
+            Path | None,
+            typer.Option(
+                "--source",
+                help="The checkpoint directory the bundle came from: its config.json and "
+                "every weight (under rewrites.json's re-layouts) must be the bundle's, byte "
+                "for byte.",
+            ),
+        ] = None,
     ) -> None:
         """Re-derive every checkpoint payload from the bundle's files and run the oracle
-        (A-F); exit 1 if any check rejects, 2 if the bundle is malformed."""
+        (A-F); with --source, also compare the config and weights with the checkpoint's;
+        exit 1 if any check rejects, 2 if the bundle is malformed."""
         from plow.emit.verify import verify_bundle, write_certificates
 
+        src_report = None
         try:
             report = verify_bundle(bundle)
             notes = write_certificates(report)
+            if source is not None and report.accepted:
+                src_report = _verify_source(bundle, source)
         except PlowError as e:
             fail(e)
+        if src_report is not None:
+            notes.append(
+                f"source {source}: config.json and {src_report.weights} weights "
+                f"({_bytes(src_report.bytes)}) equal the checkpoint's"
+                if src_report.accepted
+                else f"source {source}: rejected: {src_report.problem}"
+            )
         if as_json:
             print(
                 json.dumps(
@@ -78,6 +98,9 @@ def _verify_cmd(fail: Fail) -> Callable[..., None]:
                             for r in report.rows
                         ],
                         "notes": notes,
+                        "source": None
+                        if src_report is None
+                        else {"accepted": src_report.accepted, "problem": src_report.problem},
                     }
                 )
             )
@@ -98,8 +121,39 @@ def _verify_cmd(fail: Fail) -> Callable[..., None]:
                 soft_wrap=True,
             )
             raise typer.Exit(1)
+        if src_report is not None and not src_report.accepted:
+            Console(stderr=True).print(
+                f"plow: {bundle}: differs from the source {source}: {src_report.problem}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(1)
 
     return verify
+
+
+def _verify_source(bundle: Path, source: Path) -> Any:
+    """`plow verify --source` (plow/emit/verify_source.py), with a progress bar on a terminal."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    from plow.emit.verify_source import verify_source
+
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("weights vs source"),
+        BarColumn(),
+        DownloadColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as progress:
+        task = progress.add_task("source", total=None)
+        return verify_source(
+            bundle,
+            source,
+            on_progress=lambda done, total: progress.update(task, completed=done, total=total),
+        )
 
 
 def _inspect_cmd(fail: Fail) -> Callable[..., None]:
