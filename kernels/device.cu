@@ -655,6 +655,7 @@ __device__ void tile_elements_cta(const Ctx& c, const PlowOp& op, const Range* r
         if (op.w0 != nullptr) plow::tile_residual_scaled(c, op, s);
         else plow::tile_elementwise(c, op, s);
         break;
+      case plow::PLOW_ALLREDUCE: plow::tile_allreduce(c, op, s); break;  // kernels/collective.h
       default: plow::tile_elementwise(c, op, s); break;
     }
   }
@@ -795,7 +796,8 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       case PLOW_EMBEDDING:
       case PLOW_ROPE:
       case PLOW_GATED_MLP:
-      case PLOW_RESIDUAL_ADD: tile_elements_cta(c, op, r); break;
+      case PLOW_RESIDUAL_ADD:
+      case plow::PLOW_ALLREDUCE: tile_elements_cta(c, op, r); break;  // allreduce: tensor parallel
       case PLOW_ATTENTION:
         work += tile_attention_cta(c, op, r, step, scratch, scratch_floats);
         break;
