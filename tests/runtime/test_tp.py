@@ -25,6 +25,8 @@ from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
+from tests.runtime.test_cuda import emulator, fresh_driver, on_emulator  # noqa: F401
+from tests.runtime.test_fused import cubin  # noqa: F401
 
 PROMPTS = [[5, 17, 93, 2, 44, 8, 61, 30, 12, 7, 99, 14, 3, 150, 88, 21, 40, 9], [3, 250, 41]]
 NEW = 6
@@ -219,3 +221,30 @@ def test_smollm2_tp3_tokens_equal_transformers(tmp_path: Path) -> None:
     want = gen[0, len(prompt) :].tolist()
     got = generate(open_native(out, max_batch=1, verify=False), [Request(tuple(prompt), 8)])
     assert got == [want]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("PLOW_TP_CUDA_EMU") != "1",
+    reason="builds the emulated CUDA kernel (about 40 s on 2 cores): PLOW_TP_CUDA_EMU=1 runs it",
+)
+def test_the_emulated_cuda_kernel_runs_a_tp2_plan_with_the_native_bits(
+    tiny_llama: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """An h200 --tp 2 plan (2 x 4 SMs) run by device.cu's own code on CPU threads (the
+    emulated driver of tests/runtime/test_cuda.py): the native executor's tokens and prefill
+    logits, bit for bit (the allreduce tile over a CTA's threads is collective.h's sum)."""
+    from plow.runtime.cuda import open_cuda
+    from plow.runtime.native import NativeModel
+    from tests.runtime.test_cuda import EMU_WORKERS, PROFILE, _tokens_and_logits
+
+    path = tmp_path / "bundle"
+    small = load_target("h200").model_copy(update={"workers": EMU_WORKERS // 2, "gpus": 2})
+    compile_bundle(tiny_llama, path, small, PROFILE)  # unverified: 4 SMs are no shipped target
+    assert any(o.kind == "allreduce" for o in _ops(path, "decode_b1_s96").ops)
+    want, want_logits = _tokens_and_logits(NativeModel.from_bundle(path, max_batch=4, verify=False))
+    for name in ("emulator", "cubin", "fresh_driver", "on_emulator"):
+        request.getfixturevalue(name)
+    got, got_logits = _tokens_and_logits(open_cuda(path, max_batch=4, verify=False))
+    assert got == want
+    assert np.array_equal(got_logits, want_logits)
