@@ -5,8 +5,9 @@ a 3-tap conv; NoPE MLA with 12 + 8 key columns and 10 value columns; layer 0 den
 1-2 top-2 of 8 sigmoid experts in 2 groups of which 1 is eligible, one shared expert). The
 family's spec reads both config layouts and refuses what it cannot honour; plow's reference
 forward, the `cpu` and the `native` executors (from a bundle certified A-F) give
-transformers' greedy tokens and logits within 1e-4 * max(1, |logit|). transformers runs its
-torch fallbacks of the fla / causal-conv1d kernels (neither package is installed).
+transformers' greedy tokens and logits within 1e-4 * max(1, |logit|); checkpoint A names an
+edited kda op, D a consumer of kda no longer ordered after it. transformers runs its torch
+fallbacks of the fla / causal-conv1d kernels (neither package is installed).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from plow.testing.fixtures import make_tiny_kimi_linear  # noqa: E402
 from tests.runtime.helpers import PROMPTS, assert_logits_close, prefill_logits  # noqa: E402
 
 NEW = 32
-FAST = 8  # tokens per prompt in the fast tests (the 32 x 4 sweep is slow)
+FAST = 8  # tokens per prompt in the fast tests (2 prompts; the 32 x 4 sweep is slow)
 PROFILE = CompileProfile(name="kimi", decode_batches=(1, 8), prefill_seqs=(16,), context=96)
 
 
@@ -133,15 +134,19 @@ def test_bundle_certifies_with_every_checkpoint(kimi: dict) -> None:
     assert all(verdicts.get(c) == "accept" for c in "ABCDEF"), verdicts
 
 
-def _check_executor(kimi: dict, open_model: object, new: int) -> None:
+def _check_executor(kimi: dict, open_model: object, new: int, prompts: int) -> None:
+    """Greedy tokens of the first `prompts` prompts in one batch; the logits after the
+    59-token prompt prefilled in 16-token chunks (the state carried across chunks)."""
     m = open_model(kimi["bundle"])  # type: ignore[operator]
-    got = generate(m, [Request(tuple(p), new) for p in kimi["ids"]])
-    for p, ours in zip(kimi["ids"], got, strict=True):
+    ids = kimi["ids"][:prompts]
+    got = generate(m, [Request(tuple(p), new) for p in ids])
+    for p, ours in zip(ids, got, strict=True):
         assert len(ours) == new
         _assert_hf_greedy(kimi["hf"], p, ours)
-    ids = kimi["ids"][0]
-    got_l = prefill_logits(open_model(kimi["bundle"]), ids)  # type: ignore[operator]
-    assert_logits_close(got_l, _hf_logits(kimi["hf"], ids)[-1])
+    long = kimi["ids"][3]
+    assert len(long) == 59
+    got_l = prefill_logits(open_model(kimi["bundle"]), long)  # type: ignore[operator]
+    assert_logits_close(got_l, _hf_logits(kimi["hf"], long)[-1])
 
 
 def _cpu(bundle: Path) -> CpuModel:
@@ -149,12 +154,7 @@ def _cpu(bundle: Path) -> CpuModel:
 
 
 def test_cpu_greedy_tokens_and_logits_equal_transformers(kimi: dict) -> None:
-    _check_executor(kimi, _cpu, FAST)
-
-
-@pytest.mark.slow
-def test_cpu_32_tokens_x_4_prompts(kimi: dict) -> None:
-    _check_executor(kimi, _cpu, NEW)
+    _check_executor(kimi, _cpu, FAST, 2)
 
 
 def _native(bundle: Path) -> object:
@@ -164,12 +164,13 @@ def _native(bundle: Path) -> object:
 
 
 def test_native_greedy_tokens_and_logits_equal_transformers(kimi: dict) -> None:
-    _check_executor(kimi, _native, FAST)
+    _check_executor(kimi, _native, FAST, 2)
 
 
 @pytest.mark.slow
-def test_native_32_tokens_x_4_prompts(kimi: dict) -> None:
-    _check_executor(kimi, _native, NEW)
+def test_cpu_and_native_32_tokens_x_4_prompts(kimi: dict) -> None:
+    _check_executor(kimi, _cpu, NEW, 4)
+    _check_executor(kimi, _native, NEW, 4)
 
 
 def test_an_edited_kda_op_is_rejected_by_checkpoint_a(kimi: dict, tmp_path: Path) -> None:
@@ -206,3 +207,33 @@ def test_a_freed_request_frees_its_state_slot_and_prefix_caching_is_off(kimi: di
     assert m.kv.free_state_slots == set(range(8)) and eng.kv_usage().state_slots_used == 0
     eng.add(2, long)  # the same prompt again: nothing may be skipped (no state snapshot)
     assert eng.prefix_tokens_skipped == 0
+
+
+def test_o_proj_no_longer_waiting_for_kda_is_rejected_by_d(kimi: dict, tmp_path: Path) -> None:
+    """L2.o_proj's tasks wait on the counter kda's own tasks wait on instead of kda's, with
+    the schedule's edges from kda into them dropped: only the derived data flow (kda's rule:
+    its tiles write their heads' columns of L2.kda) can see o_proj read them unordered."""
+    from tests.emit.bundle_edit import copy_bundle, edit_rung, rungs
+
+    def rewire(sched: dict) -> None:
+        t, names = sched["tasks"], sched["counters"]["name"]
+        c, d = names.index("L2.kda.done"), names.index("L2.kda_conv.done")
+        hit = {i for i, n in enumerate(t["name"]) if n.startswith("L2.o_proj#")}
+        assert hit and all(c in t["waits"][i] for i in hit)
+        for i in hit:
+            t["waits"][i] = [d if x == c else x for x in t["waits"][i]]
+        e = sched["edges"]
+        keep = [
+            (u, v)
+            for u, v in zip(e[0::2], e[1::2], strict=True)
+            if not (v in hit and c in t["signals"][u])
+        ]
+        sched["edges"] = [x for pair in keep for x in pair]
+
+    b = copy_bundle(kimi["bundle"], tmp_path / "b")
+    rung = next(r for r in rungs(b) if r["name"] == "decode_b8_s96")
+    edit_rung(b, rung, schedule=rewire)
+    rep = verify_bundle(b, checkpoints=("B", "D"))
+    bad = [r for r in rep.rows if r.rejected]
+    assert [r.checkpoint for r in bad] == ["D"], [(r.checkpoint, r.reason) for r in bad]
+    assert "(L2.kda#" in (bad[0].reason or ""), bad[0].reason
