@@ -76,6 +76,31 @@ def test_tp2_tokens_equal_transformers_on_native_and_cpu(tp2: Path, tiny_llama: 
     assert generate(CpuModel.from_bundle(tp2, max_batch=2), reqs) == want
 
 
+def test_gemma3_tp2_tokens_equal_transformers(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    """Gemma 3's layout shards too: per-head q/k norms on the device's heads, the sandwich
+    norms after each allreduce, sliding-window and global layers, (1 + w) norms, scaled
+    embeddings; certified A-F; native greedy tokens equal transformers'."""
+    path = tiny_checkpoints["gemma3"]
+    out = tmp_path / "g2"
+    prof = CompileProfile(name="tp", decode_batches=(1,), prefill_seqs=(16,), context=48)
+    compile_bundle(path, out, load_target("cpu").model_copy(update={"gpus": 2}), prof, verify=True)
+    kinds = {o.kind for o in _ops(out).ops}
+    assert "allreduce" in kinds
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    prompt = PROMPTS[0][:11]
+    with torch.no_grad():
+        gen = model.generate(
+            torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
+            eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+    want = [gen[0, len(prompt) :].tolist()]
+    assert generate(open_native(out, max_batch=1), [Request(tuple(prompt), NEW)]) == want
+
+
 def test_tp2_ops_are_split_over_devices_with_sliced_weights(tp2: Path, tiny_llama: Path) -> None:
     """Heads and MLP columns are split (each device's attention has half the heads, its
     q/k/v/gate/up half the rows, o/down half the columns of the checkpoint's tensors, as the
