@@ -35,20 +35,32 @@ def _stream(draw: Callable[[], list[float]]) -> Callable[[], float]:
 
 
 def _pct(values: list[float] | list[int] | np.ndarray) -> dict[str, float | int]:
+    """Count, mean, the 50th, 90th and 99th percentiles and the maximum of ``values``.
+
+    The percentiles are ``np.percentile``'s (its default, linear method) bit for bit, taken
+    from one sorted copy with its interpolation (as :func:`_pct_counts` does): about a fifth
+    of its time for a few thousand values (``tests/serq/test_sim_stats.py``).
+    """
     if len(values) == 0:
         return {"count": 0}
     # a list of floats converts fastest through array('d'); same values as np.asarray
     a = np.frombuffer(array("d", values)) if isinstance(values, list) else values
     a = np.asarray(a, dtype=float)
-    p50, p90, p99 = np.percentile(a, [50, 90, 99])
-    return {
-        "count": int(a.size),
-        "mean": float(a.mean()),
-        "p50": float(p50),
-        "p90": float(p90),
-        "p99": float(p99),
-        "max": float(a.max()),
-    }
+    srt = np.sort(a)
+    n = int(srt.size)
+    out: dict[str, float | int] = {"count": n, "mean": float(a.mean())}
+    for name, q in zip(("p50", "p90", "p99"), _QS, strict=True):
+        v = (n - 1) * q
+        if v >= n - 1:
+            out[name] = float(srt[n - 1])
+            continue
+        i = math.floor(v)
+        g = v - i
+        lo, hi = float(srt[i]), float(srt[i + 1])
+        d = hi - lo
+        out[name] = hi - d * (1 - g) if g >= 0.5 else lo + d * g
+    out["max"] = float(srt[n - 1])
+    return out
 
 
 #: ``np.percentile``'s ``q / 100`` for the 50th, 90th and 99th percentiles

@@ -27,3 +27,26 @@ def test_counts_match_the_array_statistics(dtype: type) -> None:
 def test_huge_sums_take_the_array_path() -> None:
     counts = {2**40: 2**14, 3: 5}  # weighted sum above 2**53: numpy's float sum rounds
     assert _pct_counts(counts, np.int64) == _pct(_repeat(counts, np.int64))
+
+
+def test_percentiles_are_numpys() -> None:
+    """``_pct`` (one sort and numpy's interpolation) equals ``np.percentile``, bit for bit."""
+    rng = np.random.default_rng(3)
+    arrays = [np.array([2.5]), np.array([1.0, 1.0]), np.array([3.0, -1.0]), np.zeros(7)]
+    for _ in range(400):
+        n = int(rng.integers(1, 3000))
+        kind = int(rng.integers(0, 3))
+        if kind == 0:
+            a = rng.exponential(1e4, n)
+        elif kind == 1:
+            a = rng.integers(0, 50, n).astype(float)  # many ties
+        else:
+            a = rng.normal(0, 1, n) * 10.0 ** float(rng.integers(-5, 12))
+        arrays.append(a)
+    for a in arrays:
+        got = _pct(a)
+        p50, p90, p99 = np.percentile(a, [50, 90, 99])
+        want = {"count": a.size, "mean": a.mean(), "p50": p50, "p90": p90, "p99": p99}
+        want["max"] = a.max()
+        assert got == {k: float(v) if k != "count" else int(v) for k, v in want.items()}
+        assert _pct(a.tolist()) == got
