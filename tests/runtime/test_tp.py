@@ -251,7 +251,7 @@ def test_smollm2_tp3_tokens_equal_transformers(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("PLOW_TP_CUDA_EMU") != "1",
-    reason="builds the emulated CUDA kernel (about 40 s on 2 cores): PLOW_TP_CUDA_EMU=1 runs it",
+    reason="builds the emulated CUDA kernel (17 s on 2 cores): PLOW_TP_CUDA_EMU=1 runs it",
 )
 def test_the_emulated_cuda_kernel_runs_a_tp2_plan_with_the_native_bits(
     tiny_llama: Path, tmp_path: Path, request: pytest.FixtureRequest
