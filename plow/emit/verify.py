@@ -50,7 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -91,6 +91,7 @@ from plow.oracle.payloads.dataflow import (
     MERGE,
     TaskUnits,
     dataflow_payload,
+    sweep_order,
     task_accesses,
 )
 from plow.oracle.runner import run_checkpoint_a
@@ -99,6 +100,7 @@ from plow.target import Target, load_target, shipped_targets
 from plow.target.model import dtype_bytes, rate_class
 
 CHECKPOINTS = ("A", "B", "C", "D", "E", "F")
+_T = TypeVar("_T")
 SCOPE_NAMES = ("cta", "device", "system")  # wire scope codes 0, 1, 2
 
 
@@ -462,31 +464,52 @@ def task_units(arr: PacketArray, grouped: Grouped, ot: OpTable) -> list[TaskUnit
     rs = arr["row_start"].tolist()
     rows = arr["rows"].tolist()
     units: list[TaskUnits] = []
+    load, accumulate = int(Opcode.LOAD), int(Flag.ACCUMULATE)  # (IntFlag's & is slow)
     for k, m in enumerate(grouped.main):
         if not 0 <= opi[m] < len(ot.ops):
             return f"task {k} (packet {m}): op index {opi[m]} outside the op table"
-        stage = LOAD if code[m] == Opcode.LOAD else MERGE if fl[m] & Flag.ACCUMULATE else COMPUTE
+        stage = LOAD if code[m] == load else MERGE if fl[m] & accumulate else COMPUTE
         units.append(TaskUnits(opi[m], stage, rs[m], rows[m]))
     return units
 
 
 def dataflow_from_packets(
-    arr: PacketArray, grouped: Grouped, ot: OpTable, sf: ScheduleFile, g: CounterGraph
+    arr: PacketArray,
+    grouped: Grouped,
+    ot: OpTable,
+    sf: ScheduleFile,
+    g: CounterGraph,
+    flow_in: FlowInputs | None = None,
 ) -> dict[str, object] | str:
     """The `dataflow` part of D's payload (`plow.oracle.payloads.dataflow`): per task its
     program key and arena accesses, from its task packet (op index, opcode, flags, unit
     range), the op table and the arena map; a string names a task packet that cannot be
-    read. The schedule file's edges play no part."""
-    units = task_units(arr, grouped, ot)
-    if isinstance(units, str):
-        return units
+    read. The schedule file's edges play no part. `flow_in`: the task units and sweep order
+    when already derived (`flow_inputs`, shared with F)."""
+    fi = flow_inputs(arr, grouped, ot, g) if flow_in is None else flow_in
+    if isinstance(fi, str):
+        return fi
+    units, order = fi
     offsets = {b.name: b.offset for b in sf.arena.buffers}
     try:
         accs = task_accesses(ot, offsets, units, sf.workers_per_gpu)
     except (KeyError, IndexError, ValueError, TypeError) as e:
         return f"cannot derive the tasks' reads and writes from the op table: {e!r}"
     keys = [4 * u.op + u.stage for u in units]
-    return dataflow_payload(keys, accs, g.waits, g.signals, g.queues)
+    return dataflow_payload(keys, accs, g.waits, g.signals, g.queues, order)
+
+
+FlowInputs = tuple[list[TaskUnits], list[int]] | str
+
+
+def flow_inputs(arr: PacketArray, grouped: Grouped, ot: OpTable, g: CounterGraph) -> FlowInputs:
+    """What D's data flow and F's sharing rule both derive from the packets: per task its op,
+    stage and unit range (`task_units`), and the sweep order of the counter protocol
+    (`sweep_order`); a string names a task packet that cannot be read."""
+    units = task_units(arr, grouped, ot)
+    if isinstance(units, str):
+        return units
+    return units, sweep_order(g.waits, g.signals, g.queues)
 
 
 # ----------------------------------------------------------------- the numbers B, C, F use
@@ -1107,19 +1130,31 @@ def _counter_graph(
     return decoded if isinstance(decoded, str) else counter_graph_from_packets(decoded, sf, grouped)
 
 
-class _Once:
+class _Once(Generic[_T]):
     """A value computed once, by the first thread that asks for it."""
 
-    def __init__(self, fn: Callable[[], CounterGraph | str]) -> None:
-        self._fn: Callable[[], CounterGraph | str] | None = fn
-        self._value: CounterGraph | str = ""
+    def __init__(self, fn: Callable[[], _T]) -> None:
+        self._fn: Callable[[], _T] | None = fn
+        self._value: _T | None = None
         self._lock = threading.Lock()
 
-    def get(self) -> CounterGraph | str:
+    def get(self) -> _T:
         with self._lock:
             if self._fn is not None:
                 self._value, self._fn = self._fn(), None
-            return self._value
+            return cast(_T, self._value)
+
+
+def _flow_inputs(
+    decoded: PacketArray | str,
+    grouped: Grouped | str,
+    ot: OpTable,
+    graph: _Once[CounterGraph | str],
+) -> FlowInputs:
+    g = graph.get()
+    if isinstance(decoded, str) or isinstance(grouped, str) or isinstance(g, str):
+        return next(x for x in (decoded, grouped, g) if isinstance(x, str))
+    return flow_inputs(decoded, grouped, ot, g)
 
 
 def _row(ck: str, bucket: str, cert: Certificate) -> Row:
@@ -1222,7 +1257,8 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
                 problems += page_count_problems(sf, counts)
         name = rung.name
         # D's instance, shared by D and F (computed by whichever asks first)
-        graph = _Once(partial(_counter_graph, decoded, sf, grouped))
+        graph: _Once[CounterGraph | str] = _Once(partial(_counter_graph, decoded, sf, grouped))
+        flow_in: _Once[FlowInputs] = _Once(partial(_flow_inputs, decoded, grouped, ot, graph))
 
         def job_b(
             ot: OpTable = ot,
@@ -1255,11 +1291,12 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
 
         def job_d(
             decoded: PacketArray | str = decoded,
-            graph: _Once = graph,
+            graph: _Once[CounterGraph | str] = graph,
             name: str = name,
             grouped: Grouped | str = grouped,
             ot: OpTable = ot,
             sf: ScheduleFile = sf,
+            flow_in: _Once[FlowInputs] = flow_in,
         ) -> Row:
             if isinstance(decoded, str):
                 return Row("D", name, "reject", (), f"cannot read the packets: {decoded}")
@@ -1270,7 +1307,7 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             payload = g.payload_dict()
             if isinstance(grouped, str):
                 return Row("D", name, "reject", (), f"cannot read the tasks: {grouped}")
-            flow = dataflow_from_packets(decoded, grouped, ot, sf, g)
+            flow = dataflow_from_packets(decoded, grouped, ot, sf, g, flow_in.get())
             if isinstance(flow, str):
                 return Row("D", name, "reject", (), flow)
             payload["dataflow"] = flow
@@ -1293,20 +1330,17 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
         def job_f(
             sf: ScheduleFile = sf,
             ot: OpTable = ot,
-            graph: _Once = graph,
+            graph: _Once[CounterGraph | str] = graph,
             ex: Expected = ex,
             name: str = name,
-            decoded: PacketArray | str = decoded,
-            grouped: Grouped | str = grouped,
+            flow_in: _Once[FlowInputs] = flow_in,
         ) -> Row:
             # shared bytes need their accessors ordered by D's protocol (docs/oracle.md, F)
-            g = graph.get()
-            if isinstance(decoded, str) or isinstance(grouped, str) or isinstance(g, str):
-                why = next(x for x in (decoded, grouped, g) if isinstance(x, str))
+            g, fi = graph.get(), flow_in.get()
+            if isinstance(g, str) or isinstance(fi, str):
+                why = g if isinstance(g, str) else fi
                 return Row("F", name, "reject", (), f"cannot order the shared arena bytes: {why}")
-            units = task_units(decoded, grouped, ot)
-            if isinstance(units, str):
-                return Row("F", name, "reject", (), f"cannot order the shared arena bytes: {units}")
+            units, order = fi
             payload = with_sharing(
                 alloc_payload_from_files(sf, ot, ex.align),
                 ot,
@@ -1315,6 +1349,7 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
                 g.waits,
                 g.signals,
                 g.queues,
+                order,
             )
             return _row("F", name, run_checkpoint("F", payload, timeout_s=600))
 

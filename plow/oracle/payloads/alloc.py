@@ -99,20 +99,33 @@ def with_sharing(
     waits: Sequence[Sequence[int]],
     signals: Sequence[Sequence[int]],
     queues: Sequence[Sequence[int]],
-) -> AllocPayload:
-    """`payload` with every buffer's accessors and the protocol the oracle orders them by."""
+    order: Sequence[int] | None = None,
+) -> dict[str, object]:
+    """`payload` with every buffer's accessors and the protocol the oracle orders them by, as
+    a plain dict (the JSON of `AllocPayload` with `protocol`, built without one model per
+    task: a whole plan has tens of thousands); `order`: D's sweep order when already
+    computed (`sweep_order` of the same protocol)."""
     accs = buffer_accessors(ot, units, [b.name for b in payload.buffers])
-    return AllocPayload(
-        arena_bytes=payload.arena_bytes,
-        buffers=[
-            b.model_copy(update={"accessors": a})
+    return {
+        "arena_bytes": payload.arena_bytes,
+        "buffers": [
+            {
+                "name": b.name,
+                "offset": b.offset,
+                "size": b.size,
+                "align": b.align,
+                "live_start": b.live_start,
+                "live_end": b.live_end,
+                "region": b.region,
+                "accessors": a,
+            }  # fmt: skip
             for b, a in zip(payload.buffers, accs, strict=True)
         ],
-        protocol=SharingProtocol(
-            tasks=list(tasks),
-            waits=[list(w) for w in waits],
-            signals=[list(s) for s in signals],
-            queues=[list(q) for q in queues],
-            order=sweep_order(waits, signals, queues),
-        ),
-    )
+        "protocol": {
+            "tasks": list(tasks),
+            "waits": [list(w) for w in waits],
+            "signals": [list(s) for s in signals],
+            "queues": [list(q) for q in queues],
+            "order": sweep_order(waits, signals, queues) if order is None else list(order),
+        },
+    }

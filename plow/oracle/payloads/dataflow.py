@@ -607,13 +607,15 @@ def dataflow_payload(
     waits: Sequence[Sequence[int]],
     signals: Sequence[Sequence[int]],
     queues: Sequence[Sequence[int]],
+    order: Sequence[int] | None = None,
 ) -> dict[str, object]:
     """The `dataflow` field of a D payload for the oracle's sweep (`Plow.Flowsweep`): keys,
-    accesses, block size and the sweep order; no pairs and no chains (the oracle finds the
+    accesses, block size and the sweep order (`order` when given: `sweep_order` of the same
+    protocol, computed once for D and F); no pairs and no chains (the oracle finds the
     conflicts and decides their order itself)."""
     return {
         "keys": list(keys),
         "accesses": [[list(a) for a in acc] for acc in accs],
         "block": BLOCK,
-        "order": sweep_order(waits, signals, queues),
+        "order": sweep_order(waits, signals, queues) if order is None else list(order),
     }
