@@ -604,8 +604,9 @@ def _build(
     d_lo = amount_range.get("decode", (0, 0))[0]
     arrive += [
         "arr_t.append(_ta); prem.append(_p); dtot.append(_d); first_t.append(-1.0)",
-        "gden.append(_d)" if p_lo >= 1 else "gden.append(_d if _p > 0 else _d - 1)",
     ]
+    if p_lo < 1:  # else the tokens after the first are all of the output: `gden` is `dtot`
+        arrive += ["gden.append(_d if _p > 0 else _d - 1)"]
     arr_obs = observe("arrive")
     if arr_obs:
         # like every measurement, only of requests arriving after the warm-up
@@ -870,11 +871,25 @@ def _build(
         "sel = ok & (AT >= W)",
         "FT = FT[sel]; FR = FR[sel]",
         "resp = FT - AT[sel]",
-        "G = _np.array(gden, dtype=float)[FR]",
+        f"G = _np.array({'gden' if p_lo < 1 else 'dtot'}, dtype=float)[FR]",
         "pos = G > 0",
         "tbt = (FT[pos] - _np.array(first_t, dtype=float)[FR[pos]]) / G[pos]",
     ]
-    if done_obs:
+    # an observed `now - t0` of a variable set to the arrival time is the response time: the
+    # same float subtraction, done on the arrays
+    response = {
+        f"_o{observe_names.index(name)}({gen(v, obs_env)})"
+        for name, v in stage_obs["done"]
+        if isinstance(v, A.Binary)
+        and v.op == "-"
+        and isinstance(v.left, A.Name)
+        and v.left.name == "now"
+        and isinstance(v.right, A.Name)
+        and v.right.name in at_arrival
+    }
+    if done_obs and all(ln.startswith("# @") or ln in response for ln in done_obs):
+        post += [f"OBS[{name!r}].extend(resp.tolist())" for name, _ in stage_obs["done"]]
+    elif done_obs:
         post += [
             "for rid, _t in zip(FR.tolist(), FT.tolist()):",
             *_ind(done_obs, 1),
