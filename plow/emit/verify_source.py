@@ -151,6 +151,8 @@ def _expected(
         return f"{missing}: not a tensor of the source checkpoint"
     entries = {s: e for s, (e, _) in zip(sources, got, strict=True)}
     es = [e for e, _ in got]
+    if kind.startswith(("rows ", "cols ")) and len(sources) == 1:  # tensor parallel
+        return _sliced(kind, es[0], got[0][1], entries)
     if len({(e.dtype.name, tuple(e.shape[1:]), e.quant is None) for e in es}) != 1:
         return f"its sources {', '.join(sources)} differ in dtype or row shape"
     dtype, rest = es[0].dtype.name, tuple(es[0].shape[1:])
@@ -174,6 +176,36 @@ def _expected(
     return f"unknown layout {kind!r}"
 
 
+def _sliced(
+    kind: str, e: Any, runs: list[_Run], entries: dict[str, Any]
+) -> tuple[str, tuple[int, ...], list[_Run], dict[str, Any]] | str:
+    """A tensor-parallel slice (plow/graph/shard.py, the op table's `slices`): `rows A:B` of a
+    1-D or 2-D source, or `cols A:B` of a 2-D one (one run per row)."""
+    axis, span = kind.split(" ")
+    try:
+        lo, hi = (int(v) for v in span.split(":"))
+    except ValueError:
+        return f"slice {kind!r} is not `rows|cols A:B`"
+    shape = tuple(e.shape)
+    if e.quant is not None or len(shape) not in (1, 2) or (axis == "cols" and len(shape) != 2):
+        return f"slice {kind!r} of a {len(shape)}-d or block-quantized source"
+    dim = shape[0] if axis == "rows" else shape[1]
+    if not 0 <= lo < hi <= dim:
+        return f"slice {kind!r} outside the source's {dim} {axis}"
+    item = e.dtype.itemsize
+    if axis == "rows":
+        rb = item * (shape[1] if len(shape) == 2 else 1)
+        return (
+            e.dtype.name,
+            (hi - lo, *shape[1:]),
+            list(_slice(runs, lo * rb, (hi - lo) * rb)),
+            entries,
+        )
+    rb = shape[1] * item
+    out = [r for i in range(shape[0]) for r in _slice(runs, i * rb + lo * item, (hi - lo) * item)]
+    return e.dtype.name, (shape[0], hi - lo), out, entries
+
+
 def _slice(runs: list[_Run], start: int, n: int) -> Iterator[_Run]:
     """The sub-runs covering bytes [start, start + n) of the concatenation of `runs`."""
     at = 0
@@ -189,6 +221,19 @@ def _element(shape: tuple[int, ...], itemsize: int, byte: int) -> str:
         return "[]"
     idx = np.unravel_index(byte // itemsize, shape)
     return "[" + ", ".join(str(int(i)) for i in idx) + "]"
+
+
+def _tp_slices(bundle: Path) -> dict[str, tuple[str, list[str]]]:
+    """The slices a tensor-parallel bundle's op tables record (`slices`: [tensor, source,
+    axis, start, stop]; checkpoint A compares them with the shard pass's), as layouts."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    manifest = _read_json(bundle / "manifest.json", "the bundle's manifest.json")
+    for rung in manifest.get("ladder", []):
+        ops = _read_json(bundle / rung["ops"], "an op table")
+        for op in ops.get("ops", []):
+            for new, src, axis, lo, hi in op.get("attrs", {}).get("slices", []):
+                out[new] = (f"{('rows', 'cols')[int(axis)]} {int(lo)}:{int(hi)}", [src])
+    return out
 
 
 def verify_source(
@@ -220,7 +265,10 @@ def verify_source(
     rw = read_rewrites(bundle)
     if isinstance(rw, str):
         raise MalformedBundle(bundle / "rewrites.json", rw)
-    layouts = {x.weight: (x.layout, list(x.sources)) for x in rw.layouts}
+    layouts: dict[str, tuple[str, list[str]]] = {
+        x.weight: (x.layout, list(x.sources)) for x in rw.layouts
+    }
+    layouts.update(_tp_slices(bundle))
     store = WeightStore.open(weight_files(source), where=source)
     plans: list[tuple[str, Any, list[_Run], dict[str, Any]]] = []
     for name in sorted(mine, key=lambda n: mine[n].offset):
