@@ -13,7 +13,8 @@ Layout, in this order, each buffer aligned to `ALIGN` bytes:
    pool, first fit in order of writer; a buffer reuses bytes of another only when that
    one's writer and readers are all op-level ancestors of its writer (the sharing rule,
    `plow.memory.ordering`; docs/memory.md "Sharing rule"), which the schedule's coarse
-   counters turn into happens-before in every interleaving.
+   counters turn into happens-before in every interleaving. A tensor-parallel graph
+   (plow/graph/shard.py): one pool per device, one after another (docs/parallel.md).
 
 Program steps: op `i` of the bucket's op list is step `i`; step `n` (= number of ops) is the
 host reading the outputs after the step. Live ranges are half-open `[start, end)`:
@@ -210,23 +211,31 @@ def plan_arena(
     names = [op.name for op in graph.ops]
     anc = ancestors(len(ios), ordered_edges(names, ios, unordered))
     acc = accesses(ios, scratch)
-    spans: list[tuple[int, int, Access]] = []  # (offset, end, access), sorted by offset
-    end = 0
-    for t in pool:
-        a = acc.get(t) or Access(live[t][0], 1 << live[t][0])
-        need = _up(max(sizes[t], 1), align)
-        off = 0
-        for o, e, other in spans:
-            if e <= off or may_share(other, a, anc):
-                continue
-            if o - off >= need:
-                break
-            off = max(off, e)
-        insort(spans, (off, off + need, a), key=lambda x: x[0])
-        end = max(end, off + need)
-        reg: Region = "scratch" if t in scratch else "activations"
-        placed.append(Buffer(t, reg, base + off, sizes[t]))
-    total = _up(base + end, align) if pool else _up(cursor, align)
+    # A tensor-parallel graph (plow/graph/shard.py): the pool partitioned per device, device
+    # d's activations and partials in its own contiguous range, one after another (no byte
+    # of one device's part is ever another's; docs/parallel.md "Memory").
+    dev = {t: int(op.attrs.get("device", 0)) for op in graph.ops for t in op.outputs}
+    dev.update({t: int(graph.ops[i].attrs.get("device", 0)) for t, i in scratch.items()})
+    start = 0
+    for d in sorted({dev.get(t, 0) for t in pool}):
+        spans: list[tuple[int, int, Access]] = []  # (offset, end, access), sorted by offset
+        end = start
+        for t in (t for t in pool if dev.get(t, 0) == d):
+            a = acc.get(t) or Access(live[t][0], 1 << live[t][0])
+            need = _up(max(sizes[t], 1), align)
+            off = start
+            for o, e, other in spans:
+                if e <= off or may_share(other, a, anc):
+                    continue
+                if o - off >= need:
+                    break
+                off = max(off, e)
+            insort(spans, (off, off + need, a), key=lambda x: x[0])
+            end = max(end, off + need)
+            reg: Region = "scratch" if t in scratch else "activations"
+            placed.append(Buffer(t, reg, base + off, sizes[t]))
+        start = end
+    total = _up(base + start, align) if pool else _up(cursor, align)
     return Arena(max(total, align), align, tuple(placed))
 
 

@@ -133,6 +133,24 @@ def test_tp2_ops_are_split_over_devices_with_sliced_weights(tp2: Path, tiny_llam
         assert w // per == dev[names[op_i]]
 
 
+def test_the_activation_pool_is_partitioned_per_device(tp2: Path) -> None:
+    """One arena, its activation and scratch pool cut into one contiguous range per device:
+    every buffer an op of device d writes (its output, its split reduction's partial) lies in
+    d's range, and the ranges do not overlap (checkpoint F certifies the rest)."""
+    for rung in ("decode_b1_s48", "prefill_b1_s16_c48"):
+        ot = _ops(tp2, rung)
+        dev = {o.name: int(o.attrs.get("device", 0)) for o in ot.ops}
+        writer = {t: o.name for o in ot.ops for t in o.outputs}
+        spans: dict[int, list[int]] = {}
+        for b in _schedule(tp2, rung)["arena"]["buffers"]:
+            if b["region"] in ("activations", "scratch"):  # a partial: `<op>#partial...`
+                d = dev[b["name"].split("#")[0] if "#" in b["name"] else writer[b["name"]]]
+                lo, hi = spans.setdefault(d, [1 << 62, 0])
+                spans[d] = [min(lo, b["offset"]), max(hi, b["offset"] + b["size"])]
+        assert sorted(spans) == [0, 1], spans
+        assert spans[0][1] <= spans[1][0], spans  # device 0's part, then device 1's
+
+
 def test_system_scope_counters_are_the_allreduce_partials(tp2: Path) -> None:
     """Exactly the counters a device waits on for another device's partial are system
     scope (the row-parallel o_proj / down_proj partials every allreduce reads); every other
