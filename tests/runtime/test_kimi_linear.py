@@ -237,3 +237,24 @@ def test_o_proj_no_longer_waiting_for_kda_is_rejected_by_d(kimi: dict, tmp_path:
     bad = [r for r in rep.rows if r.rejected]
     assert [r.checkpoint for r in bad] == ["D"], [(r.checkpoint, r.reason) for r in bad]
     assert "(L2.kda#" in (bad[0].reason or ""), bad[0].reason
+
+
+def test_a_kda_op_whose_heads_do_not_match_its_tiles_is_rejected_by_b(
+    kimi: dict, tmp_path: Path
+) -> None:
+    """4 heads of 6 columns instead of 2 of 12 (the same output width): checkpoint B's kda
+    rule (batch rows x heads) gives 4 heads where the plan's axis says 2."""
+    from tests.emit.bundle_edit import copy_bundle, edit_rung, first_rung
+
+    b = copy_bundle(kimi["bundle"], tmp_path / "b")
+
+    def edit(doc: dict) -> None:
+        op = next(o for o in doc["ops"] if o["name"] == "L0.kda")
+        op["attrs"].update(heads=4, head_dim=6)
+
+    edit_rung(b, first_rung(b), ops=edit)
+    bad = [r for r in verify_bundle(b, checkpoints=("B",)).rows if r.rejected]
+    assert bad and all(r.checkpoint == "B" for r in bad), [(r.checkpoint, r.reason) for r in bad]
+    assert 'op "L0.kda" axis 1 (cols): extent 2 but the tensors\' shapes give 4' in (
+        bad[0].reason or ""
+    ), bad[0].reason
