@@ -79,7 +79,9 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
             typer.Option(
                 "--tp",
                 min=1,
-                help="Tensor-parallel degree: GPUs the plan spans (overrides the target's gpus).",
+                help="Tensor-parallel degree: the graph's attention heads and MLP columns "
+                "are split over this many devices, the partial sums meeting in allreduce ops "
+                "(docs/parallel.md; overrides the target's gpus).",
             ),
         ] = None,
         fuse: Annotated[
