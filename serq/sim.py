@@ -28,9 +28,12 @@ SAMPLES = 20
 DEFAULT_LIMITS = Limits()
 
 
-def _stream(draw: Callable[[], list[float]]) -> Callable[[], float]:
-    """A fast ``next()`` over an endless sequence of blocks of numbers."""
-    it = chain.from_iterable(iter(draw, None))
+def _stream(draw: Callable[[int], list[float]], first: int = BLOCK) -> Callable[[], float]:
+    """A fast ``next()`` over an endless sequence of blocks of numbers: ``draw(first)``, then
+    ``draw(BLOCK)`` again and again (a generator's numbers do not depend on how they are
+    blocked, so neither does the sequence)."""
+    blocks = chain([first], iter(lambda: BLOCK, None))
+    it = chain.from_iterable(map(draw, blocks))
     return partial(next, it)
 
 
@@ -225,12 +228,14 @@ def _state(row: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def streams(
-    seed: int, rate: float
+    seed: int, rate: float, expected: float = BLOCK
 ) -> tuple[Callable[[], float], Callable[[], float], Callable[[], float]]:
     """The three random streams of a run: inter-arrival times, uniform and exponential draws.
 
     ``rate`` scales the inter-arrival times (a rate of 0, or one so small that its mean gap
-    overflows, brings no arrival; the stream is then never read).
+    overflows, brings no arrival; the stream is then never read). ``expected`` (the expected
+    number of arrivals) sizes the first block of each stream, so that a short run does not
+    draw and convert a whole block it will not read; the numbers are the same.
     """
     ss = np.random.SeedSequence(seed)
     g_arr, g_u, g_x = (np.random.Generator(np.random.PCG64(s)) for s in ss.spawn(3))
@@ -238,19 +243,23 @@ def streams(
     if not math.isfinite(inv):
         inv = 0.0
 
-    def arr_block() -> list[float]:
-        out: list[float] = (g_arr.standard_exponential(BLOCK) * inv).tolist()
+    def arr_block(n: int) -> list[float]:
+        out: list[float] = (g_arr.standard_exponential(n) * inv).tolist()
         return out
 
-    def u_block() -> list[float]:
-        out: list[float] = g_u.random(BLOCK).tolist()
+    def u_block(n: int) -> list[float]:
+        out: list[float] = g_u.random(n).tolist()
         return out
 
-    def x_block() -> list[float]:
-        out: list[float] = g_x.standard_exponential(BLOCK).tolist()
+    def x_block(n: int) -> list[float]:
+        out: list[float] = g_x.standard_exponential(n).tolist()
         return out
 
-    return _stream(arr_block), _stream(u_block), _stream(x_block)
+    # Poisson: the count exceeds its mean by more than 4 standard deviations (+ 64) rarely
+    first = BLOCK
+    if expected < BLOCK:
+        first = min(BLOCK, int(expected + 4 * math.sqrt(expected)) + 64)
+    return _stream(arr_block, first), _stream(u_block, first), _stream(x_block, first)
 
 
 def _call(
@@ -263,7 +272,7 @@ def _call(
     trace: bool,
     limits: Limits,
 ) -> dict[str, Any]:
-    ia, u, x = streams(seed, model.rate)
+    ia, u, x = streams(seed, model.rate, model.rate * horizon)
     try:
         return model.simulate(
             float(horizon),

@@ -50,3 +50,14 @@ def test_percentiles_are_numpys() -> None:
         want["max"] = a.max()
         assert got == {k: float(v) if k != "count" else int(v) for k, v in want.items()}
         assert _pct(a.tolist()) == got
+
+
+def test_streams_do_not_depend_on_the_first_block() -> None:
+    """A run's random numbers are the same whatever size its streams' first blocks have."""
+    from serq.sim import BLOCK, streams
+
+    for expected in (0, 10, 1000, BLOCK, 10**9):
+        a = streams(11, 0.0003, expected)
+        b = streams(11, 0.0003)
+        for sa, sb in zip(a, b, strict=True):
+            assert [sa() for _ in range(2 * BLOCK + 5)] == [sb() for _ in range(2 * BLOCK + 5)]
