@@ -175,7 +175,7 @@ def _routed_load(
         for i, d in enumerate(drafts)
         if d.op in routed and d.kind is TaskKind.compute
     ]
-    return task_load(routed, rows, idle_ns)
+    return task_load(routed, rows, idle_ns, independent_layers=False)
 
 
 def _routed_decision(

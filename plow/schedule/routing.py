@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from plow.graph.ops import OpGraph
+from plow.schedule.regions import tile_ranges
 from plow.tiles.cost import busy_probability
 from plow.tiles.ir import TileGraph
 
@@ -56,18 +57,20 @@ class RoutedOp:
 
     def busy_probability(self) -> npt.NDArray[np.float64]:
         """Per tile: the probability that some row of it chose its expert."""
-        rows = self.r1 - self.r0
-        by_rows = {int(r): busy_probability(int(r), self.top_k, self.experts) for r in set(rows)}
-        return np.array([by_rows[int(r)] for r in rows], dtype=np.float64)
+        sizes, inv = np.unique(self.r1 - self.r0, return_inverse=True)
+        by_size = [busy_probability(int(r), self.top_k, self.experts) for r in sizes]
+        return np.array(by_size, dtype=np.float64)[inv.reshape(-1)]
 
     def busy(self, chosen: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
         """Per sampled routing (`chosen[s, row, expert]`), which tiles do work: [S, tiles]."""
-        # rows r0..r1 chose expert e  <=>  the prefix count over rows grows on that range
-        pre = np.concatenate(
-            [np.zeros((chosen.shape[0], 1, chosen.shape[2]), dtype=np.int64), chosen.cumsum(1)],
-            axis=1,
-        )
-        return (pre[:, self.r1, self.expert] - pre[:, self.r0, self.expert]) > 0
+        # rows r0..r1 chose expert e: an `any` per segment between the tiles' row bounds,
+        # then a prefix count over the (few) segments
+        bounds = np.unique(np.concatenate([self.r0, self.r1]))
+        seg = np.logical_or.reduceat(chosen, bounds[:-1], axis=1)
+        pre = np.zeros((chosen.shape[0], len(bounds), chosen.shape[2]), dtype=np.int32)
+        np.cumsum(seg, axis=1, out=pre[:, 1:])
+        i0, i1 = np.searchsorted(bounds, self.r0), np.searchsorted(bounds, self.r1)
+        return (pre[:, i1, self.expert] - pre[:, i0, self.expert]) > 0
 
 
 def routed_ops(tg: TileGraph, graph: OpGraph) -> dict[str, RoutedOp]:
@@ -80,7 +83,9 @@ def routed_ops(tg: TileGraph, graph: OpGraph) -> dict[str, RoutedOp]:
             continue
         op = ops[top.name]
         n_exp, wn, k_in = graph.tensor(op.inputs[2]).shape
-        ranges = np.array([t.ranges for t in top.tiles], dtype=np.int64).reshape(-1, 3, 2)
+        ranges = tile_ranges(top)  # the tiler's enumeration, from the axes
+        if ranges is None:
+            ranges = np.array([t.ranges for t in top.tiles], dtype=np.int64).reshape(-1, 3, 2)
         if op.attrs["mode"] == "gate_up":
             expert = ranges[:, 1, 0] // (wn // 2)
         else:
@@ -103,7 +108,8 @@ def sample_routings(
 ) -> npt.NDArray[np.bool_]:
     """`samples` uniform top-k routings: `chosen[s, row, e]` (each row exactly `top_k` experts)."""
     rng = np.random.default_rng(seed)
-    pick = np.argsort(rng.random((samples, rows, experts)), axis=2)[:, :, :top_k]
+    draw = rng.random((samples, rows, experts))
+    pick = np.argpartition(draw, top_k - 1, axis=2)[:, :, :top_k]  # the k smallest: a uniform k-set
     chosen = np.zeros((samples, rows, experts), dtype=bool)
     np.put_along_axis(chosen, pick, True, axis=2)
     return chosen
@@ -136,36 +142,45 @@ def task_load(
     idle_ns: float,
     samples: int = SAMPLES,
     seed: int = SEED,
+    independent_layers: bool = True,
 ) -> TaskLoad:
     """`tasks`: (task id, op, tile indices, est ns, ns per tile) of the compute tasks of
     routed ops. A busy tile costs its `ns per tile`, an idle one `idle_ns` (its signal). One
-    set of sampled routings per layer (the layer's gate_up and down see the same routing)."""
-    chosen: dict[int, npt.NDArray[np.bool_]] = {}
-    busy: dict[str, npt.NDArray[np.bool_]] = {}
-    prob: dict[str, npt.NDArray[np.float64]] = {}
+    set of sampled routings per layer (the layer's gate_up and down see the same routing);
+    `independent_layers=False` draws one set for all layers of the same shape (layer 0's):
+    enough for per-edge decisions, and a prefill bucket's thousands of rows are drawn once."""
+    chosen: dict[object, npt.NDArray[np.bool_]] = {}
     worst: dict[int, float] = {}
     expected: dict[int, float] = {}
     sampled: dict[int, npt.NDArray[np.float64]] = {}
     note: dict[str, str] = {}
+    by_op: dict[str, list[tuple[int, Sequence[int], float, float]]] = {}
     for tid, op, units, est, tile_ns in tasks:
+        by_op.setdefault(op, []).append((tid, units, est, tile_ns))
+    for op, rows in by_op.items():
         r = routed[op]
-        if op not in busy:
-            if r.layer not in chosen:
-                chosen[r.layer] = sample_routings(
-                    samples, r.rows, r.experts, r.top_k, seed * 1_000_003 + r.layer
-                )
-            busy[op] = r.busy(chosen[r.layer])
-            prob[op] = r.busy_probability()
-            note[op] = (
-                f"uniform top-{r.top_k} of {r.experts} experts over {r.rows} row(s): "
-                f"{r.rows * r.top_k / r.experts:.3g} expected token(s) per expert"
+        key: object = r.layer if independent_layers else (r.rows, r.experts, r.top_k)
+        if key not in chosen:
+            layer = r.layer if independent_layers else 0
+            chosen[key] = sample_routings(
+                samples, r.rows, r.experts, r.top_k, seed * 1_000_003 + layer
             )
-        u = np.asarray(units, dtype=np.int64)
-        save = max(0.0, tile_ns - idle_ns)  # what an idle tile does not spend
-        worst[tid] = est
-        expected[tid] = est - float((1.0 - prob[op][u]).sum()) * save
-        idle = (~busy[op][:, u]).sum(axis=1)
-        sampled[tid] = np.maximum(est - idle * save, idle_ns * len(u))
+        idle_t = ~r.busy(chosen[key])  # [S, tiles]
+        spare = 1.0 - r.busy_probability()
+        note[op] = (
+            f"uniform top-{r.top_k} of {r.experts} experts over {r.rows} row(s): "
+            f"{r.rows * r.top_k / r.experts:.3g} expected token(s) per expert"
+        )
+        # per task: its idle tiles (sampled) and expected idle tiles, one gather per op
+        flat = np.concatenate([np.asarray(u, dtype=np.int64) for _, u, _, _ in rows])
+        starts = np.cumsum([0, *[len(u) for _, u, _, _ in rows[:-1]]]).astype(np.int64)
+        idle = np.add.reduceat(idle_t[:, flat].astype(np.int64), starts, axis=1)  # [S, tasks]
+        spare_t = np.add.reduceat(spare[flat], starts)
+        for j, (tid, units, est, tile_ns) in enumerate(rows):
+            save = max(0.0, tile_ns - idle_ns)  # what an idle tile does not spend
+            worst[tid] = est
+            expected[tid] = est - float(spare_t[j]) * save
+            sampled[tid] = np.maximum(est - idle[:, j] * save, idle_ns * len(units))
     return TaskLoad(worst, expected, sampled, note)
 
 
