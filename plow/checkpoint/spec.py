@@ -100,9 +100,9 @@ class MlaSpec:
     is None), the keys and values from `kv_a_proj_with_mqa`'s latent of `kv_lora_rank`
     columns -> `kv_a_layernorm` -> `kv_b_proj`, each head's key its `nope` columns then the
     one shared `rope` columns (rotated; pairs interleaved when `interleave`), values of
-    `v_dim` columns. Every head is `ModelSpec.head_dim` = max(nope + rope, v_dim) (rounded
-    up to even) wide in the attention (the spare columns zero), so the key-value cache holds
-    the decompressed keys and values, not the latent."""
+    `v_dim` columns. In the absorbed form: H query heads over one key-value head per token,
+    the latent row of `ModelSpec.head_dim` = kv_lora_rank + rope (rounded up to even)
+    columns (`ModelSpec.num_kv_heads` 1), so the key-value cache holds the latent."""
 
     q_lora_rank: int | None
     kv_lora_rank: int
@@ -334,9 +334,8 @@ class ModelSpec:
         shapes[a + "mla.kv_a.weight"] = (m.kv_lora_rank, h)
         shapes[a + "kv_a_layernorm.weight"] = (m.kv_lora_rank,)
         shapes[a + "mla.k_rope.weight"] = (m.rope, h)
-        shapes[a + "mla.k_place.weight"] = (heads * d, m.rope)
-        shapes[a + "mla.k_nope.weight"] = (heads * d, m.kv_lora_rank)
-        shapes[a + "mla.v.weight"] = (heads * d, m.kv_lora_rank)
+        shapes[a + "mla.c_place.weight"] = (d, m.kv_lora_rank)
+        shapes[a + "mla.k_place.weight"] = (d, m.rope)
         shapes[a + "mla.o.weight"] = (h, heads * d)
         return shapes
 

@@ -1,23 +1,27 @@
-"""Multi-head latent attention (DeepSeek-V3, `MlaSpec`) as ordinary ops.
+"""Multi-head latent attention (DeepSeek-V3, `MlaSpec`) as ordinary ops, in the absorbed form.
 
-No op kind of its own: linears, RMSNorm, rope, residual adds and the attention op, over the
-derived weights of `plow.checkpoint.families.deepseek_v3.derive_weights` (H heads, each
-D = `ModelSpec.head_dim` = max(nope + rope, v) columns wide in the attention):
+No op kind of its own: linears, RMSNorm, rope, a residual add and the attention op, over the
+derived weights of `plow.checkpoint.families.deepseek_v3.derive_weights`. The attention is
+multi-query: H query heads over ONE key-value head per token, the latent row, D =
+`ModelSpec.head_dim` = kv_lora + rope (rounded up to even) columns wide:
 
     q_lat  = q_a_layernorm(q_a_proj(h))            (or h when q_lora_rank is null)
-    q      = rope_r(q(q_lat))                                   [B,T,H*D]
-    c      = kv_a_layernorm(kv_a(h))                            the latent [B,T,kv_lora]
-    k      = k_nope(c) + k_place(rope(k_rope(h)))               [B,T,H*D]
-    v      = v(c)                                               [B,T,H*D], zero past v_dim
-    out    = o(attention(q, k, v))                              o's columns past v_dim zero
+    q      = rope_r(q(q_lat))                       [B,T,H*D]  absorbed: q_nope_h . W_UK_h
+    c      = kv_a_layernorm(kv_a(h))                the latent [B,T,kv_lora]
+    row    = c_place(c) + k_place(rope(k_rope(h)))  [B,T,D]    the one cached kv head
+    out    = o(attention(q, row, row))              o = o_proj . W_UV_h per head
 
-A head's columns are laid out by `deepseek_v3.head_columns`: its rope dims where a rope of
-head_dim D with `rotary_dim` r rotates (`rope_r`: pairs (j, j + D/2), j < r/2, with an
-r-wide rope's frequencies; every other column has frequency 0 and passes exactly), its nope
-dims in the other columns, the same columns in q and k, so q . k is transformers' score.
-`k_place` is a 0/1 matrix: each output column is one rotated key column or 0, so the sum is
-exact. The key-value cache holds the decompressed k / v (H heads x D), not the latent
-(docs/families.md says what that costs).
+Keys and values are the same row (the value's rope columns meet zero columns of `o`), so
+the cache holds the normalised latent and the shared rotated key per token and layer (both
+halves of the pool hold the row: 2 x D per token and layer, not 2 x H x max(nope + rope, v)).
+A row's columns are laid out by `deepseek_v3.head_columns(kv_lora, rope, D)`: the rope dims
+where a rope of head_dim D with `rotary_dim` r rotates (pairs (j, j + D/2), j < r/2, with an
+r-wide rope's frequencies; every other column has frequency 0 and passes exactly), the latent
+in the other columns, the same in q, so q . row is transformers' score. `c_place` and
+`k_place` are 0/1 matrices (each output column one input column or 0: the sum is exact);
+`q` and `o` are products of the checkpoint's matrices (W_UK / W_UV absorbed, in float64, then
+the checkpoint's dtype), so the scores and outputs equal transformers' up to rounding.
+Prefill runs the same graph (it writes the rows decode reads).
 """
 
 from __future__ import annotations
@@ -97,18 +101,17 @@ def mla_attention(
     if m.rotate:
         k_rope = {**rope_attrs(lspec, m.rope), "heads": 1}
         k_pe = g.op(p + "k_rope", OpKind.rope, [k_pe, "positions"], k_rope, n)
-    k = add("k_join", linear("k_nope_proj", lat, "mla.k_nope.weight"),
-            linear("k_place", k_pe, "mla.k_place.weight"))  # fmt: skip
-    v = linear("v_proj", lat, "mla.v.weight")
-    kc = g.declare(p + "k_cache", (batch, heads, context, d), TensorRole.cache)
-    vc = g.declare(p + "v_cache", (batch, heads, context, d), TensorRole.cache)
+    row = add("kv_row", linear("c_place", lat, "mla.c_place.weight"),
+              linear("k_place", k_pe, "mla.k_place.weight"))  # fmt: skip
+    kc = g.declare(p + "k_cache", (batch, 1, context, d), TensorRole.cache)
+    vc = g.declare(p + "v_cache", (batch, 1, context, d), TensorRole.cache)
     att = g.op(
         p + "attn",
         OpKind.attention,
-        [q, k, v, kc, vc, "positions"],
+        [q, row, row, kc, vc, "positions"],
         {
             "heads": heads,
-            "kv_heads": heads,
+            "kv_heads": 1,
             "head_dim": d,
             "scale": spec.attention_scale,
             "window": lspec.window,

@@ -148,7 +148,7 @@ def test_yarn_no_q_lora_and_wide_values_match_transformers(tmp_path: Path) -> No
     ckpt = load_checkpoint(path)
     m = ckpt.spec.mla
     assert m is not None and m.q_lora_rank is None and m.rope_gain != 1.0
-    assert ckpt.spec.head_dim == 12 and ckpt.spec.layers[0].rope.kind == "yarn"
+    assert ckpt.spec.head_dim == 20 and ckpt.spec.layers[0].rope.kind == "yarn"  # 16 + 4
     hf = _hf(path)
     ids = ckpt.tokenizer.encode(PROMPTS[3])
     with torch.no_grad():

@@ -15,12 +15,13 @@ attention (MLA) in every layer, DeepSeekMoE feed-forwards after the first
   `topk_group`), `norm_topk_prob`, `routed_scaling_factor`; plus `n_shared_experts` shared
   experts (one gated MLP `n_shared_experts * moe_intermediate_size` wide) on every token.
 
-The graph reads MLA through weights derived here from the checkpoint's (`derive_weights`,
-called when the weights are opened): rows moved to each head's columns (`head_columns`),
-zero padding to one head width, the rope rows de-interleaved, and a 0/1 matrix that places
-the shared rotated key into each head. Those are exact copies (no arithmetic on a weight,
-except yarn's attention factor when it is not 1), so the lowering is the same function as
-transformers'.
+The graph reads MLA in the absorbed form through weights derived here from the checkpoint's
+(`derive_weights`, called when the weights are opened): H query heads over one latent row
+per token (the normalised latent then the shared rotated key, laid out by `head_columns`),
+so the key-value cache holds the latent, not per-head keys and values. The query and output
+projections absorb `kv_b_proj`'s key and value halves (products in float64, rounded once to
+the checkpoint's dtype); the rest are row copies, de-interleaved rope rows, 0/1 placement
+matrices and yarn's attention factor.
 
 Refused, naming the field: multi-token-prediction layers (`num_nextn_predict_layers` > 0),
 quantized weights (`quantization_config`), `attention_bias`, activations other than SiLU,
@@ -171,9 +172,11 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
     _refuse(cfg)
     rope, gain, softmax = _rope(cfg)
     qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    width = max(qk, cfg.v_head_dim)
-    width += width % 2  # even: the rope pairs are (j, j + width / 2)
-    fields = spec_fields(cfg.model_copy(update={"head_dim": width, "num_key_value_heads": None}))
+    # the absorbed form (plow/graph/mla.py): one latent row per token, the rope pairs at
+    # (j, j + width / 2), so even
+    width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    width += width % 2
+    fields = spec_fields(cfg.model_copy(update={"head_dim": width, "num_key_value_heads": 1}))
     fields["weight_block"] = None
     dense = min(cfg.first_k_dense_replace, cfg.num_hidden_layers)
     layers = tuple(LayerSpec(rope=rope, moe=i >= dense) for i in range(cfg.num_hidden_layers))
@@ -227,23 +230,28 @@ def derive_weights(
     spec: ModelSpec, read: Callable[[str], np.ndarray], missing: set[str]
 ) -> dict[str, np.ndarray]:
     """The `self_attn.mla.*` tensors of `spec`'s weight shapes that are `missing`, from the
-    checkpoint's (`read` by name), in the checkpoint's dtype (MlaSpec, plow/graph/mla.py);
-    heads are D = `spec.head_dim` columns wide, laid out by `head_columns`:
+    checkpoint's (`read` by name), in the checkpoint's dtype: the absorbed form of
+    plow/graph/mla.py, H query heads over one latent row of D = `spec.head_dim` columns laid
+    out by `head_columns(kv_lora, rope, D)`:
 
-    - `q` [H*D, q_in]: `q_b_proj` (or `q_proj`) with each head's rows moved to its columns
-      (the rope rows de-interleaved when `rope_interleave`), zeros in the spare columns;
+    - `q` [H*D, q_in]: head h's latent columns W_UK_h^T . W_qnope_h (`kv_b_proj`'s key rows
+      of head h, transposed, times `q_b_proj`'s (or `q_proj`'s) nope rows), its rope columns
+      `q_b_proj`'s rope rows (de-interleaved when `rope_interleave`), zeros in the spare ones;
     - `kv_a` [kv_lora, hidden] and `k_rope` [r, hidden]: `kv_a_proj_with_mqa`'s two parts;
-    - `k_place` [H*D, r]: 0/1, the shared rotated key into every head's rope columns;
-    - `k_nope` [H*D, kv_lora]: `kv_b_proj`'s key rows per head at its nope columns;
-    - `v` [H*D, kv_lora]: `kv_b_proj`'s value rows of head h at rows h*D.., zeros after;
-    - `o` [hidden, H*D]: `o_proj`'s columns of head h at columns h*D.., zeros after.
+    - `c_place` [D, kv_lora] and `k_place` [D, r]: 0/1, the latent and the rotated key into
+      the row's columns;
+    - `o` [hidden, H*D]: head h's latent columns `o_proj`'s columns of head h times W_UV_h
+      (`kv_b_proj`'s value rows of head h), zeros at the rope and spare columns.
+
+    The products are taken in float64 and rounded once to the checkpoint's dtype.
     """
     m = spec.mla
     assert m is not None
     heads, d, r, nope, vd = spec.num_heads, spec.head_dim, m.rope, m.nope, m.v_dim
+    lat = m.kv_lora_rank
     qk = nope + r
     perm = _deinterleave(r) if m.interleave else np.arange(r)
-    rope_cols, nope_cols = head_columns(nope, r, d)
+    rope_cols, lat_cols = head_columns(lat, r, d)
     out: dict[str, np.ndarray] = {}
     for n in range(spec.num_layers):
         a = f"model.layers.{n}.self_attn."
@@ -257,31 +265,29 @@ def derive_weights(
         dt = qb.dtype
         qh = qb.reshape(heads, qk, -1)
         q_rope = qh[:, nope:][:, perm]
-        k_rope = kva[m.kv_lora_rank :][perm]
+        k_rope = kva[lat:][perm]
         if m.rope_gain != 1.0:  # yarn's cos / sin gain: rope is linear, so on the weights
             q_rope = (q_rope.astype(np.float32) * np.float32(m.rope_gain)).astype(dt)
             k_rope = (k_rope.astype(np.float32) * np.float32(m.rope_gain)).astype(dt)
+        kvh = kvb.reshape(heads, nope + vd, lat).astype(np.float64)
+        w_uk, w_uv = kvh[:, :nope], kvh[:, nope:]  # [H, nope, lat], [H, vd, lat]
         q = np.zeros((heads, d, qh.shape[-1]), dtype=dt)
-        q[:, nope_cols] = qh[:, :nope]
+        q[:, lat_cols] = np.einsum("hnl,hnq->hlq", w_uk, qh[:, :nope].astype(np.float64))
         q[:, rope_cols] = q_rope
-        kvh = kvb.reshape(heads, nope + vd, -1)
-        k_nope = np.zeros((heads, d, kvh.shape[-1]), dtype=dt)
-        k_nope[:, nope_cols] = kvh[:, :nope]
-        v = np.zeros((heads, d, kvh.shape[-1]), dtype=dt)
-        v[:, :vd] = kvh[:, nope:]
-        k_place = np.zeros((heads, d, r), dtype=dt)
-        k_place[:, rope_cols, np.arange(r)] = 1
-        oh = o.reshape(o.shape[0], heads, vd)
-        o_pad = np.zeros((o.shape[0], heads, d), dtype=o.dtype)
-        o_pad[:, :, :vd] = oh
+        c_place = np.zeros((d, lat), dtype=dt)
+        c_place[lat_cols, np.arange(lat)] = 1
+        k_place = np.zeros((d, r), dtype=dt)
+        k_place[rope_cols, np.arange(r)] = 1
+        oh = o.reshape(o.shape[0], heads, vd).astype(np.float64)
+        o_abs = np.zeros((o.shape[0], heads, d), dtype=o.dtype)
+        o_abs[:, :, lat_cols] = np.einsum("ohv,hvl->ohl", oh, w_uv)
         derived = {
             "q": q.reshape(heads * d, -1),
-            "kv_a": kva[: m.kv_lora_rank],
+            "kv_a": kva[:lat],
             "k_rope": k_rope,
-            "k_place": k_place.reshape(heads * d, r),
-            "k_nope": k_nope.reshape(heads * d, -1),
-            "v": v.reshape(heads * d, -1),
-            "o": o_pad.reshape(o.shape[0], heads * d),
+            "c_place": c_place,
+            "k_place": k_place,
+            "o": o_abs.reshape(o.shape[0], heads * d),
         }
         for key, arr in derived.items():
             name = f"{a}mla.{key}.weight"

@@ -218,9 +218,10 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
     types = _layer_types(cfg)
     sparse = _mlp_types(cfg)
     qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    width = max(qk, cfg.v_head_dim)
-    width += width % 2  # the MLA head layout of deepseek_v3.head_columns (even)
-    fields = spec_fields(cfg.model_copy(update={"head_dim": width, "num_key_value_heads": None}))
+    # the MLA's absorbed form (plow/graph/mla.py): one latent row per token, even
+    width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    width += width % 2
+    fields = spec_fields(cfg.model_copy(update={"head_dim": width, "num_key_value_heads": 1}))
     fields["weight_block"] = None
     no_rope = RopeSpec(theta=10000.0)  # unused: no layer rotates
     layers = tuple(
