@@ -313,7 +313,7 @@ def _markdown(res: dict[str, Any]) -> str:
         f"The machine is a shared {res['cpus']}-core box with other jobs running (1-minute load "
         f"average {res['load_avg_1m'][0]:g} before and {res['load_avg_1m'][1]:g} after this "
         "run): CPU time still varies with cache and memory-bandwidth contention, which is why "
-        "every round is listed and the goal is judged on the lowest. A serQ run is about 10 ms "
+        "every round is listed and the goal is judged on the lowest. A serQ run is 8-12 ms "
         "of CPU, so a round's number is a best of a few such runs.",
         "- The two models draw from different random streams (serQ pre-draws blocks from three "
         "spawned numpy generators; the SimPy model draws scalars from one), so their iteration "
@@ -325,30 +325,33 @@ def _markdown(res: dict[str, Any]) -> str:
         "(percentiles of TTFT, TBT, response time, batch sizes). A SimPy model written with "
         "the same O(1) decode bookkeeping as serQ would narrow the gap; event-loop overhead "
         "(one timeout per iteration) would remain.",
-        "- serQ's speed comes partly from that bookkeeping and from stepping runs of identical "
+        "- serQ's speed comes partly from that bookkeeping and from taking runs of identical "
         "iterations between events (decode-only batches until the next finish; full-tile "
-        "chunks of one prefill) in a tight loop that still checks both claims on every "
-        "iteration (docs/serq.md, section 9). This program spends about 98% of its iterations "
-        "in such runs; programs whose cap is below the decoder count, or whose batch "
-        "formation reads `now` or `served`, take the general per-iteration path, which is not "
-        "measured here.",
-        "- Where serQ's time goes (counted with `sys.settrace` line events, rate 20): about 22% "
-        "of the executed lines are the tight loops' iterations, the other 78% the per-event "
-        "work around them (about 2,000 arrivals, each breaking a decode run, forming a "
-        "Prefill Mode batch and starting a prefill run; about 1,800 decode-run ends at a "
-        "request's last token). Raising the ratio by another 1.3x needs that per-event path "
-        "made cheaper, not the tight loop.",
-        "- Both models check the same two claims on every iteration; neither records a "
-        "per-token latency trace.",
-        "- Instruction counts, measured separately with callgrind (not by this script; "
-        "instructions per `simulate` call as the difference between a process making 3 calls "
-        "and one making 1 after a warm-up call, `OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0`, "
-        "which makes them repeatable to the instruction): before and after the latest changes "
-        "(batch statistics from their counts instead of a 23,000-element array per run; a "
-        "constant cap set once, the admission's constant `while` not tested), rate 20: 108.9 "
-        "to 104.9 million (-3.7%); rate 30: 146.3 to 141.9 million (-3.0%). CPU time fell "
-        "more than that (about 8% at rate 20, best of 20 runs), the array's allocation and "
-        "sorting costing more time than instructions.",
+        "chunks of one prefill) in one step: where the run's duration is a whole number of "
+        "µs and the clock stays within one binade below 2**53, the clock after k iterations "
+        "is exactly `now + k * fdur` (what repeated addition gives), and claims that are "
+        "exact affine comparisons of `now` and `served` are decided at the run's first "
+        "iteration (and its last, with a bisection for the first failure, unless their slope "
+        "keeps them holding); other runs are stepped iteration by iteration, every claim "
+        "checked on every iteration (docs/serq.md, section 9). The differential tests "
+        "(tests/serq/test_differential.py, test_fast_path.py) compare every such run with the "
+        "plain loop and the reference interpreter. This program spends about 98% of its "
+        "iterations in such runs; programs whose cap is below the decoder count, or whose "
+        "batch formation reads `now` or `served`, take the general per-iteration path, "
+        "which is not measured here.",
+        "- Both models check the same two claims on every iteration (serQ by the argument "
+        "above inside a run); neither records a per-token latency trace.",
+        "- Instructions per run, counted separately with valgrind (cachegrind; the "
+        "difference between a process making 3 calls and one making 1 after a warm-up call, "
+        "`OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0`, repeatable to the instruction), the "
+        "whole `simulate` call including statistics: serQ at rate 20 105.5 M before this "
+        "session's changes, 84.6 M after (1.25x fewer); at rate 30 142.2 M before, "
+        "122.0 M after (1.17x); the SimPy model 1,287 M (rate 20) and 1,995 M (rate 30), so "
+        "an instruction-count ratio of 15.2x and 16.4x. CPU time ratios are lower than "
+        "instruction ratios (serQ's mix of C calls, numpy conversions and allocation runs "
+        "at fewer instructions per cycle than SimPy's event loop), and on this loaded "
+        f"machine (load {res['load_avg_1m'][0]:g}) they vary from round to round by about "
+        "+-10%.",
         "",
     ]
     return "\n".join(lines)
