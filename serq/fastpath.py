@@ -345,8 +345,9 @@ def _closed_form(chk_run: list[str], monos: list[str | None] | None) -> list[str
     of ``k``, so the iterations where the claim holds are an interval that reaches one end of
     the run. Checking the first and the last iteration decides whether it holds on all of
     them (the first alone when the claim's slope keeps it holding: :func:`_monotone`); when
-    it holds on the first and fails on the last, a bisection finds the first that fails, which the plain loop would have recorded (``it``, its exact ``now``; the trace is
-    empty when not tracing, and the fast path does not run when tracing). Claims that cannot
+    it holds on the first and fails on the last, a bisection finds the first that fails,
+    which the plain loop would have recorded (``it``, its exact ``now``; the trace is empty
+    when not tracing, and the fast path does not run when tracing). Claims that cannot
     raise (no division, no call) are the only ones taken. Returns None when a claim is not of
     this form (the run is then stepped).
     """
@@ -367,12 +368,16 @@ def _closed_form(chk_run: list[str], monos: list[str | None] | None) -> list[str
 
         return pyast.unparse(Sub().visit(pyast.parse(pyast.unparse(e), mode="eval").body))
 
+    # `rend = now + L * fdur` rounded is below `btop` exactly when the exact sum is (in the
+    # binade the exact sum is a float; at or above `btop` rounding keeps it there, `btop`
+    # being a float), and then `rend - fdur` is exact too
     out = [
         "if now >= btop:",
         "    btop = _binade(now)",
         "L = lim - it",
-        "if fok and L * fdur < btop - now:",
-        "    if now + (L - 1) * fdur < stop:",
+        "rend = now + L * fdur",
+        "if fok and rend < btop:",
+        "    if rend - fdur < stop:",
         "        n = L",
         "    else:",
         "        n = _ceil((stop - now) / fdur)",
@@ -384,6 +389,7 @@ def _closed_form(chk_run: list[str], monos: list[str | None] | None) -> list[str
         "            n -= 1",
         "        while n < L and now + n * fdur < stop:",
         "            n += 1",
+        "        rend = now + n * fdur",
     ]
     if checks:
         out += ["    if n:"]
@@ -405,7 +411,7 @@ def _closed_form(chk_run: list[str], monos: list[str | None] | None) -> list[str
                 "                            _k = _md",
                 f"                    {c} = False; {v} = (it + _k, now + _k * fdur, list(trace))",
             ]
-    out += ["    it += n; now += n * fdur; served += n * b_tok"]
+    out += ["    it += n; now = rend; served += n * b_tok"]
     return out
 
 
