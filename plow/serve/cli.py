@@ -121,6 +121,14 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
             str | None,
             typer.Option("--ray", help="With --replicas: the Ray cluster (default: a local one)."),
         ] = None,
+        threads: Annotated[
+            int | None,
+            typer.Option(
+                min=1,
+                help="Host threads per step (--executor native; default: the usable cores). "
+                "On a machine other jobs load, 1 avoids waits on a descheduled worker.",
+            ),
+        ] = None,
     ) -> None:
         """Serve models over an OpenAI-compatible HTTP API (docs/serving.md)."""
         from rich.console import Console
@@ -172,6 +180,7 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                         max_model_len=max_model_len,
                         max_queue_wait_s=max_queue_wait,
                         executor=executor,
+                        threads=threads,
                     )
                 except BundleRefused as e:  # serve has no --no-verify: do not suggest it
                     raise BundleRefused(
@@ -192,9 +201,7 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                     highlight=False,
                 )
                 loaded.append(m)
-            server = Server(
-                loaded, api_key=api_key, seed=seed, max_request_bytes=max_request_bytes
-            )
+            server = Server(loaded, api_key=api_key, seed=seed, max_request_bytes=max_request_bytes)
             console.print(f"serving on http://{host}:{port}/v1", highlight=False)
         except PlowError as e:
             fail(e)

@@ -344,13 +344,15 @@ def load_served_model(
     max_queue_wait_s: float = 60.0,
     prefill_fit: PrefillFit | None = None,
     executor: str | None = None,
+    threads: int | None = None,
 ) -> ServedModel:
     """Load a checkpoint or a bundle, build its engine, calibrate the step time, start nothing
     yet. `executor` names an executor of the runtime's registry (`plow.runtime.executors`):
     `native` (a bundle's packet streams on the C++ kernel; a checkpoint is compiled into a
     cached, verified bundle first; `plow serve`'s default), `cpu` (the same bundles on the
     numpy emulator), `cuda` (on an NVIDIA GPU), `reference` (a checkpoint's per-op forward).
-    None: `cpu` for a bundle, `reference` for a checkpoint."""
+    None: `cpu` for a bundle, `reference` for a checkpoint. `threads`: the native machine's
+    host threads per step (None: the usable cores)."""
     from plow.checkpoint.gguf import gguf_checkpoint
     from plow.runtime.cpu.bundle import Bundle, compile_cached
     from plow.runtime.executors import EXECUTORS, checkpoint_target, get_executor
@@ -387,7 +389,17 @@ def load_served_model(
         raise PlowError(
             "--max-model-len", f"must be in 1..{spec.max_position}, got {max_model_len}"
         )
-    engine = kind.open_engine(source, max_batch=max_num_seqs, max_context=max_model_len)
+    if threads is None:
+        engine = kind.open_engine(source, max_batch=max_num_seqs, max_context=max_model_len)
+    elif executor != "native":
+        raise PlowError("--threads", f"sets the native executor's host threads, not {executor}'s")
+    elif threads < 1:
+        raise PlowError("--threads", f"must be at least 1, got {threads}")
+    else:
+        assert isinstance(source, Bundle)
+        engine = kind.engine_of(kind.open_model(
+            source, max_batch=max_num_seqs, max_context=max_model_len, threads=threads
+        ))  # fmt: skip
     fit = prefill_fit or load_fit(directory) or quick_prefill_fit(engine, served)
     step = calibrate_step_time(engine)
     admission = AdmissionController(QueueModel(step, fit, engine.max_batch), max_queue_wait_s)
