@@ -680,7 +680,13 @@ def _compile_bundle(
         arena = timed(
             "arena",
             name,
-            partial(plan_arena, bp.graph, bp.tiles, unordered=unordered_op_edges(sched.decisions)),
+            partial(
+                plan_arena,
+                bp.graph,
+                bp.tiles,
+                unordered=unordered_op_edges(sched.decisions),
+                schedule=sched,
+            ),
         )
         emitted.append(
             timed(

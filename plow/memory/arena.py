@@ -32,8 +32,16 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from plow.graph.ops import OpGraph, TensorRole
-from plow.memory.ordering import Access, accesses, ancestors, may_share, ordered_edges
+from plow.memory.ordering import (
+    Access,
+    accesses,
+    ancestors,
+    may_share,
+    ordered_edges,
+    schedule_edges,
+)
 from plow.oracle.payloads.alloc import AllocPayload, BufferPlacement, Region
+from plow.schedule.ir import Schedule
 from plow.target.model import dtype_bytes
 from plow.tiles.ir import TileGraph
 
@@ -150,10 +158,16 @@ def plan_arena(
     tg: TileGraph,
     align: int = ALIGN,
     unordered: Collection[tuple[str, str]] = (),
+    schedule: Schedule | None = None,
 ) -> Arena:
     """Place every tensor of `graph` (plus the split reductions' partials) in one arena.
-    `unordered`: op edges that do not order all tasks (fine counters; see
-    `plow.memory.ordering.unordered_op_edges`), left out of the ancestor sets."""
+    `schedule`: the bucket's schedule; then the ancestor sets are built only from the op
+    edges its counters and queues realise as "every task of the producer before every task
+    of the consumer" (`plow.memory.ordering.schedule_edges`), so bytes are shared only
+    between buffers whose accessors the plan orders. Without it (a graph not yet
+    scheduled), every data edge is assumed to order all tasks. `unordered`: op edges that
+    do not order all tasks (fine counters; see `plow.memory.ordering.unordered_op_edges`),
+    also left out of the ancestor sets."""
     roles = {n: t.role.value for n, t in graph.tensors.items()}
     sizes = {n: t.numel * dtype_bytes(t.dtype) for n, t in graph.tensors.items()}
     idx = {op.name: i for i, op in enumerate(graph.ops)}
@@ -209,7 +223,10 @@ def plan_arena(
     pool = [t for t in order if roles[t] == "activation"] + list(scratch)
     pool.sort(key=lambda t: (live[t][0], -sizes[t]))
     names = [op.name for op in graph.ops]
-    anc = ancestors(len(ios), ordered_edges(names, ios, unordered))
+    edges = ordered_edges(names, ios, unordered)
+    if schedule is not None:
+        edges = sorted(set(edges).intersection(schedule_edges(names, ios, schedule)))
+    anc = ancestors(len(ios), edges)
     acc = accesses(ios, scratch)
     # A tensor-parallel graph (plow/graph/shard.py): the pool partitioned per device, device
     # d's activations and partials in its own contiguous range, one after another (no byte

@@ -3,31 +3,29 @@ rule", docs/oracle.md "Checkpoint F").
 
 Buffer B may reuse bytes buffer A occupied only when A's writer op and every reader op of A
 are *ancestors* of B's writer op in the op dependency DAG (data edges: op `j` writes a
-tensor op `i > j` reads). The schedule's counters are coarse per producer stage, so an op
-edge X -> Y means every task of X completes before any task of Y starts; that composes
+tensor op `i > j` reads) that the schedule realises: an edge X -> Y kept only when every
+task of X completes before any task of Y starts (by counters or queue order); that composes
 along paths, so ancestors-of-writer implies every access of A happens before any write of
 B, whatever the interleaving. Ancestor sets are Python int bitsets (bit `j` = op `j`),
 computed in op order (a topological order).
 
-Two users:
-
-- `plan_arena` (compiler side) shares bytes only under this rule (`ancestors` over the
-  graph's data edges, minus the edges given fine counters: `unordered_op_edges`);
-- `plow verify` (`check_sharing_from_files`) re-derives the rule from the bundle's files:
-  the op table's data edges, kept only where the parsed packets realise the all-tasks
-  guarantee (`realised_edges`), and every two pool buffers whose bytes overlap
-  (sort-and-sweep by offset) checked against the ancestor sets (`sharing_violation`).
+The planner (`plan_arena`) shares bytes only under this rule, with the ancestor sets built
+from the op edges the bucket's schedule realises as "every task of the producer before
+every task of the consumer" (`schedule_edges`, `realised_edges`: an op edge alone does not
+give that for a two-phase op whose consumer waits for one phase only), minus the edges
+given fine counters (`unordered_op_edges`). `sharing_violation` checks a placement against
+the rule (tests). `plow verify` does not use this module: checkpoint F decides the sharing
+rule task by task in the oracle (docs/oracle.md "Checkpoint F").
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from plow.emit.files import OpTable, ScheduleFile
-    from plow.schedule.ir import EdgeDecision
+    from plow.schedule.ir import EdgeDecision, Schedule
 
 OpIO = tuple[Sequence[str], Sequence[str]]  # (inputs, outputs) of one op, in op order
 
@@ -235,6 +233,35 @@ def realised_edges(
 # ----------------------------------------------------------------- compiler side
 
 
+def task_view(op_names: Sequence[str], schedule: Schedule) -> TaskView:
+    """The `TaskView` of a schedule: each task's op index in `op_names` (-1 for a task of no
+    listed op, which `realised_edges` leaves out), its partial and load columns, workers,
+    waits, signals, queues and counter thresholds as the schedule has them."""
+    idx = {n: i for i, n in enumerate(op_names)}
+    ts = schedule.tasks
+    return TaskView(
+        op=[idx.get(t.op, -1) for t in ts],
+        partial=[t.partial for t in ts],
+        load=[t.is_load for t in ts],
+        workers=[t.worker for t in ts],
+        waits=[t.waits for t in ts],
+        signals=[t.signals for t in ts],
+        queues=schedule.queues,
+        thresholds=[c.threshold for c in schedule.counters],
+    )
+
+
+def schedule_edges(
+    op_names: Sequence[str], ops: Sequence[OpIO], schedule: Schedule
+) -> list[tuple[int, int]]:
+    """The data edges of `ops` that `schedule` realises as "every task of the producer before
+    every task of the consumer" (`realised_edges` over the schedule's counters and queues).
+    An op edge alone does not give that: a consumer of a two-phase op (a fused add_rmsnorm's
+    sum, read by a router norm) may wait for the op's compute tasks only, while its merge
+    tasks still read the op's partial."""
+    return realised_edges(len(ops), data_edges(ops), task_view(op_names, schedule))[0]
+
+
 def unordered_op_edges(decisions: Sequence[EdgeDecision]) -> set[tuple[str, str]]:
     """Op pairs the collapse decision gave fine counters (`EdgeDecision.fine`): those edges
     do not give the all-tasks guarantee. Stage names map to ops (`<op>.partial`,
@@ -267,77 +294,3 @@ def ordered_edges(
         and op_names[i] not in bad_ops
         and (op_names[j], op_names[i]) not in unordered
     ]
-
-
-# ----------------------------------------------------------------- verify side
-
-
-def check_sharing(
-    op_names: Sequence[str],
-    ops: Sequence[OpIO],
-    scratch: Mapping[str, int],
-    buffers: Sequence[tuple[str, str, int, int]],
-    tv: TaskView,
-) -> str | None:
-    """The ordering side condition of checkpoint F, from a bundle's files: every two
-    activation/scratch buffers ((name, region, offset, size)) whose bytes overlap are ordered
-    (`sharing_violation`) by the op table's data edges the packets realise
-    (`realised_edges`). None when it holds, else a located reason."""
-    n = len(ops)
-    edges = data_edges(ops)
-    ok, why = realised_edges(n, edges, tv)
-    anc = ancestors(n, ok)
-    acc = accesses(ops, scratch)
-    pool = [(b, o, s) for b, r, o, s in buffers if r in ("activations", "scratch")]
-    for b, _, _ in pool:
-        if b not in acc:
-            return f'arena buffer "{b}" is in the shared pool but no op writes it'
-    v = sharing_violation(pool, acc, anc, op_names)
-    if v is None:
-        return None
-    msg, k, w = v
-    full = ancestors(n, edges)
-    if full[w] >> k & 1:  # ordered by the data edges, not by the packets
-        for (x, y), r in why.items():
-            if (x == k or full[x] >> k & 1) and (y == w or full[w] >> y & 1):
-                return f'{msg}: op edge "{op_names[x]}" -> "{op_names[y]}" is not realised ({r})'
-    return msg
-
-
-class PacketTasks(Protocol):
-    """The fields of `plow.emit.verify.CounterGraph` read here (tasks parsed from packets)."""
-
-    @property
-    def workers(self) -> list[int]: ...
-    @property
-    def waits(self) -> list[list[int]]: ...
-    @property
-    def signals(self) -> list[list[int]]: ...
-    @property
-    def queues(self) -> list[list[int]]: ...
-    @property
-    def thresholds(self) -> list[int]: ...
-
-
-def check_bundle_sharing(
-    sf: ScheduleFile, ot: OpTable, buffers: Sequence[tuple[str, str, int, int]], g: PacketTasks
-) -> str | None:
-    """`check_sharing` on one bucket of a bundle: ops from the op table, tasks from the
-    parsed packets `g` (their op, partial and load columns from the schedule file, which
-    checkpoint D matches against the packets), `buffers` as checkpoint F's payload has them
-    (sizes from the op table)."""
-    t = sf.tasks
-    tv = TaskView(
-        op=t.op,
-        partial=t.partial,
-        load=[k == "load" for k in t.kind],
-        workers=g.workers,
-        waits=g.waits,
-        signals=g.signals,
-        queues=g.queues,
-        thresholds=g.thresholds,
-    )
-    scratch = {o.partial: k for k, o in enumerate(ot.ops) if o.partial}
-    return check_sharing(
-        [o.name for o in ot.ops], [(o.inputs, o.outputs) for o in ot.ops], scratch, buffers, tv
-    )

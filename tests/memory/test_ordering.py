@@ -235,3 +235,34 @@ def test_unordered_shared_bytes_are_rejected_by_verify(llama_bundle: Path, tmp_p
     assert "L0.k_proj" in res.output and "L0.q_rope" in res.output
     # the unedited bundle passes
     assert verify_bundle(llama_bundle).accepted
+
+
+def test_two_phase_op_partial_is_kept_until_its_merges_are_ordered(tmp_path: Path) -> None:
+    """A fused add_rmsnorm's consumers of its sum (the MoE router's norm) wait for its
+    compute tasks only, so its merge tasks may still read `#partial` while the router's
+    logits are written: the planner, given the schedule, keeps the two apart, and F (the
+    oracle's task-level sharing rule) accepts the bundle on every rung (tiny Gemma-4 MoE on
+    h200, fusion on, decode batch 4)."""
+    from plow.compile import compile_plan
+    from plow.testing.fixtures import make_tiny_gemma4
+
+    src = make_tiny_gemma4(moe=True, out=tmp_path / "ckpt")
+    prof = CompileProfile(name="t", decode_batches=(4,), context=64)
+    assert prof.fuse
+    (bp,) = compile_plan(src, load_target("h200"), prof, verify=False).buckets
+    fused = "L0.attn_residual+L0.mlp_norm"
+    part, logits = f"{fused}#partial", "L0.router_logits"
+
+    def overlap(arena_bufs: dict[str, object]) -> bool:
+        a, b = arena_bufs[part], arena_bufs[logits]
+        return a.offset < b.offset + b.size and b.offset < a.offset + a.size  # type: ignore[attr-defined]
+
+    # the op-edge rule alone (no schedule) puts the router's logits on the partial's bytes
+    assert overlap(plan_arena(bp.graph, bp.tiles).by_name())  # type: ignore[arg-type]
+    arena = plan_arena(bp.graph, bp.tiles, schedule=bp.schedule)
+    assert not overlap(arena.by_name())  # type: ignore[arg-type]
+    out = tmp_path / "bundle"
+    compile_bundle(src, out, load_target("h200"), prof, plan_only=True)
+    rep = verify_bundle(out, checkpoints=("F",))
+    rows = [r for r in rep.rows if r.checkpoint == "F"]
+    assert len(rows) == 1 and not rows[0].rejected, rows[0].reason
