@@ -718,6 +718,14 @@ def side_by_side(model: Path, plow_source: Path, servers: list[str], rounds: int
         try:
             if s == "plow":
                 procs[s] = sl.start_plow(plow_source, NATIVE_SLOTS, context)
+            elif s.startswith("plow-t"):  # plow serve --threads N
+                port = sl.free_port()
+                cmd = [sys.executable, "-m", "plow.cli", "serve", str(plow_source), "--executor",
+                       "native", "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs",
+                       str(NATIVE_SLOTS), "--max-model-len", str(context), "--served-model-name",
+                       NATIVE_NAME, "--api-key", KEY, "--seed", "0", "--log-level", "warning",
+                       "--threads", s.removeprefix("plow-t")]  # fmt: skip
+                procs[s] = sl.Proc(f"plow serve --threads {s[6:]}", cmd, port, up_s=1800)
             else:
                 procs[s] = sl.start_vllm(model, NATIVE_SLOTS, context)
         except RuntimeError as e:
@@ -861,7 +869,11 @@ def main() -> None:
         help="overhead: also serve with the plow package of this checkout (before/after, same run)",
     )  # fmt: skip
     ap.add_argument("--parts", default="overhead,load", help="comma list of: overhead, load")
-    ap.add_argument("--servers", default="plow,vllm", help="load: comma list of: plow, vllm")
+    ap.add_argument(
+        "--servers",
+        default="plow,vllm",
+        help="load: comma list of: plow, plow-tN (--threads N), vllm",
+    )
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=64, help="overhead: tokens per stream")
     ap.add_argument("--rate", type=float, default=1.0, help="load: requests per second")
