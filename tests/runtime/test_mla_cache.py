@@ -1,0 +1,104 @@
+"""The latent-attention key-value cache holds the latent (plow/graph/mla.py's absorbed form).
+
+On the tiny DeepSeek-V3 fixture (4 heads, 12 + 8 query/key columns, 10 value columns,
+kv_lora_rank 16, 3 layers) compiled for `cpu`: the pool has one key-value head per token and
+layer, kv_lora_rank + rope = 24 columns wide, so a token costs 3 layers x 2 halves x 24 x 4
+bytes, not 3 x 4 heads x (20 + 10) x 4 (the decompressed keys and values). After a prefill,
+the key half of every layer's cached rows holds transformers' own normalised latent (taken
+with a forward hook on `kv_a_layernorm`, and equal to what transformers' own cache holds) at
+the latent columns and transformers' cached rotated rope key at the rope columns; the value
+half holds the same rows (keys are values: the pool's two halves duplicate the row).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from plow.checkpoint import load_checkpoint
+from plow.checkpoint.families.deepseek_v3 import head_columns
+from plow.emit.bundle import compile_bundle
+from plow.profile import CompileProfile
+from plow.runtime.cpu import CpuModel, RowDevice, RowInput
+from plow.runtime.sampler import SamplingParams
+from plow.target import load_target
+from plow.testing.fixtures import make_tiny_deepseek_v3
+from tests.runtime.helpers import PROMPTS
+
+PROFILE = CompileProfile(name="mla", decode_batches=(1,), prefill_seqs=(16,), context=32)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CpuModel]:
+    root = tmp_path_factory.mktemp("mla")
+    path = make_tiny_deepseek_v3(0, root / "ckpt")
+    compile_bundle(path, root / "bundle", load_target("cpu"), PROFILE, verify=False)
+    return path, CpuModel.from_bundle(root / "bundle", max_batch=1, verify=False)
+
+
+def test_a_token_costs_the_latent_row_not_the_heads(model: tuple[Path, CpuModel]) -> None:
+    path, m = model
+    spec = load_checkpoint(path).spec
+    la = spec.mla
+    assert la is not None
+    layers, heads = spec.num_layers, spec.num_heads
+    assert (layers, heads, la.kv_lora_rank, la.rope) == (3, 4, 16, 8)
+    # both halves of the pool hold the same latent row (keys are values: see the test below)
+    assert m.kv.bytes_per_token() == layers * 2 * (la.kv_lora_rank + la.rope) * 4 == 576
+    decompressed = layers * heads * ((la.nope + la.rope) + la.v_dim) * 4
+    assert decompressed == 1440 and m.kv.bytes_per_token() < decompressed
+
+
+def test_the_cached_rows_are_transformers_latent_and_rope_key(
+    model: tuple[Path, CpuModel],
+) -> None:
+    path, m = model
+    spec = load_checkpoint(path).spec
+    la = spec.mla
+    assert la is not None
+    ckpt = load_checkpoint(path)
+    ids = ckpt.tokenizer.encode(PROMPTS[1])[:16]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    latents: dict[int, np.ndarray] = {}
+    hooks = []
+    for n, layer in enumerate(hf.model.layers):
+        hooks.append(
+            layer.self_attn.kv_a_layernorm.register_forward_hook(
+                lambda _m, _i, out, n=n: latents.__setitem__(n, out[0].numpy().copy())
+            )
+        )
+    with torch.no_grad():
+        out = hf(torch.tensor([ids]), use_cache=True)
+    for h in hooks:
+        h.remove()
+    t = m.kv.new_table()
+    m.kv.reserve(t, len(ids))
+    plan = m.plan(m.prefill_bucket(1, len(ids)))
+    m.run_quantum(
+        plan,
+        [RowInput(t, tuple(range(len(ids))), tuple(ids))],
+        [RowDevice(SamplingParams(), None, 1)],
+        1,
+    )
+    rope_cols, lat_cols = head_columns(la.kv_lora_rank, la.rope, spec.head_dim)
+    for n in range(spec.num_layers):
+        k, v = m.kv.gather(n, t, len(ids))  # [1, T, D]
+        assert k.shape == (1, len(ids), spec.head_dim)
+        np.testing.assert_array_equal(k, v)
+        np.testing.assert_allclose(k[0][:, lat_cols], latents[n], rtol=1e-5, atol=1e-5)
+        # transformers' own cache holds the same two parts: the latent as its "keys" and the
+        # rotated shared key (halves order, as plow's row) as its "values"
+        cache = out.past_key_values.layers[n]
+        np.testing.assert_allclose(
+            k[0][:, lat_cols], cache.keys[0, 0].numpy(), rtol=1e-5, atol=1e-5
+        )
+        np.testing.assert_allclose(
+            k[0][:, rope_cols], cache.values[0, 0].numpy(), rtol=1e-5, atol=1e-5
+        )
+    m.kv.release(t)
