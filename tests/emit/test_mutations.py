@@ -430,8 +430,9 @@ def test_cross_worker_counter_marked_cta(tiny_bundles: dict[str, Path], tmp_path
 
 def test_cross_gpu_counter_marked_device(tiny_checkpoints: dict[str, Path], tmp_path: Path) -> None:
     tp2 = load_target("h200").model_copy(update={"gpus": 2})
+    # the llama fixture: its 2 key-value heads split over 2 GPUs (qwen3's one does not)
     src = compile_bundle(
-        tiny_checkpoints["qwen3"], tmp_path / "tp2", tp2, CompileProfile(), plan_only=True
+        tiny_checkpoints["llama"], tmp_path / "tp2", tp2, CompileProfile(), plan_only=True
     ).out
     assert verify_bundle(src).accepted
     b = mutant(src, tmp_path)
