@@ -9,9 +9,7 @@ re-derives checkpoints A-F from the bundle's own files and runs the oracle on ea
 step budget or any rejected checkpoint stops the study: `compile.json` and `report.md` are
 published, exit 1.
 
-A checkpoint checked in Python instead of the oracle (checkpoint D above
-`plow.emit.verify.D_ORACLE_MAX_TASKS` tasks) is recorded with `checked_by: python` and no
-theorems, and the report says so.
+Every checkpoint row is the oracle's verdict, with its theorems (none is checked in Python).
 
 The bundles go to `$PLOW_CACHE/bundles/<study>-<key>/kv<N>/` (not under `results/`: plan files
 are megabytes); `compile.json` records each bundle's path and manifest digest. The executor
@@ -53,8 +51,7 @@ class CheckRow(BaseModel):
     """One certificate-table row: a checkpoint's verdict on one bucket."""
 
     checkpoint: str
-    verdict: str  # accept / reject / accept (python)
-    checked_by: str  # oracle / python
+    verdict: str  # accept / reject
     theorems: list[str]
     reason: str = ""
     payload_sha256: str | None = None
@@ -101,7 +98,6 @@ class CompileReport(BaseModel):
     budget_rule: str
     bundles: list[BundleReport] = []
     buckets: list[BucketReport]
-    python_checked: list[str] = []  # "checkpoint D, bucket X: why" (not the oracle)
     launches: dict[str, PlanUse] = {}  # bucket -> launches the executor made (cpu executor)
     seconds: float
     accepted: bool
@@ -242,10 +238,6 @@ def _estimate_ns(bucket: Bucket, spec_source: Path, target: Target) -> float:
     return float(plan_bounds(tg, 1, target.launch_overhead_ns).estimated_ns)
 
 
-def _checked_by(verdict: str) -> str:
-    return "python" if "python" in verdict else "oracle"
-
-
 def compile_study(
     model_dir: Path,
     wl: Workload,
@@ -341,7 +333,6 @@ def compile_study(
                 CheckRow(
                     checkpoint=r.checkpoint,
                     verdict=r.verdict,
-                    checked_by=_checked_by(r.verdict),
                     theorems=list(r.theorems),
                     reason=r.reason,
                     payload_sha256=r.certificate.payload_sha256 if r.certificate else None,
@@ -350,11 +341,6 @@ def compile_study(
                 if r.bucket == name
             ]
             bad = next((c for c in checks if c.verdict == "reject"), None)
-            for c in checks:
-                if c.checked_by == "python":
-                    report.python_checked.append(
-                        f"checkpoint {c.checkpoint}, bucket {name}: {c.reason}"
-                    )
             report.buckets.append(
                 BucketReport(
                     bucket=name,

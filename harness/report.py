@@ -131,12 +131,6 @@ def limits(info: RunInfo) -> list[str]:
             "its step time measures that emulation on this CPU (dominated by per-task dispatch), "
             "not a native kernel. Prefill runs the same way and is slow for long contexts."
         )
-    if info.compile is not None and info.compile.python_checked:
-        out.append(
-            "Not by the oracle: "
-            + "; ".join(info.compile.python_checked)
-            + " (the same conditions checked in Python; no theorem applies to those rows)."
-        )
     if info.compile is not None and info.gate is not None and info.gate.passed:
         b0, c0 = wl.batch_sizes[0], wl.context_lengths[0]
         bound = info.compile.bound_ms(b0, c0)
@@ -271,8 +265,6 @@ def render(info: RunInfo) -> str:
             for ck in CHECKPOINTS:
                 if by_ck.get(ck):
                     L.append(f"- {ck}: " + ", ".join(f"`{t}`" for t in by_ck[ck]))
-        if c.python_checked:
-            L += ["", "Checked in Python, not by the oracle: " + "; ".join(c.python_checked)]
         if c.bundles:
             L += ["", "Bundles (plan-only; certificates in `certificates/`):", ""]
             for bd in c.bundles:

@@ -231,8 +231,6 @@ def _run_study(
             completed=1,
             detail=f"{len(compiled.report.buckets)} buckets in {n_bundles} bundles accepted",
         )
-    for ck in compiled.report.python_checked:
-        console.print(f"[yellow]not by the oracle[/]: {ck}")
 
     # (b) correctness gate
     runner = ex.open(ckpt, max_batch=wl.batch_sizes[-1], max_context=max_context, compiled=compiled)

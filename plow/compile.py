@@ -1,7 +1,7 @@
 """`plow compile`: the pipeline as a sequence of stages, each a function from typed input to
 typed output (DESIGN.md §2). Today: import (config alone is enough) → per bucket: graph →
 tile → bounds → checkpoint B (with `verify`) → schedule → checkpoint D (with `verify`: the
-Python check of the protocol hypotheses, then the oracle up to `D_ORACLE_MAX_TASKS` tasks).
+Python check of the protocol hypotheses, then the oracle, at any size).
 Later stages (schedule, emit, bundle) append to `BucketPlan`/`CompileResult` and to `STAGES`.
 
 `compile_plan` is pure apart from the oracle process; `write_plan` puts the result on disk:
@@ -25,7 +25,6 @@ from plow.errors import PlanRejected, PlowError
 from plow.graph import Bucket, OpGraph, build_graph
 from plow.graph.shard import shard_graph
 from plow.oracle import Certificate
-from plow.oracle.payloads.counters import D_ORACLE_MAX_TASKS
 from plow.oracle.payloads.tiles import TilePayload
 from plow.profile import CompileProfile
 from plow.schedule import Schedule, build_schedule, certify_schedule, protocol_errors
@@ -157,10 +156,9 @@ def compile_plan(
             errs = protocol_errors(sched)
             if errs:
                 raise PlanRejected(f"checkpoint D, bucket {name}", errs[0])
-            if len(sched.tasks) <= D_ORACLE_MAX_TASKS:
-                _, dcert = stage("checkpoint D", name, certify_schedule, sched)
-                if not dcert.accepted:
-                    raise PlanRejected(f"checkpoint D, bucket {name}", dcert.reason or "rejected")
+            _, dcert = stage("checkpoint D", name, certify_schedule, sched)
+            if not dcert.accepted:
+                raise PlanRejected(f"checkpoint D, bucket {name}", dcert.reason or "rejected")
         plans.append(
             BucketPlan(bucket, budget, graph, tg, bounds, payload, cert, sched, dcert, applied)
         )

@@ -77,8 +77,7 @@ from plow.memory.arena import ALIGN, alloc_payload, live_ranges
 from plow.memory.onchip import TaskPages, page_windows, split_timeline
 from plow.oracle import Certificate, run_checkpoint
 from plow.oracle.payloads.alloc import with_sharing
-from plow.oracle.payloads.counters import (  # D_ORACLE_MAX_TASKS: the runtime loader's import
-    D_ORACLE_MAX_TASKS,  # noqa: F401
+from plow.oracle.payloads.counters import (
     Counter,
     CounterPayload,
     Edge,

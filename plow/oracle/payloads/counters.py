@@ -31,12 +31,6 @@ from pydantic import BaseModel, ConfigDict, Field
 Scope = Literal["cta", "device", "system"]
 
 
-# Checkpoint D's extracted checker is O((tasks + edges + list entries) log) (docs/oracle.md): the
-# full 12B plan (~62k tasks, ~470k edges) takes ~3 s. Above this many tasks the compiler and
-# `plow verify` check the same hypotheses in Python only and record no D certificate.
-D_ORACLE_MAX_TASKS = 1_000_000
-
-
 class Task(BaseModel):
     """One packet: its name (for messages), its worker, the counters it waits on / signals."""
 

@@ -110,7 +110,6 @@ def check_bundle(bundle: Path, m: Manifest) -> list[str]:
     the checkpoint); returns notes."""
     from plow.compile import CheckpointCertificates
     from plow.emit.verify import (
-        D_ORACLE_MAX_TASKS,
         bundle_digest,
         certificate_file_problems,
         verify_bundle,
@@ -124,7 +123,6 @@ def check_bundle(bundle: Path, m: Manifest) -> list[str]:
         raise BundleRefused(bundle, f"{edited[0]} {NO_VERIFY_HINT}")
     digest = bundle_digest(bundle)
     stale: list[str] = []
-    big_d = False
     for ck in CHECKPOINTS:
         rel = f"certificates/{ck}.json"
         p = bundle / rel
@@ -148,9 +146,6 @@ def check_bundle(bundle: Path, m: Manifest) -> list[str]:
             raise BundleRefused(p, f"unreadable certificate file: {e}") from e
         for rung in m.ladder:
             cert = doc.buckets.get(rung.name)
-            if cert is None and ck == "D" and rung.tasks > D_ORACLE_MAX_TASKS:
-                big_d = True  # checked in Python by plow verify: re-checked below
-                continue
             if cert is None:
                 raise BundleRefused(p, f"no certificate for bucket {rung.name} {NO_VERIFY_HINT}")
             if cert.checkpoint != ck:
@@ -179,13 +174,6 @@ def check_bundle(bundle: Path, m: Manifest) -> list[str]:
             f"{stale[0]}: certified another bundle (the files or the manifest changed since "
             f"verification; run `plow verify {bundle}`) {NO_VERIFY_HINT}",
         )
-    if big_d:
-        again = verify_bundle(bundle, checkpoints=("D",)).first_rejection()
-        if again is not None:
-            raise BundleRefused(
-                bundle / "certificates",
-                f"checkpoint D rejects bucket {again.bucket}: {again.reason} {NO_VERIFY_HINT}",
-            )
     return []
 
 
