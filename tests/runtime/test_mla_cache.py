@@ -7,11 +7,13 @@ bytes, not 3 x 4 heads x (20 + 10) x 4 (the decompressed keys and values). After
 the key half of every layer's cached rows holds transformers' own normalised latent (taken
 with a forward hook on `kv_a_layernorm`, and equal to what transformers' own cache holds) at
 the latent columns and transformers' cached rotated rope key at the rope columns; the value
-half holds the same rows (keys are values: the pool's two halves duplicate the row).
+half holds the same rows (keys are values: the pool's two halves duplicate the row). The
+released DeepSeek-V3 and Kimi-Linear configs' decode attention tiles on h200.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +23,17 @@ import transformers
 
 from plow.checkpoint import load_checkpoint
 from plow.checkpoint.families.deepseek_v3 import head_columns
+from plow.checkpoint.loader import spec_from_config
 from plow.emit.bundle import compile_bundle
+from plow.graph.bucket import Bucket
+from plow.graph.build import build_graph
+from plow.graph.ops import OpKind
 from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, RowDevice, RowInput
 from plow.runtime.sampler import SamplingParams
 from plow.target import load_target
 from plow.testing.fixtures import make_tiny_deepseek_v3
+from plow.tiles.tiler import tile_graph
 from tests.runtime.helpers import PROMPTS
 
 PROFILE = CompileProfile(name="mla", decode_batches=(1,), prefill_seqs=(16,), context=32)
@@ -102,3 +109,26 @@ def test_the_cached_rows_are_transformers_latent_and_rope_key(
             k[0][:, rope_cols], cache.values[0, 0].numpy(), rtol=1e-5, atol=1e-5
         )
     m.kv.release(t)
+
+
+def _released(family: str) -> dict[str, object]:
+    root = Path(__file__).resolve().parents[1]
+    if family == "deepseek_v3":  # the published config, less its MTP layer and fp8 weights
+        config = json.loads((root / "data/configs/deepseek-v3/config.json").read_text())
+        del config["quantization_config"]
+        config["num_nextn_predict_layers"] = 0
+        config["num_hidden_layers"] = 4  # 3 dense, 1 MoE: every layer's attention is the same
+        return config
+    return transformers.KimiLinearConfig().to_dict()
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "kimi_linear"])
+def test_the_released_configs_decode_attention_tiles_on_h200(family: str) -> None:
+    """With the decompressed cache every query row was its own key-value head and the tiler
+    refused the decode rung's MLA attention on h200 (`needs 406528 on-chip bytes per tile,
+    worker has 233472`); the latent row is one shared head, so it tiles."""
+    spec = spec_from_config(_released(family), f"{family} config")
+    assert spec.mla is not None and (spec.head_dim, spec.num_kv_heads) == (576, 1)
+    tiled = tile_graph(build_graph(spec, Bucket.decode(1, 4096)), load_target("h200"))
+    att = [o for o in tiled.ops if o.kind == OpKind.attention.value]
+    assert att and all(o.choice.feasible for o in att)
