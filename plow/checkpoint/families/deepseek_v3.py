@@ -219,7 +219,8 @@ def _deinterleave(r: int) -> np.ndarray:
 def head_columns(nope: int, rope: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Where a head's columns sit in its `width` (even) attention columns: the rope dims in
     halves order at 0 .. rope/2 and width/2 .. width/2 + rope/2 (the pairs a `rotary_dim`
-    rope of head_dim `width` rotates), the `nope` dims in the next free columns in order."""
+    rope of head_dim `width` rotates), the `nope` other dims (the absorbed form: the latent)
+    in the next free columns in order."""
     half, w2 = rope // 2, width // 2
     rope_cols = np.concatenate([np.arange(half), w2 + np.arange(half)])
     free = np.setdiff1d(np.arange(width), rope_cols)
