@@ -151,6 +151,7 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                     max_model_len=max_model_len,
                     max_queue_wait_s=max_queue_wait,
                     executor=executor,
+                    threads=threads,
                 )
                 opts = dict(api_key=api_key, seed=seed, max_request_bytes=max_request_bytes)
                 app_ = rp.build_app(path, replicas, load, opts)
