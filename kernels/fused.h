@@ -10,11 +10,11 @@
 //                     that reads the partials in step order and the sums, and writes the norm.
 //   linear_glu (R2+R3+R13)  one linear over the interleaved gate/up weight (row 2n gate row n,
 //                     row 2n + 1 up row n; re-laid-out in the bundle), then the gated MLP's
-//                     act(g) * u: g and u are tiles.h's dots (dot4_w / dot_w, the linear's
+//                     act(g) * u: g and u are tiles.h's linear_rows dots (the linear's
 //                     order), the product tiles.h's act_fn as tile_elementwise computes it.
 //                     The reduction axis k is never split (the tiler offers one k step).
 //   linear_qkv (R4)   one linear over cat3(Wq, Wk, Wv) (rows stacked; the bundle's weight):
-//                     output column n is row n's dot (the linear's dot4_w / dot_w order),
+//                     output column n is row n's dot (linear_rows, the linear's order),
 //                     written to q, k or v by where n falls in their widths. k never split.
 //
 // Packets of a fused op carry the opcode of its main canonical op (add_rmsnorm: RMSNORM); the
@@ -70,47 +70,27 @@ PLOW_HD static void merge_add_rmsnorm(const Ctx& c, const PlowOp& op, const int6
 // linear_glu: t0 x, t1 out; d0 M, d1 N (outputs), d2 K; d3 activation (0 silu, 1 gelu_tanh);
 // w0 the interleaved weight [2N, K]
 PLOW_HD static void tile_linear_glu(const Ctx& c, const PlowOp& op, const Range* r) {
-  const float* x = c.A + op.t[0];
   float* out = c.A + op.t[1];
-  const int64_t N = op.d[1], K = op.d[2];
-  const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
-  for (int64_t n = r[1].a; n < r[1].b; ++n) {
-    const int64_t og = 2 * n * K + k0, ou = (2 * n + 1) * K + k0;
-    int64_t m = r[0].a;
-    float g4[4], u4[4];
-    for (; m + 4 <= r[0].b; m += 4) {
-      dot4_w(x + m * K + k0, K, op.w0, op.w0_dtype, og, kn, g4);
-      dot4_w(x + m * K + k0, K, op.w0, op.w0_dtype, ou, kn, u4);
-      for (int i = 0; i < 4; ++i) out[(m + i) * N + n] = act_fn(g4[i], op.d[3]) * u4[i];
-    }
-    for (; m < r[0].b; ++m) {
-      const float g = dot_w(x + m * K + k0, op.w0, op.w0_dtype, og, kn);
-      const float u = dot_w(x + m * K + k0, op.w0, op.w0_dtype, ou, kn);
-      out[m * N + n] = act_fn(g, op.d[3]) * u;
-    }
-  }
+  const int64_t N = op.d[1], act = op.d[3];
+  // weight rows 2n (gate) and 2n + 1 (up) of the tile's output columns n, through tiles.h's
+  // linear_rows (its 4 x 3 blocks, prefetch and block decoding): a row's gate comes before its
+  // up, so act(gate) waits in the output word until up multiplies it (the same two roundings)
+  linear_rows(c.A + op.t[0], op.d[2], r[2].a, r[2].b - r[2].a, op.w0, op.w0_dtype, r[0].a,
+              r[0].b, 2 * r[1].a, 2 * r[1].b, [&](int64_t m, int64_t row, float y) {
+                float* o = out + m * N + row / 2;
+                *o = (row & 1) == 0 ? act_fn(y, act) : *o * y;
+              });
 }
-
 // linear_qkv: t0 x, t1 q, t2 k, t3 v (outputs); d0 M, d1 N (= nq + nk + nv), d2 K; d4 nq,
 // d5 nk, d6 nv; w0 the concatenated weight [N, K]
 PLOW_HD static void tile_linear_qkv(const Ctx& c, const PlowOp& op, const Range* r) {
-  const float* x = c.A + op.t[0];
-  const int64_t K = op.d[2], nq = op.d[4], nk = op.d[5];
-  const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
-  for (int64_t n = r[1].a; n < r[1].b; ++n) {
-    const int part = n < nq ? 0 : n < nq + nk ? 1 : 2;
-    const int64_t col = n - (part == 0 ? 0 : part == 1 ? nq : nq + nk);
-    const int64_t w = op.d[4 + part];
-    float* dst = c.A + op.t[1 + part];
-    int64_t m = r[0].a;
-    float y4[4];
-    for (; m + 4 <= r[0].b; m += 4) {
-      dot4_w(x + m * K + k0, K, op.w0, op.w0_dtype, n * K + k0, kn, y4);
-      for (int i = 0; i < 4; ++i) dst[(m + i) * w + col] = y4[i];
-    }
-    for (; m < r[0].b; ++m) dst[m * w + col] = dot_w(x + m * K + k0, op.w0, op.w0_dtype, n * K + k0, kn);
-  }
+  const int64_t nq = op.d[4], nk = op.d[5];
+  linear_rows(c.A + op.t[0], op.d[2], r[2].a, r[2].b - r[2].a, op.w0, op.w0_dtype, r[0].a,
+              r[0].b, r[1].a, r[1].b, [&](int64_t m, int64_t n, float y) {
+                const int part = n < nq ? 0 : n < nq + nk ? 1 : 2;
+                const int64_t col = n - (part == 0 ? 0 : part == 1 ? nq : nq + nk);
+                c.A[op.t[1 + part] + m * op.d[4 + part] + col] = y;
+              });
 }
-
 }  // namespace plow
 #endif

@@ -362,117 +362,125 @@ PLOW_HD static void argmax_chunks(const Ctx& c, const PlowOp& op, int64_t m0, in
   }
 }
 
-PLOW_HD static void tile_linear(const Ctx& c, const PlowOp& op, const Range* r, int64_t step) {
-  const float* x = c.A + op.t[0];
-  const int64_t M = op.d[0], N = op.d[1], K = op.d[2];
-  const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
-  float* dst = step >= 0 ? c.A + op.t[2] + step * M * N : c.A + op.t[1];
+// The dots of a linear-shaped tile: x rows [ma, mb) (row stride K, columns k0 .. k0 + kn)
+// against weight rows [ra, rb) of w0 (row stride K); `store(m, n, y)` takes each one, for a
+// given m in ascending n. linear / lm_head store outputs or partials; the fused linears
+// (fused.h) store into q / k / v, or pair gate and up rows. Every y has dot_f32's order
+// whichever path computes it.
+template <class Store>
+PLOW_HD static void linear_rows(const float* x, int64_t K, int64_t k0, int64_t kn,
+                                const void* w0, int32_t dt, int64_t ma, int64_t mb, int64_t ra,
+                                int64_t rb, Store store) {
 #if !defined(__CUDACC__) && !defined(__HIPCC__)
   // Several rows against GGML blocks: decode each weight row once into fp32 and run the fp32
   // dots on it (dot_blocks is dot_f32 over the decoded values, so the bits are the same).
-  if (is_blocked(op.w0_dtype) && r[0].b - r[0].a >= 4 && kn <= 8192) {
+  if (is_blocked(dt) && mb - ma >= 4 && kn <= 8192) {
     float wrow[3 * 8192];
-    const uint8_t* wb = static_cast<const uint8_t*>(op.w0);
+    const uint8_t* wb = static_cast<const uint8_t*>(w0);
     const auto decode_row = [&](int64_t n, float* out) {
       const int64_t off = n * K + k0;
       int64_t k = 0;
 #if defined(PLOW_X86_BLOCKS)
-      if (plow_has_avx2 && off % 32 == 0 && op.w0_dtype != PLOW_Q4_0) {
-        decode_blocks_avx2(wb + off / 32 * block_bytes(op.w0_dtype), op.w0_dtype, kn / 32, out);
+      if (plow_has_avx2 && off % 32 == 0 && dt != PLOW_Q4_0) {
+        decode_blocks_avx2(wb + off / 32 * block_bytes(dt), dt, kn / 32, out);
         k = kn / 32 * 32;
       }
 #endif
       if (off % 32 == 0)
-        for (; k + 32 <= kn; k += 32) decode_block(wb, op.w0_dtype, (off + k) / 32, out + k);
-      for (; k < kn; ++k) out[k] = block_weight(wb, op.w0_dtype, off + k);
+        for (; k + 32 <= kn; k += 32) decode_block(wb, dt, (off + k) / 32, out + k);
+      for (; k < kn; ++k) out[k] = block_weight(wb, dt, off + k);
     };
-    int64_t n_done = r[1].a;
+    int64_t n_done = ra;
 #if defined(PLOW_X86_BLOCKS)
     if (plow_has_avx2 && kn % 32 == 0) {  // three decoded rows at a time through dot4x3
-      const int64_t mq = r[0].a + (r[0].b - r[0].a) / 4 * 4;
-      for (; n_done + 3 <= r[1].b; n_done += 3) {
+      const int64_t mq = ma + (mb - ma) / 4 * 4;
+      for (; n_done + 3 <= rb; n_done += 3) {
         const int64_t n = n_done;
         for (int o = 0; o < 3; ++o) decode_row(n + o, wrow + o * kn);
         float y12[12];
-        for (int64_t m = r[0].a; m < mq; m += 4) {
+        for (int64_t m = ma; m < mq; m += 4) {
           dot4x3_avx2(x + m * K + k0, K, wrow, kn, kn, y12);
           for (int i = 0; i < 4; ++i)
             for (int o = 0; o < 3; ++o)
-              dst[(m + i) * N + n + o] =
-                  step >= 0 ? y12[i * 3 + o] : epilogue(op, y12[i * 3 + o], n + o);
+              store(m + i, n + o, y12[i * 3 + o]);
         }
-        for (int64_t m = mq; m < r[0].b; ++m)
+        for (int64_t m = mq; m < mb; ++m)
           for (int o = 0; o < 3; ++o) {
             const float y = dot_f32(x + m * K + k0, wrow + o * kn, kn);
-            dst[m * N + n + o] = step >= 0 ? y : epilogue(op, y, n + o);
+            store(m, n + o, y);
           }
       }
     }
 #endif
-    for (int64_t n = n_done; n < r[1].b; ++n) {
+    for (int64_t n = n_done; n < rb; ++n) {
       decode_row(n, wrow);
-      int64_t m = r[0].a;
+      int64_t m = ma;
       float y4[4];
-      for (; m + 4 <= r[0].b; m += 4) {
+      for (; m + 4 <= mb; m += 4) {
         dot4_f32(x + m * K + k0, K, wrow, kn, y4);
         for (int i = 0; i < 4; ++i)
-          dst[(m + i) * N + n] = step >= 0 ? y4[i] : epilogue(op, y4[i], n);
+          store(m + i, n, y4[i]);
       }
-      for (; m < r[0].b; ++m) {
+      for (; m < mb; ++m) {
         const float y = dot_f32(x + m * K + k0, wrow, kn);
-        dst[m * N + n] = step >= 0 ? y : epilogue(op, y, n);
+        store(m, n, y);
       }
     }
-    if (step < 0 && c.plan->fused_lm >= 0 && &op == &c.plan->ops[c.plan->fused_lm])
-      argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
     return;
   }
 #endif
-  int64_t n_done = r[1].a;  // outputs below it are written
+  int64_t n_done = ra;  // outputs below it are written
 #if defined(PLOW_X86_BLOCKS)
-  if (plow_has_avx2 && kn % 32 == 0 && r[0].b - r[0].a >= 4 &&
-      (op.w0_dtype == PLOW_F32 || op.w0_dtype == PLOW_BF16)) {
-    const int64_t mq = r[0].a + (r[0].b - r[0].a) / 4 * 4;
-    for (; n_done + 3 <= r[1].b; n_done += 3) {
+  if (plow_has_avx2 && kn % 32 == 0 && mb - ma >= 4 && (dt == PLOW_F32 || dt == PLOW_BF16)) {
+    const int64_t mq = ma + (mb - ma) / 4 * 4;
+    for (; n_done + 3 <= rb; n_done += 3) {
       const int64_t n = n_done, off = n * K + k0;
       float y12[12];
-      const bool ahead = n + 6 <= r[1].b;  // the first row block prefetches the next three rows
-      for (int64_t m = r[0].a; m < mq; m += 4) {
-        const bool pf = ahead && m == r[0].a;
-        if (op.w0_dtype == PLOW_F32) {
-          const float* w = static_cast<const float*>(op.w0) + off;
+      const bool ahead = n + 6 <= rb;  // the first row block prefetches the next three rows
+      for (int64_t m = ma; m < mq; m += 4) {
+        const bool pf = ahead && m == ma;
+        if (dt == PLOW_F32) {
+          const float* w = static_cast<const float*>(w0) + off;
           dot4x3_avx2(x + m * K + k0, K, w, K, kn, y12, pf ? w + 3 * K : nullptr);
         } else {
-          const uint16_t* w = static_cast<const uint16_t*>(op.w0) + off;
+          const uint16_t* w = static_cast<const uint16_t*>(w0) + off;
           dot4x3_avx2(x + m * K + k0, K, w, K, kn, y12, pf ? w + 3 * K : nullptr);
         }
         for (int i = 0; i < 4; ++i)
           for (int o = 0; o < 3; ++o)
-            dst[(m + i) * N + n + o] =
-                step >= 0 ? y12[i * 3 + o] : epilogue(op, y12[i * 3 + o], n + o);
+            store(m + i, n + o, y12[i * 3 + o]);
       }
-      for (int64_t m = mq; m < r[0].b; ++m)
+      for (int64_t m = mq; m < mb; ++m)
         for (int64_t o = 0; o < 3; ++o) {
-          const float y = dot_w(x + m * K + k0, op.w0, op.w0_dtype, off + o * K, kn);
-          dst[m * N + n + o] = step >= 0 ? y : epilogue(op, y, n + o);
+          const float y = dot_w(x + m * K + k0, w0, dt, off + o * K, kn);
+          store(m, n + o, y);
         }
     }
   }
 #endif
   // weight row n is read once from memory and reused from cache for every row m
-  for (int64_t n = n_done; n < r[1].b; ++n) {
-    int64_t m = r[0].a;
+  for (int64_t n = n_done; n < rb; ++n) {
+    int64_t m = ma;
     float y4[4];
-    for (; m + 4 <= r[0].b; m += 4) {
-      dot4_w(x + m * K + k0, K, op.w0, op.w0_dtype, n * K + k0, kn, y4);
+    for (; m + 4 <= mb; m += 4) {
+      dot4_w(x + m * K + k0, K, w0, dt, n * K + k0, kn, y4);
       for (int i = 0; i < 4; ++i)
-        dst[(m + i) * N + n] = step >= 0 ? y4[i] : epilogue(op, y4[i], n);
+        store(m + i, n, y4[i]);
     }
-    for (; m < r[0].b; ++m) {
-      const float y = dot_w(x + m * K + k0, op.w0, op.w0_dtype, n * K + k0, kn);
-      dst[m * N + n] = step >= 0 ? y : epilogue(op, y, n);
+    for (; m < mb; ++m) {
+      const float y = dot_w(x + m * K + k0, w0, dt, n * K + k0, kn);
+      store(m, n, y);
     }
   }
+}
+
+PLOW_HD static void tile_linear(const Ctx& c, const PlowOp& op, const Range* r, int64_t step) {
+  const int64_t M = op.d[0], N = op.d[1], K = op.d[2];
+  float* dst = step >= 0 ? c.A + op.t[2] + step * M * N : c.A + op.t[1];
+  linear_rows(c.A + op.t[0], K, r[2].a, r[2].b - r[2].a, op.w0, op.w0_dtype, r[0].a, r[0].b,
+              r[1].a, r[1].b, [&](int64_t m, int64_t n, float y) {
+                dst[m * N + n] = step >= 0 ? y : epilogue(op, y, n);
+              });
   if (step < 0 && c.plan->fused_lm >= 0 && &op == &c.plan->ops[c.plan->fused_lm])
     argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
 }
