@@ -3,7 +3,7 @@ From Plow Require Export Loc.
 From Plow Require Export Pages Pagesproof.
 From Plow Require Export Alloc Allocproof.
 From Plow Require Export Tiles Bounds Partition Partitionproof Tilesproof.
-From Plow Require Export Wire Wireproof.
+From Plow Require Export Wire Wireproof Emitcheck Emitcheckproof.
 From Plow Require Export Counters Countersproof.
 From Plow Require Export Dataflow Dataflowproof.
 From Plow Require Export Flowsweep Flowsweepproof.

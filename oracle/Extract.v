@@ -12,5 +12,5 @@ Extraction Language OCaml.
 From Coq Require Import ExtrOcamlBasic.
 (* [N.add]/[Z.add] make sure the number types that oracle/jnum.ml builds are
    extracted even before a checker uses them. *)
-Extraction "checkers.ml" is_accept N.add Z.add check_pages check_alloc check_alloc_ordered check_tiling_plan check_checkpoint_b check_wire N.mul check_counters check_checkpoint_d check_checkpoint_d_flow check_checkpoint_d_sweep check_checkpoint_d_sweep_counted check_checkpoint_a
+Extraction "checkers.ml" is_accept N.add Z.add check_pages check_alloc check_alloc_ordered check_tiling_plan check_checkpoint_b check_wire check_emit N.mul check_counters check_checkpoint_d check_checkpoint_d_flow check_checkpoint_d_sweep check_checkpoint_d_sweep_counted check_checkpoint_a
   (* checkers: add each checkpoint's top-level checker here *).

@@ -9,6 +9,10 @@
                       "signal_counter": int, "row_start": int, "col_start": int,
                       "rows": int, "cols": int, "in_offset": int,
                       "weight_offset": int, "out_offset": int } ] }
+   With "ops" (per op: "name", and "in", "weight", "out", "partial", each null
+   or [buffer name, arena offset]), the packets are then checked against the
+   emitter's rules: Plow.Emitcheck.check_emit; soundness:
+   Plow.Emitcheckproof.checkpoint_e_emit_sound.
    Checker: Plow.Wire.check_wire; soundness: Plow.Wireproof.checkpoint_e_sound.
    Trusted here (docs/oracle.md): the hex -> byte-list conversion, the decimal
    reading of JSON integers (including those above OCaml's int range, which
@@ -130,16 +134,95 @@ let render (rsize : int) (e : wire_error) : string =
       Printf.sprintf "record %d (byte offset %d) field %s: bytes decode to %s but packet says %s"
         (i ri) (i off) (field_name (i fi)) (n_to_string x) (n_to_string y)
 
+(* The emitter rules (Plow.Emitcheck.check_emit) need the op table's offsets:
+   per op its name and [name, offset] (or null) of its first input, second
+   input, first output and partial. *)
+type op_row = { name : string; bufs : (string * int) option array (* in, weight, out, partial *) }
+
+let read_buf (what : string) (j : Yojson.Safe.t) : (string * int) option =
+  match j with
+  | `Null -> None
+  | `List [ `String n; o ] -> Some (n, Jnum.to_int what o)
+  | _ -> Verdict.bad "field %S: expected null or [name, offset]" what
+
+let read_op (j : Yojson.Safe.t) : op_row =
+  { name = Jnum.str_field "name" j;
+    bufs = Array.map (fun k -> read_buf k (Jnum.field k j)) [| "in"; "weight"; "out"; "partial" |] }
+
+let offsets_of (o : op_row) : op_offsets =
+  let off k = match o.bufs.(k) with Some (_, x) -> Jnum.n_of_int x | None -> N0 in
+  { oo_in = off 0; oo_weight = off 1; oo_out = off 2;
+    oo_partial = (match o.bufs.(3) with Some (_, x) -> Some (Jnum.n_of_int x) | None -> None) }
+
+let emit_theorems = [
+  "Plow.Emitcheckproof.checkpoint_e_emit_sound";
+  "Plow.Emitcheckproof.check_emit_sound";
+]
+
+let render_emit (ops : op_row array) (packets : n list array) (e : emit_error) : string =
+  let pkt ri = packets.(i ri) in
+  let v p k = i (List.nth p k) in
+  let kind p =
+    if v p 0 = 0 then "nop" else if v p 0 = 1 then "load"
+    else if v p 1 land 16 <> 0 then "merge" else "compute" in
+  let where ri =
+    let p = pkt ri in
+    let oi = v p 4 in
+    if oi < Array.length ops then Printf.sprintf "record %d (%s packet of op %d %S)" (i ri) (kind p) oi ops.(oi).name
+    else Printf.sprintf "record %d (%s packet, op index %d)" (i ri) (kind p) oi in
+  match e with
+  | EFused (ri, fl) ->
+      Printf.sprintf "%s: flags %d set a FUSED_* bit, which the emitter never writes" (where ri) (i fl)
+  | EOpIndex (ri, oi) ->
+      Printf.sprintf "%s: op index %d is not an op of the op table (%d ops)" (where ri) (i oi) (Array.length ops)
+  | EField (ri, k, found, want) ->
+      let p = pkt ri in
+      let fname = List.nth value_names (i k) in
+      let o = let oi = v p 4 in if oi < Array.length ops then Some ops.(oi) else None in
+      let buf b = match o with
+        | Some o -> (match o.bufs.(b) with
+                     | Some (n, _) -> Printf.sprintf "%S" n
+                     | None -> "none")
+        | None -> "none" in
+      let has_partial = match o with Some o -> o.bufs.(3) <> None | None -> false in
+      let role =
+        match kind p, i k with
+        | "nop", _ -> "a nop carries zeros"
+        | _, (9 | 11) -> "the emitter writes no column range"
+        | "load", (12 | 14) -> "a load touches no arena input or output"
+        | _, 13 -> "the op's second input " ^ buf 1
+        | "merge", 12 -> if has_partial then "the op's partial " ^ buf 3 else "the op's first input " ^ buf 0
+        | "merge", 14 -> "the op's output " ^ buf 2
+        | _, 12 -> "the op's first input " ^ buf 0
+        | _, 14 -> if has_partial then "the op's partial " ^ buf 3 else "the op's output " ^ buf 2
+        | _ -> "the emitter's rule" in
+      Printf.sprintf "%s field %s: %s but the op table and arena map give %s (%s)" (where ri) fname
+        (n_to_string found) (n_to_string want) role
+
 let check (payload : Yojson.Safe.t) : Verdict.t =
   let version = Jnum.int_field "version" payload in
   let rsize_n = Jnum.n_field "record_size" payload in
   let bytes = bytes_of_hex (Jnum.str_field "bytes" payload) in
   let packets = List.map read_packet (Jnum.list_field "packets" payload) in
+  let ops =
+    match payload with
+    | `Assoc kv -> (match List.assoc_opt "ops" kv with
+                    | None | Some `Null -> None
+                    | Some j -> Some (Array.of_list (List.map read_op (Jnum.to_list "ops" j))))
+    | _ -> None in
   let rsize = i wire_record_size in
   if version <> wire_version then
     { accepted = false; theorems = [];
       reason = Some (Printf.sprintf "wire version %d is not the oracle's version %d" version wire_version) }
   else
     match check_wire rsize_n bytes packets with
-    | Accept -> { accepted = true; reason = None; theorems }
     | Reject e -> { accepted = false; reason = Some (render rsize e); theorems = [] }
+    | Accept ->
+        match ops with
+        | None -> { accepted = true; reason = None; theorems }
+        | Some ops ->
+            match check_emit (Array.to_list (Array.map offsets_of ops)) packets with
+            | Accept -> { accepted = true; reason = None; theorems = theorems @ emit_theorems }
+            | Reject e ->
+                { accepted = false; theorems = [];
+                  reason = Some (render_emit ops (Array.of_list packets) e) }

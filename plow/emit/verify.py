@@ -22,8 +22,10 @@ bucket:
   counter per threshold (each must equal the number of signallers). The dependencies come
   from data flow (`dataflow_from_packets`), checked by the oracle's sweep at every plan
   size; no verdict is decided in Python;
-- E from the plan file's record bytes against the packets re-emitted from the schedule
-  file and the op table (`emit_packets`): an edited byte shows up as a located mismatch;
+- E from the plan file's record bytes, the packets decoded from them and the op table's
+  operands at their arena-map offsets (`plow.oracle.payloads.wire.emit_ops`): the oracle
+  decodes the bytes itself, then checks every decoded record's offsets, column range and
+  flags against the emitter's rules (Plow.Emitcheck; nothing is re-emitted);
 - F from the schedule file's arena map, with sizes from the op table's shapes and dtypes
   and live ranges from the op table's op order (`plow.memory.live_ranges`), every buffer's
   accessor tasks (the packets' op and stage, the op table's operands) and D's counter
@@ -55,7 +57,6 @@ from typing import Any, Generic, TypeVar, cast
 from pydantic import BaseModel, ValidationError
 
 from plow.emit.bundle import MANIFEST, WEIGHTS, LadderRung, Manifest, gc_paused, sha256_file
-from plow.emit.emit import emit_packets
 from plow.emit.files import OpEntry, OpTable, ScheduleFile, TensorEntry
 from plow.emit.wire import (
     HEADER_SIZE,
@@ -93,6 +94,7 @@ from plow.oracle.payloads.dataflow import (
     sweep_order,
     task_accesses,
 )
+from plow.oracle.payloads.wire import emit_ops
 from plow.oracle.runner import run_checkpoint_a
 from plow.profile import CompileProfile
 from plow.target import Target, load_target, shipped_targets
@@ -1108,16 +1110,25 @@ def alloc_payload_from_files(sf: ScheduleFile, ot: OpTable, align: int | None = 
     )
 
 
-def wire_payload_dict(body: bytes, packets: PacketArray) -> dict[str, object]:
+def wire_payload_dict(
+    body: bytes, packets: PacketArray | None, ops: list[dict[str, object]] | None = None
+) -> dict[str, object]:
     """The checkpoint E payload as a plain dict (same JSON as `WirePayload`, built without
-    one pydantic model per packet)."""
-    cols = [packets[f].tolist() for f in VALUE_FIELDS]
-    return {
+    one pydantic model per packet): the record bytes, the packets decoded from them (none
+    when they do not decode), and with `ops` the op table's offsets for the emitter rules."""
+    rows: list[dict[str, object]] = []
+    if packets is not None:
+        cols = [packets[f].tolist() for f in VALUE_FIELDS]
+        rows = [dict(zip(VALUE_FIELDS, row, strict=True)) for row in zip(*cols, strict=True)]
+    out: dict[str, object] = {
         "version": 1,
         "record_size": RECORD_SIZE,
         "bytes": body.hex(),
-        "packets": [dict(zip(VALUE_FIELDS, row, strict=True)) for row in zip(*cols, strict=True)],
+        "packets": rows,
     }
+    if ops is not None:
+        out["ops"] = ops
+    return out
 
 
 # ----------------------------------------------------------------- verify
@@ -1229,9 +1240,11 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
                 )
                 break
         try:
-            expected = emit_packets(sf, ot)
-        except PlowError as e:
-            raise MalformedBundle(bundle / rung.schedule, str(e)) from e
+            e_ops = emit_ops(ot.ops, amap)
+        except KeyError as e:
+            raise MalformedBundle(
+                bundle / rung.schedule, f"tensor {e.args[0]!r} has no arena offset"
+            ) from e
         body = data[HEADER_SIZE:]
         header: PlanHeader | None = None
         try:
@@ -1321,9 +1334,17 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             )
             return replace(row, reason=why)
 
-        def job_e(body: bytes = body, expected: PacketArray = expected, name: str = name) -> Row:
+        def job_e(
+            body: bytes = body,
+            decoded: PacketArray | str = decoded,
+            e_ops: list[dict[str, object]] = e_ops,
+            name: str = name,
+        ) -> Row:
+            # the decoded records (none when the Python decoder failed: the oracle's own
+            # decoder then names the broken record) and the op table's offsets
+            pk = decoded if not isinstance(decoded, str) else None
             return _row(
-                "E", name, run_checkpoint("E", wire_payload_dict(body, expected), timeout_s=600)
+                "E", name, run_checkpoint("E", wire_payload_dict(body, pk, e_ops), timeout_s=600)
             )
 
         def job_f(

@@ -1,8 +1,9 @@
 """Semantic mutations of real tiny bundles (issue 14), each with the manifest hashes re-forged
 and, where a mutation edits a schedule file or an op table, the plan file re-emitted from the
-edited files (so the wire round trip E and the packet/schedule cross-checks of D see
-nothing): `plow verify` must reject every mutant with a located reason, and accept the
-unmutated bundle."""
+edited files (so the packets agree with the edited files: E's field rules and the
+packet/schedule cross-checks of D see nothing): `plow verify` must reject every mutant with
+a located reason, and accept the unmutated bundle. E's own mutations edit the plan file's
+record bytes (no re-emission)."""
 
 from __future__ import annotations
 
@@ -545,3 +546,70 @@ def test_stale_or_foreign_or_edited_certificates_are_refused(
     with pytest.raises(BundleRefused, match=r"certificates/D\.json: sha256 differs"):
         Bundle.open(b3)
     assert Bundle.open(tiny_bundles["llama"]).verified
+
+
+# ---------------------------------------------------------------- E: the emitter's field rules
+# Byte edits of a plan file's records (hashes re-forged, no re-emission): E decodes the
+# records and checks each one's offsets against the op table's operands at their arena-map
+# offsets (Plow.Emitcheck), so a pointer to the wrong buffer is named with the record, the op
+# and the buffer it should point at.
+
+
+def _compute_record(b: Path, rung: dict[str, Any]) -> tuple[int, int, Any]:
+    """(record index, op index, op row) of the first compute packet (not a nop, load or
+    merge) of an op with two inputs and no partial."""
+    from plow.emit.wire import Flag, Opcode, decode_plan
+
+    ot = _ops(b, rung)
+    _, arr = decode_plan((b / rung["plan"]).read_bytes())
+    for r in range(len(arr)):
+        code, fl, oi = int(arr["opcode"][r]), int(arr["flags"][r]), int(arr["op_index"][r])
+        if code in (Opcode.NOP, Opcode.LOAD) or fl & Flag.ACCUMULATE:
+            continue
+        o = ot.ops[oi]
+        if len(o.inputs) > 1 and not o.partial:
+            return r, oi, o
+    raise AssertionError("no compute packet of a two-input op")
+
+
+def _poke_u64(b: Path, rung: dict[str, Any], rec: int, at: int, value: int) -> None:
+    path = b / rung["plan"]
+    data = bytearray(path.read_bytes())
+    off = HEADER_SIZE + 64 * rec + at
+    data[off : off + 8] = value.to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    reforge(b)
+
+
+def test_out_offset_at_another_buffer(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+    b = mutant(tiny_bundles["llama"], tmp_path)
+    rung = rungs(b)[0]
+    rec, oi, o = _compute_record(b, rung)
+    ot = _ops(b, rung)
+    other = ot.tensors[o.inputs[0]].offset  # the op's own input: another buffer
+    assert other != ot.tensors[o.outputs[0]].offset
+    _poke_u64(b, rung, rec, 56, other)
+    only_rejected_by(
+        verify_bundle(b), "E", f"record {rec} (compute packet of op {oi} \"{o.name}\")",
+        f"field out_offset: {other} but the op table and arena map give "
+        f"{ot.tensors[o.outputs[0]].offset} (the op's output \"{o.outputs[0]}\")",
+    )  # fmt: skip
+
+
+def test_weight_offset_of_another_op(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+    b = mutant(tiny_bundles["llama"], tmp_path)
+    rung = rungs(b)[0]
+    rec, oi, o = _compute_record(b, rung)
+    ot = _ops(b, rung)
+    want = ot.tensors[o.inputs[1]].offset
+    other = next(
+        ot.tensors[p.inputs[1]].offset for p in ot.ops
+        if len(p.inputs) > 1 and ot.tensors[p.inputs[1]].offset != want
+        and ot.tensors[p.inputs[1]].role == "weight"
+    )  # fmt: skip
+    _poke_u64(b, rung, rec, 48, other)
+    only_rejected_by(
+        verify_bundle(b), "E", f"record {rec} (compute packet of op {oi} \"{o.name}\")",
+        f"field weight_offset: {other} but the op table and arena map give {want} "
+        f"(the op's second input \"{o.inputs[1]}\")",
+    )  # fmt: skip

@@ -33,6 +33,8 @@ TOP_THEOREMS = [
     "Plow.Gatedproof.latest_gated_sound",
     "Plow.Gatedproof.fine_barrier_le_coarse",
     "Plow.Wireproof.checkpoint_e_sound",
+    "Plow.Emitcheckproof.checkpoint_e_emit_sound",
+    "Plow.Emitcheckproof.check_emit_sound",
     "Plow.Wireproof.decode_encode_packets",
     "Plow.Wireproof.encode_decode_packets",
     "Plow.Allocproof.checkpoint_f_sound",
