@@ -241,8 +241,8 @@ def test_two_phase_op_partial_is_kept_until_its_merges_are_ordered(tmp_path: Pat
     """A fused add_rmsnorm's consumers of its sum (the MoE router's norm) wait for its
     compute tasks only, so its merge tasks may still read `#partial` while the router's
     logits are written: the planner, given the schedule, keeps the two apart, and F (the
-    oracle's task-level sharing rule) accepts the bundle on every rung (tiny Gemma-4 MoE on
-    h200, fusion on, decode batch 4)."""
+    oracle's task-level sharing rule) accepts the bundle (tiny Gemma-4 MoE on h200, fusion on,
+    decode batch 4, a rung F rejected before)."""
     from plow.compile import compile_plan
     from plow.testing.fixtures import make_tiny_gemma4
 
