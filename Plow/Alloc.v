@@ -323,20 +323,32 @@ Fixpoint fcheck (jm : ctrie (option vclock)) (my : option vclock) (lo hi : N)
       else fcheck jm my lo hi fr'
   end.
 
+(** Whether some frontier piece overlaps [[lo, hi)]. *)
+Fixpoint fr_meets (lo hi : N) (fr : list piece) : bool :=
+  match fr with
+  | [] => false
+  | (z, a, b) :: fr' => meets lo hi a b || fr_meets lo hi fr'
+  end.
+
+(** The sweep.  A buffer's meet of clocks is computed only when some frontier
+    piece overlaps it (most buffers, weights and caches, overlap none). *)
 Fixpoint fsweep (pm : ctrie (N * N)) (cm : ctrie vclock) (am : ctrie (list N))
-  (jm mm : ctrie (option vclock)) (l : list (N * buffer)) (fr : list piece)
+  (jm : ctrie (option vclock)) (l : list (N * buffer)) (fr : list piece)
   : option alloc_error :=
   match l with
   | [] => None
   | (j, y) :: l' =>
-      match fcheck jm (Counters.get mm None j) (b_offset y) (b_end y) fr with
+      match (if fr_meets (b_offset y) (b_end y) fr
+             then fcheck jm (meet_clocks cm (Counters.get am [] j)) (b_offset y) (b_end y) fr
+             else None) with
       | Some z =>
-          let u := match first_unordered pm (Counters.get mm None j) (Counters.get am [] z) with
+          let u := match first_unordered pm (meet_clocks cm (Counters.get am [] j))
+                           (Counters.get am [] z) with
                    | Some u => u
                    | None => z
                    end in
           Some (Unordered z u j (witness pm cm u (Counters.get am [] j)))
-      | None => fsweep pm cm am jm mm l' ((j, b_offset y, b_end y) :: ftrim (b_offset y) (b_end y) fr)
+      | None => fsweep pm cm am jm l' ((j, b_offset y, b_end y) :: ftrim (b_offset y) (b_end y) fr)
       end
   end.
 
@@ -354,11 +366,10 @@ Definition check_shared (bufs : list buffer) (p : cplan) (order : list N)
               Counters.Leaf Counters.Leaf Counters.Leaf in
   let am := Counters.index_map accs in
   let jm := Counters.index_map (map (fun us => join_pos pm us Counters.Leaf) accs) in
-  let mm := Counters.index_map (map (meet_clocks cm) accs) in
   let es := sharing_entries am bufs in
   match find (fun e => b_last (snd e) <=? b_first (snd e)) es with
   | Some (i, _) => Some (Unlive i)
-  | None => fsweep pm cm am jm mm (FirstSort.sort es) []
+  | None => fsweep pm cm am jm (FirstSort.sort es) []
   end.
 
 (** The checkpoint-F checker with the sharing rule: [check_alloc], then every

@@ -600,15 +600,34 @@ Inductive before {A : Type} : list A -> A -> A -> Prop :=
 | before_here : forall a b l, In b l -> before (a :: l) a b
 | before_there : forall a b c l, before l a b -> before (c :: l) a b.
 
+Lemma fcheck_no_meet : forall jm' my lo hi fr,
+  fr_meets lo hi fr = false -> fcheck jm' my lo hi fr = None.
+Proof.
+  intros jm' my lo hi fr. induction fr as [|[[z a] b] fr IH]; simpl; intros H; [reflexivity|].
+  apply orb_false_iff in H as [H1 H2]. rewrite H1. simpl. apply IH. exact H2.
+Qed.
+
+Lemma lazy_fcheck : forall jm' my lo hi fr,
+  (if fr_meets lo hi fr then fcheck jm' my lo hi fr else None) = fcheck jm' my lo hi fr.
+Proof.
+  intros jm' my lo hi fr. destruct (fr_meets lo hi fr) eqn:E; [reflexivity|].
+  symmetry. apply fcheck_no_meet. exact E.
+Qed.
+
+Lemma get_mm_am : forall j, Counters.get mm None j = meet_clocks cm (Counters.get am [] j).
+Proof.
+  intros j. unfold mm, am. rewrite get_meets, Countersproof.get_index_map. reflexivity.
+Qed.
+
 Lemma fsweep_ok : forall l fr P,
-  fsweep pm cm am jm mm l fr = None -> finv P fr ->
+  fsweep pm cm am jm l fr = None -> finv P fr ->
   (forall e, In e l -> acc (fst e) <> []) ->
   (forall e1 e2, P e1 -> In e2 l -> shares (snd e1) (snd e2) -> reach (fst e1) (fst e2)) /\
   (forall e1 e2, before l e1 e2 -> shares (snd e1) (snd e2) -> reach (fst e1) (fst e2)).
 Proof.
   induction l as [|[j y] l IH]; intros fr P H [Hcov Hne] Hl.
   { split; [intros e1 e2 _ He2; destruct He2|intros e1 e2 Hb; inversion Hb]. }
-  simpl in H.
+  simpl in H. rewrite lazy_fcheck, <- get_mm_am in H.
   destruct (fcheck jm (Counters.get mm None j) (b_offset y) (b_end y) fr) eqn:Hc;
     [discriminate|].
   assert (Hj : acc j <> []) by exact (Hl (j, y) (or_introl eq_refl)).
