@@ -110,7 +110,6 @@ def main() -> None:
     (OUT / "compile_verify.json").write_text(json.dumps(doc, indent=2) + "\n")
     big = rows[1]
     totals = [r["total_s"] for r in runs]
-    d_python = "python" in str(big["verdicts"].get("D", ""))
     cpu = big["compile_cpu_s"] + big["verify_cpu_s"] + big["oracle_cpu_s"]
     lines = [
         "# compile + verify",
@@ -155,13 +154,9 @@ def main() -> None:
         "idle cores it cannot take much less than half that.",
         "- The 12B plan is one decode bucket (batch 1, context 4096, the default profile); more "
         "rungs scale compile and verify roughly linearly.",
-        (
-            "- Checkpoint D on the 12B plan is checked in Python, not by the oracle (above "
-            "`D_ORACLE_MAX_TASKS`; the verify row says so)."
-            if d_python
-            else "- Checkpoint D on the 12B plan is certified by the oracle (its extracted checker "
-            "is one of the largest parts of the oracle time, with E's decoder and C's timeline)."
-        )
+        "- Checkpoint D on the 12B plan is certified by the oracle at any size (its data-flow "
+        "sweep); F decides the task-level sharing rule there too (vector clocks per task), "
+        "which costs several oracle CPU seconds on the 12B plan (docs/oracle.md)."
         + " Checkpoint C runs on the timeline cut into slices of 64 windows (exactly the same "
         "occupancy; docs/memory.md).",
         "- Verify runs the oracle jobs three at a time on threads; the Python side of verify "
