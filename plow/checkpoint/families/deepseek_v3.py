@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from pydantic import Field
@@ -125,6 +125,102 @@ def _rope(cfg: DeepseekV3Config) -> tuple[RopeSpec, float, float]:
     return rope, float(gain), softmax
 
 
+class LatentMoeConfig(Protocol):
+    """The fields a DeepSeek-style config (MLA attention, DeepSeekMoE feed-forwards) names
+    alike: `DeepseekV3Config`, kimi_linear's `KimiLinearConfig` (whose routed experts are
+    `num_local_experts`, not `n_routed_experts`)."""
+
+    num_attention_heads: int
+    num_key_value_heads: int | None
+    attention_bias: bool
+    hidden_act: str
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    moe_intermediate_size: int
+    n_shared_experts: int
+    routed_scaling_factor: float
+    num_experts_per_tok: int
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+
+
+def refuse_attention(cfg: LatentMoeConfig, family: str) -> None:
+    """Refuse what the MLA lowering does not do: biases, activations other than SiLU, grouped
+    key-value heads."""
+    if cfg.attention_bias:
+        raise ValueError(f"field 'attention_bias': biases are not supported for {family}")
+    if cfg.hidden_act != "silu":
+        raise ValueError(f"field 'hidden_act': {cfg.hidden_act!r} is not supported (silu)")
+    if cfg.num_key_value_heads not in (None, cfg.num_attention_heads):
+        raise ValueError(
+            f"field 'num_key_value_heads': {cfg.num_key_value_heads} differs from "
+            f"num_attention_heads {cfg.num_attention_heads} (latent attention has one key and "
+            "value per head)"
+        )
+
+
+def refuse_groups(cfg: LatentMoeConfig, experts: int) -> None:
+    """Refuse a group-limited top-k the router cannot take: groups that do not divide the
+    `experts` or hold fewer than two, more groups picked than there are, more experts per
+    token than the picked groups hold."""
+    if experts % cfg.n_group or experts // cfg.n_group < 2:
+        raise ValueError(
+            f"field 'n_group': {cfg.n_group} groups of {experts} experts (each group needs at "
+            "least two experts, all equal)"
+        )
+    if cfg.topk_group > cfg.n_group:
+        raise ValueError(f"field 'topk_group': {cfg.topk_group} is more than n_group {cfg.n_group}")
+    eligible = cfg.topk_group * (experts // cfg.n_group)
+    if cfg.num_experts_per_tok > eligible:
+        raise ValueError(
+            f"field 'num_experts_per_tok': {cfg.num_experts_per_tok} is more than the "
+            f"{eligible} experts of topk_group {cfg.topk_group} groups"
+        )
+
+
+def latent_width(cfg: LatentMoeConfig) -> int:
+    """The absorbed form's row (plow/graph/mla.py): one latent row per token, the latent then
+    the shared rope columns, rounded up to even so the rope pairs sit at (j, j + width / 2)."""
+    width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    return width + width % 2
+
+
+def moe_spec(cfg: LatentMoeConfig, experts: int) -> MoeSpec:
+    """DeepSeekMoE: `experts` routed SiLU experts behind a sigmoid router with group-limited
+    top-k, plus `n_shared_experts` shared ones as one gated MLP."""
+    return MoeSpec(
+        experts=experts,
+        top_k=cfg.num_experts_per_tok,
+        intermediate_size=cfg.moe_intermediate_size,
+        norm_topk_prob=cfg.norm_topk_prob,
+        scoring="sigmoid",
+        n_group=cfg.n_group,
+        topk_group=cfg.topk_group,
+        routed_scale=cfg.routed_scaling_factor,
+        shared_intermediate=cfg.n_shared_experts * cfg.moe_intermediate_size,
+    )
+
+
+def mla_spec(
+    cfg: LatentMoeConfig, *, interleave: bool, rope_gain: float = 1.0, rotate: bool = True
+) -> MlaSpec:
+    """The MLA attention of `cfg`'s latent and head widths (`MlaSpec`)."""
+    return MlaSpec(
+        q_lora_rank=cfg.q_lora_rank,
+        kv_lora_rank=cfg.kv_lora_rank,
+        nope=cfg.qk_nope_head_dim,
+        rope=cfg.qk_rope_head_dim,
+        v_dim=cfg.v_head_dim,
+        interleave=interleave,
+        rope_gain=rope_gain,
+        rotate=rotate,
+    )
+
+
 def _refuse(cfg: DeepseekV3Config) -> None:
     if cfg.num_nextn_predict_layers:
         raise ValueError(
@@ -136,33 +232,12 @@ def _refuse(cfg: DeepseekV3Config) -> None:
             "field 'quantization_config': quantized (fp8 block-quantised) weights are not "
             "supported for deepseek_v3"
         )
-    if cfg.attention_bias:
-        raise ValueError("field 'attention_bias': biases are not supported for deepseek_v3")
-    if cfg.hidden_act != "silu":
-        raise ValueError(f"field 'hidden_act': {cfg.hidden_act!r} is not supported (silu)")
-    if cfg.num_key_value_heads not in (None, cfg.num_attention_heads):
-        raise ValueError(
-            f"field 'num_key_value_heads': {cfg.num_key_value_heads} differs from "
-            f"num_attention_heads {cfg.num_attention_heads} (latent attention has one key and "
-            "value per head)"
-        )
+    refuse_attention(cfg, "deepseek_v3")
     if cfg.topk_method != "noaux_tc":
         raise ValueError(f"field 'topk_method': {cfg.topk_method!r} is not supported (noaux_tc)")
     if cfg.scoring_func != "sigmoid":
         raise ValueError(f"field 'scoring_func': {cfg.scoring_func!r} is not supported (sigmoid)")
-    e = cfg.n_routed_experts
-    if e % cfg.n_group or e // cfg.n_group < 2:
-        raise ValueError(
-            f"field 'n_group': {cfg.n_group} groups of {e} experts (each group needs at least "
-            "two experts, all equal)"
-        )
-    if cfg.topk_group > cfg.n_group:
-        raise ValueError(f"field 'topk_group': {cfg.topk_group} is more than n_group {cfg.n_group}")
-    if cfg.num_experts_per_tok > cfg.topk_group * (e // cfg.n_group):
-        raise ValueError(
-            f"field 'num_experts_per_tok': {cfg.num_experts_per_tok} is more than the "
-            f"{cfg.topk_group * (e // cfg.n_group)} experts of topk_group {cfg.topk_group} groups"
-        )
+    refuse_groups(cfg, cfg.n_routed_experts)
     if cfg.qk_rope_head_dim % 2:
         raise ValueError(f"field 'qk_rope_head_dim': {cfg.qk_rope_head_dim} is not even")
 
@@ -172,10 +247,7 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
     _refuse(cfg)
     rope, gain, softmax = _rope(cfg)
     qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    # the absorbed form (plow/graph/mla.py): one latent row per token, the rope pairs at
-    # (j, j + width / 2), so even
-    width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
-    width += width % 2
+    width = latent_width(cfg)
     fields = spec_fields(cfg.model_copy(update={"head_dim": width, "num_key_value_heads": 1}))
     fields["weight_block"] = None
     dense = min(cfg.first_k_dense_replace, cfg.num_hidden_layers)
@@ -186,26 +258,8 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
         layers=layers,
         activation=Activation.silu,
         query_scale=qk**-0.5 * softmax,
-        moe=MoeSpec(
-            experts=cfg.n_routed_experts,
-            top_k=cfg.num_experts_per_tok,
-            intermediate_size=cfg.moe_intermediate_size,
-            norm_topk_prob=cfg.norm_topk_prob,
-            scoring="sigmoid",
-            n_group=cfg.n_group,
-            topk_group=cfg.topk_group,
-            routed_scale=cfg.routed_scaling_factor,
-            shared_intermediate=cfg.n_shared_experts * cfg.moe_intermediate_size,
-        ),
-        mla=MlaSpec(
-            q_lora_rank=cfg.q_lora_rank,
-            kv_lora_rank=cfg.kv_lora_rank,
-            nope=cfg.qk_nope_head_dim,
-            rope=cfg.qk_rope_head_dim,
-            v_dim=cfg.v_head_dim,
-            interleave=cfg.rope_interleave,
-            rope_gain=gain,
-        ),
+        moe=moe_spec(cfg, cfg.n_routed_experts),
+        mla=mla_spec(cfg, interleave=cfg.rope_interleave, rope_gain=gain),
     )
 
 

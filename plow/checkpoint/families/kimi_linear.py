@@ -48,9 +48,7 @@ from plow.checkpoint.spec import (
     Activation,
     KdaSpec,
     LayerSpec,
-    MlaSpec,
     ModelSpec,
-    MoeSpec,
     RopeSpec,
 )
 
@@ -178,16 +176,7 @@ def _refuse(cfg: KimiLinearConfig) -> None:
         raise ValueError(
             "field 'quantization_config': quantized weights are not supported for kimi_linear"
         )
-    if cfg.attention_bias:
-        raise ValueError("field 'attention_bias': biases are not supported for kimi_linear")
-    if cfg.hidden_act != "silu":
-        raise ValueError(f"field 'hidden_act': {cfg.hidden_act!r} is not supported (silu)")
-    if cfg.num_key_value_heads not in (None, cfg.num_attention_heads):
-        raise ValueError(
-            f"field 'num_key_value_heads': {cfg.num_key_value_heads} differs from "
-            f"num_attention_heads {cfg.num_attention_heads} (latent attention has one key and "
-            "value per head)"
-        )
+    deepseek_v3.refuse_attention(cfg, "kimi_linear")
     if not cfg.mla_use_nope:
         raise ValueError("field 'mla_use_nope': false (a rope on the MLA) is not supported (true)")
     if cfg.moe_router_activation_func != "sigmoid":
@@ -197,19 +186,7 @@ def _refuse(cfg: KimiLinearConfig) -> None:
         )
     if cfg.moe_layer_freq != 1:
         raise ValueError(f"field 'moe_layer_freq': {cfg.moe_layer_freq} is not supported (1)")
-    e = cfg.num_local_experts
-    if e % cfg.n_group or e // cfg.n_group < 2:
-        raise ValueError(
-            f"field 'n_group': {cfg.n_group} groups of {e} experts (each group needs at least "
-            "two experts, all equal)"
-        )
-    if cfg.topk_group > cfg.n_group:
-        raise ValueError(f"field 'topk_group': {cfg.topk_group} is more than n_group {cfg.n_group}")
-    if cfg.num_experts_per_tok > cfg.topk_group * (e // cfg.n_group):
-        raise ValueError(
-            f"field 'num_experts_per_tok': {cfg.num_experts_per_tok} is more than the "
-            f"{cfg.topk_group * (e // cfg.n_group)} experts of topk_group {cfg.topk_group} groups"
-        )
+    deepseek_v3.refuse_groups(cfg, cfg.num_local_experts)
 
 
 def to_spec(config: dict[str, Any]) -> ModelSpec:
@@ -218,9 +195,7 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
     types = _layer_types(cfg)
     sparse = _mlp_types(cfg)
     qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    # the MLA's absorbed form (plow/graph/mla.py): one latent row per token, even
-    width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
-    width += width % 2
+    width = deepseek_v3.latent_width(cfg)
     fields = spec_fields(cfg.model_copy(update={"head_dim": width, "num_key_value_heads": 1}))
     fields["weight_block"] = None
     no_rope = RopeSpec(theta=10000.0)  # unused: no layer rotates
@@ -236,26 +211,8 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
         layers=layers,
         activation=Activation.silu,
         query_scale=qk**-0.5,
-        moe=MoeSpec(
-            experts=cfg.num_local_experts,
-            top_k=cfg.num_experts_per_tok,
-            intermediate_size=cfg.moe_intermediate_size,
-            norm_topk_prob=cfg.norm_topk_prob,
-            scoring="sigmoid",
-            n_group=cfg.n_group,
-            topk_group=cfg.topk_group,
-            routed_scale=cfg.routed_scaling_factor,
-            shared_intermediate=cfg.n_shared_experts * cfg.moe_intermediate_size,
-        ),
-        mla=MlaSpec(
-            q_lora_rank=cfg.q_lora_rank,
-            kv_lora_rank=cfg.kv_lora_rank,
-            nope=cfg.qk_nope_head_dim,
-            rope=cfg.qk_rope_head_dim,
-            v_dim=cfg.v_head_dim,
-            interleave=False,
-            rotate=False,
-        ),
+        moe=deepseek_v3.moe_spec(cfg, cfg.num_local_experts),
+        mla=deepseek_v3.mla_spec(cfg, interleave=False, rotate=False),
         kda=KdaSpec(
             heads=cfg.linear_num_heads,
             head_dim=cfg.linear_head_dim,
