@@ -271,6 +271,18 @@ GEMMA4_TINY_MOE: dict[str, Any] = dict(
 )
 
 
+def _tiny_config(config_cls: Any, base: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    """`config_cls` of `base` with `overrides` and the fixture tokenizer's special ids
+    (transformers' warnings silenced)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    params = dict(base)
+    params.update(overrides)
+    params.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    return config_cls(**params)
+
+
 def _save_perturbed(
     config: Any,
     model_cls: Any,
@@ -309,11 +321,9 @@ def make_tiny_gemma4(
     through transformers' own classes; norms, router scales and layer scalars perturbed."""
     import transformers
 
-    transformers.logging.set_verbosity_error()
-    params = dict(GEMMA4_TINY_MOE if moe else GEMMA4_TINY)
-    params.update(overrides)
-    params.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
-    config = transformers.Gemma4TextConfig(**params)
+    config = _tiny_config(
+        transformers.Gemma4TextConfig, GEMMA4_TINY_MOE if moe else GEMMA4_TINY, overrides
+    )
     return _save_perturbed(
         config, transformers.Gemma4ForCausalLM, seed, out, "plow-gemma4-",
         ("router.scale", "per_expert_scale"), {"layer_scalar": 0.2},
@@ -360,11 +370,7 @@ def make_tiny_deepseek_v3(seed: int = 0, out: Path | str | None = None, **overri
     transformers' own classes; norms and the routers' correction biases perturbed."""
     import transformers
 
-    transformers.logging.set_verbosity_error()
-    params = dict(DEEPSEEK_V3_TINY)
-    params.update(overrides)
-    params.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
-    config = transformers.DeepseekV3Config(**params)
+    config = _tiny_config(transformers.DeepseekV3Config, DEEPSEEK_V3_TINY, overrides)
     return _save_perturbed(
         config, transformers.DeepseekV3ForCausalLM, seed, out, "plow-dsv3-",
         (), {"e_score_correction_bias": 0.1},
@@ -417,11 +423,7 @@ def make_tiny_kimi_linear(seed: int = 0, out: Path | str | None = None, **overri
     perturbed."""
     import transformers
 
-    transformers.logging.set_verbosity_error()
-    params = dict(KIMI_LINEAR_TINY)
-    params.update(overrides)
-    params.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
-    config = transformers.KimiLinearConfig(**params)
+    config = _tiny_config(transformers.KimiLinearConfig, KIMI_LINEAR_TINY, overrides)
     return _save_perturbed(
         config, transformers.KimiLinearForCausalLM, seed, out, "plow-kimi-",
         ("A_log", "dt_bias"), {"e_score_correction_bias": 0.1},
