@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from plow.runtime.cpu import CpuModel, RowDevice, RowInput
@@ -42,3 +44,23 @@ def assert_logits_close(got: np.ndarray, want: np.ndarray, rel: float = 1e-4) ->
     """Every logit within rel * max(1, |want|) of the reference (the families' logit gate)."""
     err = np.abs(got - want)
     assert np.all(err <= rel * np.maximum(1.0, np.abs(want))), float(np.max(err))
+
+
+def hf_greedy(path: Path, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt's ids: `new` tokens (no stop at EOS),
+    the checkpoint at `path` in fp32 with eager attention."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            gen = model.generate(
+                torch.tensor([p]), max_new_tokens=new, do_sample=False,
+                eos_token_id=None, pad_token_id=0,
+            )  # fmt: skip
+            out.append(gen[0, len(p) :].tolist())
+    return out

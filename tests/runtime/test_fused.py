@@ -28,8 +28,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-import transformers
 from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
@@ -42,7 +40,7 @@ from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
-from tests.runtime.helpers import prefill_logits
+from tests.runtime.helpers import hf_greedy, prefill_logits
 from tests.runtime.test_cuda import emulator, fresh_driver, on_emulator  # noqa: F401
 
 FAMILIES = ["llama", "qwen3", "gemma3"]
@@ -83,21 +81,6 @@ def bundles(
     return out
 
 
-def _hf_greedy(path: Path) -> list[list[int]]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    out = []
-    with torch.no_grad():
-        for p in PROMPTS:
-            gen = model.generate(
-                torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )  # fmt: skip
-            out.append(gen[0, len(p) :].tolist())
-    return out
-
-
 def _ops(bundle: Path, rung: str) -> OpTable:
     return OpTable.model_validate_json((bundle / f"plan/{rung}.ops.json").read_bytes())
 
@@ -117,7 +100,7 @@ def test_fused_bundle_tokens_equal_transformers_on_cpu_and_native(
         ops = _ops(path, "decode_b1_s48").ops
         assert any(o.partial for o in ops if o.kind == "add_rmsnorm")
         assert any(o.partial for o in ops if o.kind not in FUSED_KINDS)
-    want = _hf_greedy(tiny_checkpoints[family])
+    want = hf_greedy(tiny_checkpoints[family], PROMPTS, NEW)
     reqs = [Request(tuple(p), NEW) for p in PROMPTS]
     assert generate(CpuModel.from_bundle(path, max_batch=4), reqs) == want  # opened verified
     assert generate(open_native(path, max_batch=4), reqs) == want

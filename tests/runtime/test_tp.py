@@ -25,6 +25,7 @@ from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
+from tests.runtime.helpers import hf_greedy
 from tests.runtime.test_cuda import emulator, fresh_driver, on_emulator  # noqa: F401
 from tests.runtime.test_fused import cubin  # noqa: F401
 
@@ -45,21 +46,6 @@ def tp2(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _hf_greedy(path: Path) -> list[list[int]]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    out = []
-    with torch.no_grad():
-        for p in PROMPTS:
-            gen = model.generate(
-                torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )  # fmt: skip
-            out.append(gen[0, len(p) :].tolist())
-    return out
-
-
 def _ops(bundle: Path, rung: str = RUNG) -> OpTable:
     return OpTable.model_validate_json((bundle / "plan" / f"{rung}.ops.json").read_bytes())
 
@@ -70,7 +56,7 @@ def _schedule(bundle: Path, rung: str = RUNG) -> dict[str, Any]:
 
 
 def test_tp2_tokens_equal_transformers_on_native_and_cpu(tp2: Path, tiny_llama: Path) -> None:
-    want = _hf_greedy(tiny_llama)
+    want = hf_greedy(tiny_llama, PROMPTS, NEW)
     reqs = [Request(tuple(p), NEW) for p in PROMPTS]
     assert generate(open_native(tp2, max_batch=2), reqs) == want  # opened verified
     assert generate(CpuModel.from_bundle(tp2, max_batch=2), reqs) == want
@@ -88,16 +74,8 @@ def test_gemma3_tp2_tokens_equal_transformers(
     compile_bundle(path, out, load_target("cpu").model_copy(update={"gpus": 2}), prof, verify=True)
     kinds = {o.kind for o in _ops(out).ops}
     assert "allreduce" in kinds
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
     prompt = PROMPTS[0][:11]
-    with torch.no_grad():
-        gen = model.generate(
-            torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
-            eos_token_id=None, pad_token_id=0,
-        )  # fmt: skip
-    want = [gen[0, len(prompt) :].tolist()]
+    want = hf_greedy(path, [prompt], NEW)
     assert generate(open_native(out, max_batch=1), [Request(tuple(prompt), NEW)]) == want
 
 
