@@ -256,7 +256,8 @@ inline void mma_bf16(float* d, const uint32_t* a, const uint32_t* b) {
 
 // Written by the kernel, read by the loader after each step.
 struct PlowDeviceStatus {
-  unsigned int abort;          // 0: the step finished; 1: a wait timed out
+  unsigned int abort;          // 0: the step finished; 1: a wait timed out; 2: an op kind with
+                               //   no tile in this build (counter: the kind)
   unsigned int worker;         // where the first timeout was seen
   long long packet;            //   (record index in the plan file)
   unsigned int counter;
@@ -767,6 +768,10 @@ __device__ int64_t tile_attention_cta(const Ctx& c, const PlowOp& op, const Rang
 #endif
 }
 
+// run_record_cta's answer for a record whose op kind has no tile in this build: the step stops
+// and reports it (status abort 2) rather than leave the op's words unwritten.
+#define PLOW_NO_TILE INT64_MIN
+
 // The work of one task record on the whole CTA (every thread calls it); returns this thread's
 // share of the counted work. Units of one record write disjoint words (the plan's tiles
 // partition each op), so they need no barrier between them.
@@ -823,7 +828,7 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       // the fused linears (kernels/fused.h): the linear's warp dots, then the fused store
       case plow::PLOW_LINEAR_QKV: warp_linear_cta<Fuse::qkv>(c, op, r, step, nullptr, 0); break;
       case plow::PLOW_LINEAR_GLU: tile_linear_glu_cta(c, op, r); break;
-      default: break;  // the loader refuses other kinds
+      default: return PLOW_NO_TILE;  // a kind this build has no tile for: the step stops
     }
   }
   return work;
@@ -1262,6 +1267,15 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
       if (page != nullptr && page[2] >= 0) plow_dev::prefetch_weights(ctx, page[2]);
       const int64_t work =
           plow_dev::run_record_dev(ctx, rec, my_scratch, scratch_floats, mode, smem, page);
+      if (work == PLOW_NO_TILE) {  // uniform: every thread saw the same kind
+        if (threadIdx.x == 0 && atomicCAS(&status->abort, 0u, 2u) == 0u) {
+          status->worker = w;
+          status->packet = idx;
+          status->counter = static_cast<unsigned int>(plan->ops[rec.op_index].kind);
+        }
+        stopped = 1;
+        break;
+      }
       if (work != 0) atomicAdd(op_work + rec.op_index, static_cast<unsigned long long>(work));
       __syncthreads();  // every thread's writes of this record before its signal
       if (threadIdx.x == 0) {

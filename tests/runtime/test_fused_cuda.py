@@ -106,3 +106,34 @@ def test_a_split_fused_plan_on_the_warp_dots_gives_the_native_bits(
     )
     assert got == want
     assert np.array_equal(got_logits, want_logits)
+
+
+@pytest.mark.usefixtures("on_emulator")
+def test_an_op_kind_without_a_device_tile_stops_the_step_naming_it(
+    fused_bf16_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record whose op kind the device build has no tile for (here: rope's kind number
+    replaced by 99 after lowering) stops the step with a one-line error naming the packet and
+    the kind, instead of leaving the op's words unwritten (how a dropped dispatch line once
+    went unnoticed)."""
+    import plow.runtime.cuda.model as cuda_model
+    from plow.runtime.cpu import Request, generate
+    from plow.runtime.cuda import CudaStepError, open_cuda
+    from plow.runtime.native.library import KINDS, PlowOp
+
+    real = cuda_model.lower
+
+    def lower_with_unknown_rope(*a: object, **k: object) -> object:
+        low = real(*a, **k)  # type: ignore[arg-type]
+        ops = (PlowOp * max(1, low.plan.n_ops)).from_address(low.plan.ops)
+        for op in ops:
+            if op.kind == KINDS["rope"]:
+                op.kind = 99
+        return low
+
+    monkeypatch.setattr(cuda_model, "lower", lower_with_unknown_rope)
+    m = open_cuda(fused_bf16_bundle, max_batch=4, verify=False, tensor_cores=False, timeout_ms=300)
+    with pytest.raises(
+        CudaStepError, match=r"packet \d+ \(worker \d+\): op kind '\?' \(99\) has no tile"
+    ):
+        generate(m, [Request((1, 2, 3), 2)])

@@ -28,6 +28,7 @@ ATTN_THREADS = 32
 LANES = 32
 NO_COUNTER = 0xFFFFFFFF
 BARRIER_COUNTER = 0xFFFFFFFE  # status.counter of a timed-out step barrier (a quantum launch)
+ABORT_NO_TILE = 2  # status.abort: a record's op kind has no tile in the device build
 MODE_TC = 1  # op_mode bit: a bf16 linear / lm_head on tensor cores (mma.sync m16n8k16)
 # The NVIDIA targets whose plans the CUDA executor runs (plow/target/specs).
 NVIDIA_TARGETS = ("h100", "h200", "b200")

@@ -45,7 +45,7 @@ from plow.runtime.cuda import abi
 from plow.runtime.cuda.driver import CudaUnavailable, Device, device
 from plow.runtime.cuda.image import DeviceImage, PageTable, assign_pages, build_image, op_modes
 from plow.runtime.native import library
-from plow.runtime.native.lower import Lowered, lower, stored
+from plow.runtime.native.lower import KIND_NAMES, Lowered, lower, stored
 from plow.runtime.native.model import NativeStepError, quantum_words
 from plow.runtime.sampler import SamplingParams
 
@@ -466,6 +466,14 @@ class CudaMachine:
             fixed = (st.image.per_step_host * np.uint64(st.step)).astype(np.uint64)
             dev.htod(st.counters, int(fixed.ctypes.data), int(fixed.nbytes))
             dev.sync()
+            if status.abort == abi.ABORT_NO_TILE:
+                kind = KIND_NAMES.get(status.counter, "?")
+                raise CudaStepError(
+                    plan.bucket.name,
+                    f"packet {status.packet} (worker {status.worker}): op kind {kind!r} "
+                    f"({status.counter}) has no tile in this device build; rebuild it "
+                    "(make cuda) from this plow's kernels/",
+                )
             if status.counter == abi.BARRIER_COUNTER:
                 raise CudaStepError(
                     plan.bucket.name,

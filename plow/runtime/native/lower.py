@@ -52,6 +52,12 @@ GROUPED_ROUTER_KIND = 40
 FUSED_KINDS = {"add_rmsnorm": 30, "linear_glu": 31, "linear_qkv": 32}
 # Tensor parallel (kernels/collective.h `PlowCollectiveKind`).
 COLLECTIVE_KINDS = {"allreduce": 50}
+# Every kind number the kernels know, to name one in an error.
+KIND_NAMES = {
+    v: k
+    for table in (KINDS, MOE_KINDS, SSM_KINDS, KDA_KINDS, FUSED_KINDS, COLLECTIVE_KINDS)
+    for k, v in table.items()
+} | {GROUPED_ROUTER_KIND: "router (grouped)"}
 
 
 @dataclass
