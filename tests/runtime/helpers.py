@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,3 +66,25 @@ def hf_greedy(path: Path, prompts: list[list[int]], new: int) -> list[list[int]]
             )  # fmt: skip
             out.append(gen[0, len(p) :].tolist())
     return out
+
+
+def rewire_wait(consumer: str, counter: str, to: str) -> Callable[[dict[str, Any]], None]:
+    """A schedule edit (for `tests.emit.bundle_edit.edit_rung`): the tasks of op `consumer`
+    wait on counter `to` (one the producer's own tasks wait on) instead of the producer's
+    `counter`, and the schedule's edges from the producer's tasks into them are gone: they
+    stay ordered after everything before the producer, and only the derived data flow can
+    notice they are no longer ordered after the producer."""
+
+    def edit(sched: dict[str, Any]) -> None:
+        t, names = sched["tasks"], sched["counters"]["name"]
+        c, d = names.index(counter), names.index(to)
+        hit = {i for i, n in enumerate(t["name"]) if n.startswith(consumer + "#")}
+        assert hit and all(c in t["waits"][i] for i in hit)
+        for i in hit:
+            t["waits"][i] = [d if x == c else x for x in t["waits"][i]]
+        e = sched["edges"]
+        pairs = zip(e[0::2], e[1::2], strict=True)
+        keep = [(u, v) for u, v in pairs if not (v in hit and c in t["signals"][u])]
+        sched["edges"] = [x for pair in keep for x in pair]
+
+    return edit

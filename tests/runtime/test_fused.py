@@ -40,7 +40,7 @@ from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
-from tests.runtime.helpers import hf_greedy, prefill_logits
+from tests.runtime.helpers import hf_greedy, prefill_logits, rewire_wait
 from tests.runtime.test_cuda import emulator, fresh_driver, on_emulator  # noqa: F401
 
 FAMILIES = ["llama", "qwen3", "gemma3"]
@@ -279,27 +279,6 @@ def _move_box(sched: dict[str, Any]) -> None:  # a linear_qkv task's tiles one l
     t["unit_start"][i] += 1
 
 
-def _rewire(consumer: str, counter: str, to: str) -> Any:
-    """The consumer op's tasks wait on `to` (the counter the producer's own tasks wait on)
-    instead of the producer's `counter`, and the schedule's edges from the producer's tasks
-    into them are gone: they stay ordered after everything before the producer, and only
-    the derived data flow can notice they are no longer ordered after the producer."""
-
-    def edit(sched: dict[str, Any]) -> None:
-        t, names = sched["tasks"], sched["counters"]["name"]
-        c, d = names.index(counter), names.index(to)
-        hit = {i for i, n in enumerate(t["name"]) if n.startswith(consumer + "#")}
-        assert hit and all(c in t["waits"][i] for i in hit)
-        for i in hit:
-            t["waits"][i] = [d if x == c else x for x in t["waits"][i]]
-        e = sched["edges"]
-        pairs = zip(e[0::2], e[1::2], strict=True)
-        keep = [(u, v) for u, v in pairs if not (v in hit and c in t["signals"][u])]
-        sched["edges"] = [x for pair in keep for x in pair]
-
-    return edit
-
-
 QKV, NORM = "L0.q_proj+L0.k_proj+L0.v_proj", "L0.mlp_residual+L1.attn_norm"
 GLU = "L0.gate_proj+L0.up_proj+L0.gated_mlp"
 
@@ -312,21 +291,24 @@ GLU = "L0.gate_proj+L0.up_proj+L0.gated_mlp"
         (("schedule", _move_box), "BD", f"op {QKV!r}".replace("'", '"'), None),
         # k_rope reads linear_qkv's k columns (not q's): the rule routes columns by width
         (
-            ("schedule", _rewire("L0.k_rope", f"{QKV}.done", "L0.attn_norm.done")),
+            ("schedule", rewire_wait("L0.k_rope", f"{QKV}.done", "L0.attn_norm.done")),
             "D",
             f"({QKV}#",
             "L0.k_proj",
         ),
         # add_rmsnorm's merges read the partial (sums of squares) its tiles write
         (
-            ("schedule", _rewire(f"{NORM}.merge", f"{NORM}.partial.done", "L0.down_proj.done")),
+            ("schedule", rewire_wait(f"{NORM}.merge", f"{NORM}.partial.done", "L0.down_proj.done")),
             "D",
             f"({NORM}#",
             f"{NORM}#partial",
         ),
         # the q/k/v of layer 1 read the norm the merges of add_rmsnorm write
         (
-            ("schedule", _rewire(QKV.replace("L0", "L1"), f"{NORM}.done", f"{NORM}.partial.done")),
+            (
+                "schedule",
+                rewire_wait(QKV.replace("L0", "L1"), f"{NORM}.done", f"{NORM}.partial.done"),
+            ),
             "D",
             f"({NORM}.merge#",
             "L1.attn_norm",
@@ -335,7 +317,7 @@ GLU = "L0.gate_proj+L0.up_proj+L0.gated_mlp"
         (
             (
                 "schedule",
-                _rewire("L0.down_proj", f"{GLU}.done", "L0.attn_residual+L0.mlp_norm.done"),
+                rewire_wait("L0.down_proj", f"{GLU}.done", "L0.attn_residual+L0.mlp_norm.done"),
             ),
             "D",
             f"({GLU}#",

@@ -31,7 +31,12 @@ from plow.runtime.cpu import CpuModel, Request, generate  # noqa: E402
 from plow.runtime.reference import forward_logits, generate_greedy  # noqa: E402
 from plow.target import load_target  # noqa: E402
 from plow.testing.fixtures import make_tiny_kimi_linear  # noqa: E402
-from tests.runtime.helpers import PROMPTS, assert_logits_close, prefill_logits  # noqa: E402
+from tests.runtime.helpers import (  # noqa: E402
+    PROMPTS,
+    assert_logits_close,
+    prefill_logits,
+    rewire_wait,
+)
 
 NEW = 32
 FAST = 8  # tokens per prompt in the fast tests (2 prompts; the 32 x 4 sweep is slow)
@@ -215,24 +220,9 @@ def test_o_proj_no_longer_waiting_for_kda_is_rejected_by_d(kimi: dict, tmp_path:
     its tiles write their heads' columns of L2.kda) can see o_proj read them unordered."""
     from tests.emit.bundle_edit import copy_bundle, edit_rung, rungs
 
-    def rewire(sched: dict) -> None:
-        t, names = sched["tasks"], sched["counters"]["name"]
-        c, d = names.index("L2.kda.done"), names.index("L2.kda_conv.done")
-        hit = {i for i, n in enumerate(t["name"]) if n.startswith("L2.o_proj#")}
-        assert hit and all(c in t["waits"][i] for i in hit)
-        for i in hit:
-            t["waits"][i] = [d if x == c else x for x in t["waits"][i]]
-        e = sched["edges"]
-        keep = [
-            (u, v)
-            for u, v in zip(e[0::2], e[1::2], strict=True)
-            if not (v in hit and c in t["signals"][u])
-        ]
-        sched["edges"] = [x for pair in keep for x in pair]
-
     b = copy_bundle(kimi["bundle"], tmp_path / "b")
     rung = next(r for r in rungs(b) if r["name"] == "decode_b8_s96")
-    edit_rung(b, rung, schedule=rewire)
+    edit_rung(b, rung, schedule=rewire_wait("L2.o_proj", "L2.kda.done", "L2.kda_conv.done"))
     rep = verify_bundle(b, checkpoints=("B", "D"))
     bad = [r for r in rep.rows if r.rejected]
     assert [r.checkpoint for r in bad] == ["D"], [(r.checkpoint, r.reason) for r in bad]

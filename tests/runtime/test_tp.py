@@ -25,7 +25,7 @@ from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
-from tests.runtime.helpers import hf_greedy
+from tests.runtime.helpers import hf_greedy, rewire_wait
 from tests.runtime.test_cuda import emulator, fresh_driver, on_emulator  # noqa: F401
 from tests.runtime.test_fused import cubin  # noqa: F401
 
@@ -150,19 +150,9 @@ def test_system_scope_counters_are_the_allreduce_partials(tp2: Path) -> None:
     assert "system" in res.output and "allreduce" in res.output
 
 
-def _drop_wait(sched: dict[str, Any]) -> None:
-    """Device 1's allreduce waits on an earlier counter of its own device instead of device
-    0's o_proj partial (the system counter); the edges from the partial's tasks are gone."""
-    t, names = sched["tasks"], sched["counters"]["name"]
-    part, early = names.index("L0.o_proj@d0.done"), names.index("L0.attn_norm@d1.done")
-    hit = {i for i, n in enumerate(t["name"]) if n.startswith("L0.o_proj.allreduce@d1#")}
-    assert hit and all(part in t["waits"][i] for i in hit)
-    for i in hit:
-        t["waits"][i] = [early if x == part else x for x in t["waits"][i]]
-    e = sched["edges"]
-    pairs = zip(e[0::2], e[1::2], strict=True)
-    keep = [(u, v) for u, v in pairs if not (v in hit and part in t["signals"][u])]
-    sched["edges"] = [x for pair in keep for x in pair]
+# Device 1's allreduce waits on an earlier counter of its own device instead of device 0's
+# o_proj partial (the system counter); the edges from the partial's tasks are gone.
+_drop_wait = rewire_wait("L0.o_proj.allreduce@d1", "L0.o_proj@d0.done", "L0.attn_norm@d1.done")
 
 
 def _drop_signal(sched: dict[str, Any]) -> None:
