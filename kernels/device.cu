@@ -234,6 +234,7 @@ inline void mma_bf16(float* d, const uint32_t* a, const uint32_t* b) {
 // loader sizes each thread's scratch for one row: plow/runtime/cuda/image.py)
 #define PLOW_ATTN_ROWS 1
 #include "interp.h"
+#include "device_sampler.h"
 #if defined(__clang__) || defined(PLOW_EMULATE)
 #pragma GCC diagnostic pop
 #endif
@@ -1112,14 +1113,16 @@ __device__ int64_t run_record_dev(const Ctx& c, const plow::Record& rec, float* 
 
 // A multi-step quantum in one launch (plow/runtime/cuda/abi.py DeviceQuantum): the epilogue's
 // arena words and the bucket's shape (plow_abi.h's PlowQuantum, absolute arena words), each
-// batch row (PlowRow: active, greedy, stop ids; the loader launches a quantum only when every
-// live row is greedy), and the step barrier's two counters, zeroed by the loader before the
-// launch: `arrive` (CTAs done with a step) and `go` (steps whose epilogue ran).
+// batch row (PlowRow: active, greedy, the sampling filters, stop ids, a stochastic row's
+// uniforms: one per step), the step barrier's two counters, zeroed by the loader before the
+// launch: `arrive` (CTAs done with a step) and `go` (steps whose epilogue ran), and the
+// stochastic rows' sampler scratch (kernels/device_sampler.h; unused when every row is greedy).
 struct PlowDeviceQuantum {
   PlowQuantum q;
   const PlowRow* rows;
   unsigned long long arrive;
   unsigned long long go;
+  unsigned char* sampler;
 };
 
 #define PLOW_BARRIER_COUNTER 0xFFFFFFFEu  // status->counter of a timed-out step barrier
@@ -1156,10 +1159,31 @@ __device__ bool wait_at_least(unsigned long long* ctr, uint32_t scope, unsigned 
   return true;
 }
 
-// The end of step i of a quantum for the greedy rows (host.cpp's plow_plan_quantum, without
-// the stochastic draw): the token (the sample op wrote it into the ids slot, where the next
-// step's embedding reads it) goes to ring[i, b], the budget shrinks, the position advances or
-// the row retires at its budget, a stop id or the context end.
+// The stochastic rows' draws of step i, by every thread of the CTA: each live row with
+// greedy == 0 samples its logits row with its uniform for step i and writes the token into the
+// ids slot, over the packets' argmax (host.cpp's plow_plan_quantum does the same on the host).
+__device__ void quantum_sample(float* arena, const PlowDeviceQuantum* dq, int64_t i) {
+  const PlowQuantum& q = dq->q;
+  int32_t* out = plow::I32(arena, q.out);
+  const int32_t* pos = plow::I32(arena, q.positions);
+  const int32_t* sidx = plow::I32(arena, q.sample_index);
+  const int32_t* rem = plow::I32(arena, q.remaining);
+  const int64_t B = q.batch, T = q.tokens, V = q.vocab;
+  SamplerScratch sc = sampler_carve(dq->sampler, V, blockDim.x);
+  for (int64_t b = 0; b < B; ++b) {
+    const PlowRow& r = dq->rows[b];
+    if (!r.active || r.greedy || pos[b * T] < 0 || rem[b] <= 0) continue;
+    const int32_t tok =
+        sample_row_cta(arena + q.logits + (b * T + sidx[b]) * V, V, r, r.uniforms[i], sc);
+    if (threadIdx.x == 0) out[b] = tok;
+    __syncthreads();
+  }
+}
+
+// The end of step i of a quantum (host.cpp's plow_plan_quantum; a stochastic row's token was
+// drawn by quantum_sample just before): the token (in the ids slot, where the next step's
+// embedding reads it) goes to ring[i, b], the budget shrinks, the position advances or the
+// row retires at its budget, a stop id or the context end.
 __device__ void quantum_epilogue(float* arena, const PlowDeviceQuantum* dq, int64_t i) {
   const PlowQuantum& q = dq->q;
   int32_t* out = plow::I32(arena, q.out);
@@ -1285,17 +1309,14 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
       }
     }
     if (stopped || quantum == nullptr) break;
-    // the step barrier: every CTA's writes of step i, then CTA 0's epilogue, then step i + 1
+    // the step barrier: every CTA's writes of step i, then CTA 0's epilogue (its stochastic
+    // rows' draws by the whole CTA, then the bookkeeping), then step i + 1
     if (threadIdx.x == 0) {
       int abort = 0;
       plow_dev::counter_signal(&quantum->arrive, 1);
       if (w == 0) {
         abort = !plow_dev::wait_at_least(&quantum->arrive, 1, n_workers * (i + 1), status, w, -1,
                                          PLOW_BARRIER_COUNTER, timeout_ns);
-        if (!abort) {
-          plow_dev::quantum_epilogue(arena, quantum, i);
-          plow_dev::counter_signal(&quantum->go, 1);
-        }
       } else if (i + 1 < n_steps) {
         abort = !plow_dev::wait_at_least(&quantum->go, 1, i + 1, status, w, -1,
                                          PLOW_BARRIER_COUNTER, timeout_ns);
@@ -1303,7 +1324,16 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
       s_abort = abort;
     }
     __syncthreads();
-    if (s_abort) stopped = 1;
+    const int barrier_abort = s_abort;
+    __syncthreads();  // every thread has read s_abort before thread 0 writes it again
+    if (w == 0 && !barrier_abort) {
+      plow_dev::quantum_sample(arena, quantum, i);
+      if (threadIdx.x == 0) {
+        plow_dev::quantum_epilogue(arena, quantum, i);
+        plow_dev::counter_signal(&quantum->go, 1);
+      }
+    }
+    if (barrier_abort) stopped = 1;
   }
   if (threadIdx.x == 0) {
     atomicAdd(&status->tasks, tasks);

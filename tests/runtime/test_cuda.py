@@ -472,6 +472,21 @@ def test_cuda_quantum_launch_equals_one_launch_per_step(h200_bundles: dict) -> N
     assert runs[1][1] < runs[0][1]  # fewer launches: 4 steps in one
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_quantum_samples_stochastic_rows_like_the_native_executor(h200_bundles: dict) -> None:
+    from plow.runtime.cuda import open_cuda
+
+    path = h200_bundles["llama"]
+    params = [SamplingParams(temperature=0.9, top_k=7, seed=11),
+              SamplingParams(temperature=1.3, top_p=0.8, min_p=0.02, seed=5)]  # fmt: skip
+    reqs = [Request(tuple(p), NEW, params=sp) for p, sp in zip(PROMPTS, params, strict=False)]
+    want = generate(NativeModel.from_bundle(path, max_batch=4, verify=VERIFY), reqs, multi_step=4)
+    m = open_cuda(path, max_batch=4, verify=VERIFY)
+    assert generate(m, reqs, multi_step=4) == want
+    assert m.cuda.launches < m.steps  # the quantum ran them: fewer launches than steps
+
+
 def _run(path: Path, **kw: object) -> tuple[list[list[int]], bytes]:
     from plow.runtime.cuda import open_cuda
 
@@ -934,6 +949,41 @@ def test_the_emulated_quantum_launch_equals_one_launch_per_step(
     assert max(p["n_steps"] for p in l1) == 4 and len(l1) < len(l0)
     assert sum(p["n_steps"] for p in l1) == s1
     assert t0[1][-1] == stop and len(t0[1]) < NEW
+
+
+def test_the_emulated_quantum_samples_stochastic_rows_on_the_device(
+    small_h200_bundles: dict, on_emulator: EmulatedGpu
+) -> None:
+    """Stochastic rows (temperature with top-k, top-p, min-p, and none of them) stay inside
+    the quantum's one launch: the CTA's sampler (kernels/device_sampler.h) draws each token
+    with the row's own uniforms, and the tokens are the native executor's (the host sampler,
+    kernels/sampler.h) — in a batch beside a greedy row, with a stop id inside a quantum."""
+    from plow.runtime.cuda import open_cuda
+
+    path = small_h200_bundles["llama-split"]
+    params = [
+        SamplingParams(temperature=0.9, top_k=7, seed=11),
+        SamplingParams(temperature=1.3, top_p=0.8, min_p=0.02, seed=5),
+        SamplingParams(temperature=0.7, seed=2),
+    ]
+    reqs = [Request(tuple(p), NEW, params=sp) for p, sp in zip(PROMPTS, params, strict=True)]
+    reqs.append(Request(tuple(PROMPTS[0][:4]), NEW))  # a greedy row beside them
+    native = NativeModel.from_bundle(path, max_batch=4, verify=False)
+    want = generate(native, reqs, multi_step=4)
+    stop = int(want[1][4])  # row 1 stops inside a quantum
+    reqs[1] = Request(tuple(PROMPTS[1]), NEW, params=params[1], stop_ids=(stop,))
+    want = generate(NativeModel.from_bundle(path, max_batch=4, verify=False), reqs, multi_step=4)
+    m = open_cuda(path, max_batch=4, verify=False, tensor_cores=False)
+    before = len(on_emulator.launches)
+    got = generate(m, reqs, multi_step=4)
+    launches = on_emulator.launches[before:]
+    assert got == want
+    assert want[1][-1] == stop and len(want[1]) < NEW
+    assert len({tuple(t) for t in want[:3]}) == 3  # the three draws differ
+    assert max(p["n_steps"] for p in launches) == 4  # the stochastic rows ran in the quantum
+    greedy = generate(NativeModel.from_bundle(path, max_batch=4, verify=False),
+                      [Request(r.prompt, NEW) for r in reqs[:3]])  # fmt: skip
+    assert got[:3] != greedy  # it sampled
 
 
 def test_the_emulated_tensor_core_tiles_agree_with_the_scalar_path(

@@ -75,17 +75,27 @@ class DeviceStatus(ctypes.Structure):
 class DeviceQuantum(ctypes.Structure):
     """`PlowDeviceQuantum` (kernels/device.cu): a multi-step quantum in one launch — the
     epilogue's arena words and shape, the rows (device pointers), the step barrier's counters
-    (zeroed before each launch)."""
+    (zeroed before each launch), the stochastic rows' sampler scratch (device pointer)."""
 
     _fields_ = [
         ("q", PlowQuantum),
         ("rows", ctypes.c_uint64),
         ("arrive", ctypes.c_uint64),
         ("go", ctypes.c_uint64),
+        ("sampler", ctypes.c_uint64),
     ]
 
 
-DeviceRow = PlowRow  # `stop` a device pointer, `uniforms` unused (greedy rows only)
+DeviceRow = PlowRow  # `stop` and `uniforms` device pointers
+
+
+def sampler_scratch_bytes(vocab: int, threads: int = 0) -> int:
+    """Bytes of the device sampler's scratch for one row (kernels/device_sampler.h's
+    sampler_scratch_bytes: z, p, the sort's keys and ids over the next power of two, the
+    threads' partials and crossings, the survivors)."""
+    t = threads or BLOCK_THREADS
+    n2 = 1 << max(0, int(vocab) - 1).bit_length()
+    return 8 * vocab + 8 * vocab + 8 * n2 + 4 * n2 + 8 * (t + 1) + 8 * (2 * t) + (vocab + 7) // 8 * 8
 
 
 def expected_config() -> tuple[int, ...]:

@@ -193,7 +193,8 @@ class CudaMachine:
     plan's precision) on tensor cores — None: PLOW_CUDA_TENSOR_CORES=0 / 1, else on where the
     GPU has them (compute capability 8.0 or later);
     `smem_pages`: the plan's on-chip pages in dynamic shared memory (where the budget fits the
-    GPU); `device_quantum`: a multi-step quantum of greedy rows in one launch."""
+    GPU); `device_quantum`: a multi-step quantum in one launch (stochastic rows sampled
+    by the kernel)."""
 
     def __init__(
         self,
@@ -390,29 +391,51 @@ class CudaMachine:
         return self._launch(plan, 1, None)
 
     def dispatch_quantum(
-        self, plan: Plan, steps: int, q: library.PlowQuantum, stops: Sequence[Sequence[int] | None]
+        self,
+        plan: Plan,
+        steps: int,
+        q: library.PlowQuantum,
+        stops: Sequence[Sequence[int] | None],
+        draws: Sequence[tuple[SamplingParams, np.ndarray] | None] = (),
     ) -> DispatchStats:
-        """`steps` decode steps and their epilogues in one launch (greedy rows only): `stops[b]`
-        is row b's stop ids, None for a padding row. The host wrote the inputs and `remaining`;
-        the ring, positions, budgets and the last sampled ids come back."""
+        """`steps` decode steps and their epilogues in one launch: `stops[b]` is row b's stop
+        ids, None for a padding row; `draws[b]`, for a stochastic row, its sampling parameters
+        and its `steps` uniforms (the kernel samples it: kernels/device_sampler.h). The host
+        wrote the inputs and `remaining`; the ring, positions, budgets and the last sampled ids
+        come back. One device buffer holds the quantum, its rows, stop ids, uniforms and the
+        sampler's scratch (only the first four are copied per launch)."""
         st = self._rung(plan)
         n = len(stops)
+        draw = [draws[b] if b < len(draws) else None for b in range(n)]
         flat = np.array([t for s in stops if s for t in s] or [0], dtype=np.int32)
+        unis = [u for d in draw if d is not None for u in d[1]] or [0.0]
+        uniforms = np.asarray(unis, dtype=np.float64)
         head = ctypes.sizeof(abi.DeviceQuantum)
         rows_bytes = n * ctypes.sizeof(abi.DeviceRow)
-        need = head + rows_bytes + int(flat.nbytes)
+        at_uni = -(-(head + rows_bytes + int(flat.nbytes)) // 8) * 8
+        at_scratch = at_uni + int(uniforms.nbytes)
+        scratch = abi.sampler_scratch_bytes(int(q.vocab)) if any(draw) else 0
+        need = at_scratch + scratch
         if need > st.quantum_bytes:
             st.quantum, st.quantum_bytes = self._alloc(need), need
         base = st.quantum
         rows = (abi.DeviceRow * max(1, n))()
-        at = 0
+        at, ua = 0, 0
         for b, s in enumerate(stops):
             rows[b].active, rows[b].greedy = int(s is not None), 1
             if s:
                 rows[b].n_stop, rows[b].stop = len(s), base + head + rows_bytes + 4 * at
                 at += len(s)
-        dq = abi.DeviceQuantum(q, base + head, 0, 0)
+            if s is not None and draw[b] is not None:
+                params, u = draw[b]
+                r = rows[b]
+                r.greedy, r.temperature, r.top_k = 0, params.temperature, params.top_k
+                r.top_p, r.min_p = params.top_p, params.min_p
+                r.uniforms = base + at_uni + 8 * ua
+                ua += len(u)
+        dq = abi.DeviceQuantum(q, base + head, 0, 0, base + at_scratch if scratch else 0)
         blob = bytes(dq) + bytes(rows)[:rows_bytes] + flat.tobytes()
+        blob += bytes(at_uni - len(blob)) + uniforms.tobytes()
         buf = np.frombuffer(blob, dtype=np.uint8).copy()
         self.dev.htod(base, int(buf.ctypes.data), int(buf.nbytes))
         self._qkeep = buf  # pageable host memory: kept until the launch has read it
@@ -565,24 +588,31 @@ class CudaModel(CpuModel):
         steps: int,
         **kw: object,
     ) -> np.ndarray:
-        """A decode quantum of greedy rows is one launch of `steps` steps (the kernel's step
-        barrier and epilogue: kernels/device.cu); anything else is `CpuModel`'s, one launch per
-        step with the host's epilogue."""
-        live = [d for d in dev[: plan.batch] if d is not None]
-        if not (
-            self.cuda.device_quantum and plan.tokens == 1 and 1 < steps <= plan.ring
-            and all(d.params.is_greedy for d in live)
-        ):  # fmt: skip
+        """A decode quantum is one launch of `steps` steps (the kernel's step barrier and
+        epilogue, stochastic rows sampled by the kernel: kernels/device.cu); a prefill or a
+        one-step quantum is `CpuModel`'s, with the host's epilogue. A stochastic row's
+        uniforms are drawn here from its generator, one per token it may produce (what the
+        native executor draws), so its tokens are the native executor's."""
+        if not (self.cuda.device_quantum and plan.tokens == 1 and 1 < steps <= plan.ring):
             return super().run_quantum(plan, rows, dev, steps, **kw)
         self.write_inputs(plan, rows)
         rem = self.arena.view(REMAINING)
         rem[:] = 0
         stops: list[Sequence[int] | None] = [None] * plan.batch
+        draws: list[tuple[SamplingParams, np.ndarray] | None] = [None] * plan.batch
         for b, d in enumerate(dev[: plan.batch]):
-            if d is not None:
-                rem[b] = d.remaining
-                stops[b] = tuple(int(t) for t in d.stop_ids)
-        st = self.cuda.dispatch_quantum(plan, steps, quantum_words(self, plan), stops)
+            if d is None:
+                continue
+            rem[b] = d.remaining
+            stops[b] = tuple(int(t) for t in d.stop_ids)
+            if not d.params.is_greedy:
+                if d.rng is None:
+                    raise PlowError("rng", "a stochastic row (temperature > 0) needs a generator")
+                u = np.zeros(steps, dtype=np.float64)
+                k = min(steps, d.remaining)
+                u[:k] = [d.rng.random() for _ in range(k)]
+                draws[b] = (d.params, u)
+        st = self.cuda.dispatch_quantum(plan, steps, quantum_words(self, plan), stops, draws)
         self.last_plan = plan
         self.steps += steps
         self.tasks_run += st.tasks
