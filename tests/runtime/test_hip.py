@@ -122,11 +122,59 @@ class FakeHip:
         return 0
 
 
+class FakeCooperativeHip(FakeHip):
+    """A ROCm 6 runtime: it also exports hipModuleLaunchCooperativeKernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cooperative_calls: list[tuple[object, ...]] = []
+
+    def hipModuleLaunchCooperativeKernel(self, *a: object) -> int:
+        self.cooperative_calls.append(a)
+        return 0
+
+
+def test_a_persistent_launch_is_cooperative_only_where_the_runtime_exports_it() -> None:
+    """With hipModuleLaunchCooperativeKernel and a device that supports it, plow_step's launch
+    goes through it (the runtime then refuses a grid that cannot be resident at once); a
+    non-persistent launch (plow_config), or a runtime without the entry point, is plain."""
+    dev = object.__new__(driver.HipDevice)
+    fake = FakeCooperativeHip()
+    dev.lib, dev.stream, dev.cooperative = fake, ctypes.c_void_p(0x5000), True  # type: ignore[assignment]
+    args = abi.pack_params({n: 7 for n, _ in abi.PARAMS})
+    dev.launch("fn", 132, abi.BLOCK_THREADS, args.address, shmem=4096)
+    (call,) = fake.cooperative_calls
+    assert call[:8] == ("fn", 132, 1, 1, abi.BLOCK_THREADS, 1, 1, 4096)
+    assert call[8] is dev.stream and call[9] == args.address and len(call) == 10
+    assert fake.calls == []
+    dev.launch("cfg", 1, 8, args.address, persistent=False)
+    assert len(fake.calls) == 1 and len(fake.cooperative_calls) == 1
+
+
+
+def test_the_device_launches_cooperatively_with_the_entry_point_and_the_attribute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HipDevice's own choice: cooperative only when the runtime exports the module entry
+    point and the device reports hipDeviceAttributeCooperativeLaunch."""
+
+    class Rocm6(FakeHipLib):
+        def hipModuleLaunchCooperativeKernel(self, *a: object) -> int:
+            return 0
+
+    for cls, attr, want in ((Rocm6, 1, True), (Rocm6, 0, False), (FakeHipLib, 1, False)):
+        lib = cls(None)  # type: ignore[arg-type]  # no launch of plow_step here
+        lib.attrs[driver.ATTR_COOPERATIVE_LAUNCH] = attr
+        monkeypatch.setattr(driver, "library", lambda lib=lib: lib)
+        assert driver.HipDevice(0).cooperative is want
+
+
 def test_a_launch_passes_the_packed_parameters_and_the_dynamic_lds() -> None:
     dev = object.__new__(driver.HipDevice)
     fake = FakeHip()
     dev.lib = fake  # type: ignore[assignment]
     dev.stream = ctypes.c_void_p(0x5000)
+    dev.cooperative = False  # Debian's ROCm 5.2: no cooperative module launch
     values = {n: 1000 + 17 * i for i, (n, _) in enumerate(abi.PARAMS)}
     args = abi.pack_params(values)
     dev.launch("fn", 132, abi.BLOCK_THREADS, args.address, shmem=65536)

@@ -7,7 +7,8 @@ Calls: hipInit, hipGetDeviceCount, hipSetDevice, hipDeviceGetAttribute, hipDevic
 hipStreamCreateWithFlags, hipMalloc / hipFree, hipMemcpy{HtoD,DtoH,DtoD}Async,
 hipMemsetD8Async, hipStreamSynchronize, hipModuleLoadData, hipModuleGetFunction,
 hipFuncGetAttribute, hipModuleOccupancyMaxActiveBlocksPerMultiprocessor,
-hipModuleLaunchKernel, hipEvent*. Every call goes through `check` (a `HipError` naming the
+hipModuleLaunchKernel, hipEvent*; hipModuleLaunchCooperativeKernel where the runtime exports
+it (ROCm 6; Debian's 5.2 does not). Every call goes through `check` (a `HipError` naming the
 call and `hipGetErrorName`); no library, no driver or no GPU is `HipUnavailable` (exit 2).
 
 The attribute numbers are hip_runtime_api.h's (checked against the installed header by
@@ -66,6 +67,14 @@ _SIG: dict[str, list[Any]] = {
     "hipEventElapsedTime": [ctypes.POINTER(ctypes.c_float), _P, _P],
 }  # fmt: skip
 
+# bound when the runtime exports them (a persistent launch is cooperative only where it can be)
+_OPTIONAL_SIG = {
+    "hipModuleLaunchCooperativeKernel": [
+        _P, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+        ctypes.c_uint, ctypes.c_uint, _P, _P,
+    ],
+}  # fmt: skip
+
 
 class HipUnavailable(CudaUnavailable):
     """The HIP runtime library, an AMD GPU or the compiled code object is missing."""
@@ -101,6 +110,10 @@ def library() -> ctypes.CDLL:
     for n, args in _SIG.items():
         f = getattr(lib, n)
         f.restype, f.argtypes = ctypes.c_int, args
+    for n, args in _OPTIONAL_SIG.items():
+        if hasattr(lib, n):
+            f = getattr(lib, n)
+            f.restype, f.argtypes = ctypes.c_int, args
     lib.hipGetErrorName.restype, lib.hipGetErrorName.argtypes = ctypes.c_char_p, [ctypes.c_int]
     return lib
 
@@ -131,7 +144,11 @@ class HipDevice:
         self.current()
         self.sms = self.attr(ATTR_MULTIPROCESSOR_COUNT)  # compute units
         self.cc = (0, 0)  # no NVIDIA compute capability: no tensor-core tiles on HIP
-        self.cooperative = False  # hipModuleLaunchKernel; residency is checked before a launch
+        # a cooperative launch needs the module entry point (ROCm 6) and the device's support;
+        # without it the launch is a plain one and residency is checked before it
+        self.cooperative = hasattr(lib, "hipModuleLaunchCooperativeKernel") and bool(
+            self.attr(ATTR_COOPERATIVE_LAUNCH)
+        )
         self.warp_size = self.attr(ATTR_WARP_SIZE)
         buf = ctypes.create_string_buffer(256)
         check(lib.hipDeviceGetName(buf, 256, ordinal), "hipDeviceGetName")
@@ -226,9 +243,18 @@ class HipDevice:
         shmem: int = 0,
     ) -> None:
         """One launch; `params_address` is the `void*[]` of `abi.pack_params`. A persistent
-        launch is a plain one here: the machine refuses a plan with more workers than
-        resident workgroups before it gets this far."""
-        del persistent
+        launch (workgroups waiting on each other's counters) is cooperative where the runtime
+        and the device allow it, so the runtime refuses a grid that cannot be resident at
+        once; elsewhere it is a plain launch, and the machine has already refused a plan with
+        more workers than resident workgroups."""
+        if persistent and self.cooperative:
+            check(
+                self.lib.hipModuleLaunchCooperativeKernel(
+                    func, grid, 1, 1, block, 1, 1, shmem, self.stream, params_address
+                ),
+                "hipModuleLaunchCooperativeKernel",
+            )
+            return
         check(
             self.lib.hipModuleLaunchKernel(
                 func, grid, 1, 1, block, 1, 1, shmem, self.stream, params_address, None
