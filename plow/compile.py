@@ -171,7 +171,7 @@ def _relayable(source: Path) -> Callable[[str, tuple[str, ...]], bool] | None:
     canonical); None when `source` has no weights to ask (a config.json)."""
     from plow.checkpoint.loader import weight_files
     from plow.checkpoint.weights import WeightStore
-    from plow.emit.bundle import _relaid
+    from plow.emit.bundle import relaid_entry
 
     if not source.is_dir():
         return None
@@ -182,7 +182,7 @@ def _relayable(source: Path) -> Callable[[str, tuple[str, ...]], bool] | None:
 
     def ok(layout: str, sources: tuple[str, ...]) -> bool:
         try:
-            _relaid(store, "", layout, sources)
+            relaid_entry(store, "", layout, sources)
         except PlowError:  # MissingTensor included
             return False
         return True

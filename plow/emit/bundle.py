@@ -187,9 +187,10 @@ _ST_DTYPE = {
 }
 
 
-def _relaid(store: Any, name: str, layout: str, sources: tuple[str, ...]) -> Any:
+def relaid_entry(store: Any, name: str, layout: str, sources: tuple[str, ...]) -> Any:
     """The entry of a re-laid-out weight: `interleave` (`_interleaved`) or `cat3` (R4: the
-    rows of the three sources stacked in order, their byte runs one after another)."""
+    rows of the three sources stacked in order, their byte runs one after another). Public:
+    the compiler asks it which fusions' re-layouts the writer can store (`PlowError` if not)."""
     if layout == "interleave":
         return _interleaved(store, name, sources)
     if layout.startswith(("rows ", "cols ")):
@@ -280,7 +281,9 @@ def copy_weights(
         if n not in layouts and (sc := store.fp8_scale(n)) is not None and sc not in names
     ]
     names = [*names, *scales]
-    entries = [_relaid(store, n, *layouts[n]) if n in layouts else store.entry(n) for n in names]
+    entries = [
+        relaid_entry(store, n, *layouts[n]) if n in layouts else store.entry(n) for n in names
+    ]
     # blocks are copied as blocks; the metadata says how to read them
     quant = {n: e.quant for n, e in zip(names, entries, strict=True) if e.quant is not None}
     meta = {"format": "pt", "writer": "plow"}
