@@ -195,8 +195,8 @@ def test_grouped_router_equals_transformers_router() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("num_nextn_predict_layers", 1),
-        ("quantization_config", {"quant_method": "fp8", "weight_block_size": [128, 128]}),
+        ("num_nextn_predict_layers", -1),
+        ("quantization_config", {"quant_method": "gptq", "bits": 4}),
         ("attention_bias", True),
         ("num_key_value_heads", 2),
         ("n_group", 3),

@@ -23,8 +23,18 @@ projections absorb `kv_b_proj`'s key and value halves (products in float64, roun
 the checkpoint's dtype); the rest are row copies, de-interleaved rope rows, 0/1 placement
 matrices and yarn's attention factor.
 
-Refused, naming the field: multi-token-prediction layers (`num_nextn_predict_layers` > 0),
-quantized weights (`quantization_config`), `attention_bias`, activations other than SiLU,
+fp8 checkpoints as DeepSeek-V3 ships them (`quantization_config` fp8 e4m3 with
+`weight_block_size`, each projection beside its `_scale_inv` blocks: `plow.checkpoint.fp8`)
+are read like the other families'; the derived weights are products of the de-quantized
+matrices, kept in float32 (rounding them to fp8 again would add a second quantization).
+
+Multi-token-prediction layers (`num_nextn_predict_layers`, the released checkpoint's layer
+61) serve speculative decoding only; the model's next-token distribution does not read them.
+They are not run and their tensors are not read, as transformers' `DeepseekV3ForCausalLM`
+skips them (`_keys_to_ignore_on_load_unexpected`); plow has no speculative decoding.
+
+Refused, naming the field: quantization other than fp8 e4m3, `attention_bias`, activations
+other than SiLU,
 `num_key_value_heads` other than `num_attention_heads`, rope types other than default / yarn,
 `topk_method` other than `noaux_tc`, `scoring_func` other than sigmoid, expert groups that do
 not divide the experts or hold fewer than two.
@@ -222,16 +232,11 @@ def mla_spec(
 
 
 def _refuse(cfg: DeepseekV3Config) -> None:
-    if cfg.num_nextn_predict_layers:
+    if cfg.num_nextn_predict_layers < 0:
         raise ValueError(
-            f"field 'num_nextn_predict_layers': {cfg.num_nextn_predict_layers} multi-token "
-            "prediction layers are not supported for deepseek_v3 (0)"
+            f"field 'num_nextn_predict_layers': {cfg.num_nextn_predict_layers} is negative"
         )
-    if cfg.quantization_config:
-        raise ValueError(
-            "field 'quantization_config': quantized (fp8 block-quantised) weights are not "
-            "supported for deepseek_v3"
-        )
+    cfg.weight_block()  # quantization other than fp8 e4m3 is refused naming the field
     refuse_attention(cfg, "deepseek_v3")
     if cfg.topk_method != "noaux_tc":
         raise ValueError(f"field 'topk_method': {cfg.topk_method!r} is not supported (noaux_tc)")
@@ -249,7 +254,6 @@ def to_spec(config: dict[str, Any]) -> ModelSpec:
     qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     width = latent_width(cfg)
     fields = spec_fields(cfg.model_copy(update={"head_dim": width, "num_key_value_heads": 1}))
-    fields["weight_block"] = None
     dense = min(cfg.first_k_dense_replace, cfg.num_hidden_layers)
     layers = tuple(LayerSpec(rope=rope, moe=i >= dense) for i in range(cfg.num_hidden_layers))
     return ModelSpec(
