@@ -5,7 +5,12 @@
     table and arena map, field by field, with the rules of the emitter
     (plow/emit/emit.py [emit_packets]; docs/bundle.md "Verify"):
 
-    - every packet: no FUSED_* flag (bits 1..3 of [flags]);
+    - every packet: no FUSED_RESIDUAL or FUSED_ROPE flag (bits 1, 2 of
+      [flags]);
+    - FUSED_ARGMAX (bit 3): set on a packet that is neither a nop nor a load
+      exactly when its op is fused ([oo_argmax]: the op table names the op's
+      argmax buffer — greedy sampling fused into lm_head, on the lm_head op and
+      on the sample op that reads it, plow/emit/argmax.py), clear otherwise;
     - a nop (opcode 0): [flags], [row_start], [col_start], [rows], [cols] and
       the three offsets are zero;
     - every other packet: [col_start] = [cols] = 0, and [op_index] names an op
@@ -31,15 +36,18 @@ Import ListNotations.
 Local Open Scope N_scope.
 
 (** One op's arena offsets: first input, second input (0 when it has none),
-    first output, and its partial's offset when it has one. *)
+    first output, and its partial's offset when it has one; [oo_argmax]: the
+    op table names the op's fused argmax buffer. *)
 Record op_offsets : Type :=
-  mk_op_offsets { oo_in : N; oo_weight : N; oo_out : N; oo_partial : option N }.
+  mk_op_offsets { oo_in : N; oo_weight : N; oo_out : N; oo_partial : option N;
+                  oo_argmax : bool }.
 
 Definition fld (p : list N) (k : nat) : N := nth k p 0.
 
 Definition opcode_nop : N := 0.
 Definition opcode_load : N := 1.
-Definition flags_fused : N := 14.  (** FUSED_RESIDUAL 2 | FUSED_ROPE 4 | FUSED_ARGMAX 8 *)
+Definition flags_fused : N := 6.  (** FUSED_RESIDUAL 2 | FUSED_ROPE 4: never written *)
+Definition flag_argmax_bit : N := 3.  (** FUSED_ARGMAX = 8 *)
 Definition flag_accumulate_bit : N := 4.  (** ACCUMULATE = 16 *)
 
 (** The fields a packet must carry, as (field position, value) pairs; [None]
@@ -66,9 +74,24 @@ Definition expected_fields (o : option op_offsets) (p : list N) : option (list (
 Definition op_of (ops : list op_offsets) (p : list N) : option op_offsets :=
   nth_error ops (N.to_nat (fld p 4)).
 
+(** Whether a packet of op [oo] must carry FUSED_ARGMAX: not a nop, not a
+    load, and the op is fused. *)
+Definition argmax_expected (oo : op_offsets) (p : list N) : bool :=
+  negb (fld p 0 =? opcode_nop) && negb (fld p 0 =? opcode_load) && oo_argmax oo.
+
+(** The packet's FUSED_ARGMAX bit is what its op asks (a packet naming no op:
+    nothing to check here; [expected_fields] rejects it unless it is a nop). *)
+Definition argmax_ok (ops : list op_offsets) (p : list N) : bool :=
+  match op_of ops p with
+  | Some oo => Bool.eqb (N.testbit (fld p 1) flag_argmax_bit) (argmax_expected oo p)
+  | None => true
+  end.
+
 Inductive emit_error : Type :=
 | EFused : N -> N -> emit_error
-    (** record, flags: a FUSED_* flag is set *)
+    (** record, flags: a FUSED_RESIDUAL / FUSED_ROPE flag is set *)
+| EArgmax : N -> N -> emit_error
+    (** record, flags: FUSED_ARGMAX disagrees with the op table *)
 | EOpIndex : N -> N -> emit_error
     (** record, op index: not an op of the table *)
 | EField : N -> N -> N -> N -> emit_error.
@@ -87,7 +110,7 @@ Definition check_packet (ops : list op_offsets) (ri : N) (p : list N) : option e
     | None => Some (EOpIndex ri (fld p 4))
     | Some es =>
         match first_mismatch p es with
-        | None => None
+        | None => if argmax_ok ops p then None else Some (EArgmax ri (fld p 1))
         | Some (k, v) => Some (EField ri (N.of_nat k) (fld p k) v)
         end
     end.

@@ -10,8 +10,10 @@ Local Open Scope N_scope.
 (** What the rules demand of one packet. *)
 Definition packet_rules (ops : list op_offsets) (p : list N) : Prop :=
   N.land (fld p 1) flags_fused = 0 /\
-  exists es, expected_fields (op_of ops p) p = Some es /\
-             Forall (fun kv => fld p (fst kv) = snd kv) es.
+  (exists es, expected_fields (op_of ops p) p = Some es /\
+              Forall (fun kv => fld p (fst kv) = snd kv) es) /\
+  (forall oo, op_of ops p = Some oo ->
+     N.testbit (fld p 1) flag_argmax_bit = argmax_expected oo p).
 
 Lemma first_mismatch_none : forall p es,
   first_mismatch p es = None -> Forall (fun kv => fld p (fst kv) = snd kv) es.
@@ -28,8 +30,11 @@ Proof.
   destruct (N.land (fld p 1) flags_fused =? 0) eqn:F; simpl in H; [|discriminate].
   destruct (expected_fields (op_of ops p) p) as [es|] eqn:X; [|discriminate].
   destruct (first_mismatch p es) as [[k v]|] eqn:M; [discriminate|].
+  destruct (argmax_ok ops p) eqn:A; [|discriminate].
   split; [apply N.eqb_eq; exact F|].
-  exists es. split; [exact X | apply first_mismatch_none; exact M].
+  split; [exists es; split; [exact X | apply first_mismatch_none; exact M]|].
+  intros oo O. unfold argmax_ok in A. rewrite O in A.
+  apply Bool.eqb_prop. exact A.
 Qed.
 
 Lemma check_emit_from_sound : forall ops ps ri,

@@ -137,7 +137,8 @@ let render (rsize : int) (e : wire_error) : string =
 (* The emitter rules (Plow.Emitcheck.check_emit) need the op table's offsets:
    per op its name and [name, offset] (or null) of its first input, second
    input, first output and partial. *)
-type op_row = { name : string; bufs : (string * int) option array (* in, weight, out, partial *) }
+type op_row = { name : string; bufs : (string * int) option array (* in, weight, out, partial *);
+                argmax : string option (* the fused argmax buffer the op table names *) }
 
 let read_buf (what : string) (j : Yojson.Safe.t) : (string * int) option =
   match j with
@@ -147,12 +148,19 @@ let read_buf (what : string) (j : Yojson.Safe.t) : (string * int) option =
 
 let read_op (j : Yojson.Safe.t) : op_row =
   { name = Jnum.str_field "name" j;
-    bufs = Array.map (fun k -> read_buf k (Jnum.field k j)) [| "in"; "weight"; "out"; "partial" |] }
+    bufs = Array.map (fun k -> read_buf k (Jnum.field k j)) [| "in"; "weight"; "out"; "partial" |];
+    argmax = (match j with
+              | `Assoc kv -> (match List.assoc_opt "argmax" kv with
+                              | None | Some `Null -> None
+                              | Some (`String n) -> Some n
+                              | Some _ -> Verdict.bad "field \"argmax\": expected null or a name")
+              | _ -> None) }
 
 let offsets_of (o : op_row) : op_offsets =
   let off k = match o.bufs.(k) with Some (_, x) -> Jnum.n_of_int x | None -> N0 in
   { oo_in = off 0; oo_weight = off 1; oo_out = off 2;
-    oo_partial = (match o.bufs.(3) with Some (_, x) -> Some (Jnum.n_of_int x) | None -> None) }
+    oo_partial = (match o.bufs.(3) with Some (_, x) -> Some (Jnum.n_of_int x) | None -> None);
+    oo_argmax = o.argmax <> None }
 
 let emit_theorems = [
   "Plow.Emitcheckproof.checkpoint_e_emit_sound";
@@ -172,7 +180,16 @@ let render_emit (ops : op_row array) (packets : n list array) (e : emit_error) :
     else Printf.sprintf "record %d (%s packet, op index %d)" (i ri) (kind p) oi in
   match e with
   | EFused (ri, fl) ->
-      Printf.sprintf "%s: flags %d set a FUSED_* bit, which the emitter never writes" (where ri) (i fl)
+      Printf.sprintf "%s: flags %d set FUSED_RESIDUAL or FUSED_ROPE, which the emitter never writes" (where ri) (i fl)
+  | EArgmax (ri, fl) ->
+      let p = pkt ri in
+      let oi = v p 4 in
+      let named = if oi < Array.length ops then ops.(oi).argmax else None in
+      (match named with
+       | Some b ->
+           Printf.sprintf "%s: flags %d lack FUSED_ARGMAX but the op table fuses the op (argmax buffer %S)" (where ri) (i fl) b
+       | None ->
+           Printf.sprintf "%s: flags %d set FUSED_ARGMAX but the op table names no argmax buffer for the op" (where ri) (i fl))
   | EOpIndex (ri, oi) ->
       Printf.sprintf "%s: op index %d is not an op of the op table (%d ops)" (where ri) (i oi) (Array.length ops)
   | EField (ri, k, found, want) ->

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from plow.emit.argmax import argmax_bounds, argmax_name, argmax_rows, fused_pair, index_name
 from plow.emit.files import (
     FORMAT,
     ArenaBuffer,
@@ -327,6 +328,9 @@ def emit_packets(sf: ScheduleFile, ot: OpTable) -> PacketArray:
     flags = np.where(is_merge, int(Flag.ACCUMULATE), 0) | np.where(
         np.asarray(t.masked, dtype=bool), int(Flag.MASKED), 0
     )
+    # greedy fused into lm_head (`fuse_argmax`): every non-load packet of both ops
+    fused_op = np.asarray([op.argmax is not None for op in ot.ops] or [False], dtype=bool)
+    flags = flags | np.where(~is_load & fused_op[opi], int(Flag.FUSED_ARGMAX), 0)
     code = np.where(
         is_load,
         int(Opcode.LOAD),
@@ -400,4 +404,42 @@ def emit_bucket(
 ) -> EmittedBucket:
     ot = op_table(bucket, graph, tg, arena, target, budget_ns)
     sf = schedule_file(s, graph, tg, pages, arena)
+    ot, sf = fuse_argmax(ot, sf)
     return EmittedBucket(bucket, ot, sf, emit_packets(sf, ot))
+
+
+def _up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def fuse_argmax(ot: OpTable, sf: ScheduleFile) -> tuple[OpTable, ScheduleFile]:
+    """The compiler's decision to fuse greedy sampling into lm_head (plow/emit/argmax.py):
+    when a sample op reads an lm_head's logits, both ops name `<lm_head>#argmax`, and the
+    values and index buffers `[chunks, M]` are placed after every other buffer of the arena
+    (their own bytes: no planner reuse to certify); `emit_packets` then sets FUSED_ARGMAX on
+    both ops' packets. The tables unchanged when there is nothing to fuse."""
+    pair = fused_pair(ot.ops)
+    if pair is None:
+        return ot, sf
+    lm, si = ot.ops[pair[0]], ot.ops[pair[1]]
+    chunks = len(argmax_bounds(ot, lm, sf.workers_per_gpu)) - 1
+    rows = argmax_rows(lm)
+    align = sf.arena.align
+    at = _up(sf.arena.arena_bytes, align)
+    tensors = dict(ot.tensors)
+    buffers = list(sf.arena.buffers)
+    for name, dtype in ((argmax_name(lm.name), "float32"), (index_name(lm.name), "int32")):
+        size = chunks * rows * 4
+        tensors[name] = TensorEntry(
+            shape=[chunks, rows], dtype=dtype, role="scratch", region="scratch",
+            offset=at, size=size,
+        )  # fmt: skip
+        buffers.append(ArenaBuffer(name=name, region="scratch", offset=at, size=size))
+        at = _up(at + size, align)
+    ops = list(ot.ops)
+    for i in pair:
+        ops[i] = ops[i].model_copy(update={"argmax": argmax_name(lm.name)})
+    del si
+    ot = ot.model_copy(update={"ops": ops, "tensors": tensors, "arena_bytes": at})
+    arena_map = sf.arena.model_copy(update={"arena_bytes": at, "buffers": buffers})
+    return ot, sf.model_copy(update={"arena": arena_map})

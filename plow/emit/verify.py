@@ -1092,6 +1092,13 @@ def alloc_payload_from_files(sf: ScheduleFile, ot: OpTable, align: int | None = 
         if o.partial:
             scratch[o.partial] = o.index
     live = live_ranges([(o.inputs, o.outputs) for o in ot.ops], roles, scratch)
+    # greedy fused into lm_head (plow/emit/argmax.py): its values and index buffers live
+    # from the first op naming them (the lm_head, which writes them) to the last (the sample)
+    fused = [o.index for o in ot.ops if o.argmax is not None]
+    for o in ot.ops:
+        if o.argmax is not None:
+            for name in (o.argmax, o.argmax + ".index"):
+                live[name] = (min(fused), max(fused) + 1)
     bufs = []
     for b in sf.arena.buffers:
         te = ot.tensors.get(b.name)

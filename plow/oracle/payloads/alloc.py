@@ -80,7 +80,10 @@ def buffer_accessors(
             by_op.setdefault(u.op, []).append(k)
     users: dict[str, list[int]] = {}
     for i, o in enumerate(ot.ops):
-        for t in dict.fromkeys((*o.inputs, *o.outputs, *((o.partial,) if o.partial else ()))):
+        own = (o.partial,) if o.partial else ()
+        if o.argmax:  # greedy fused into lm_head: its values and index buffers
+            own = (*own, o.argmax, o.argmax + ".index")
+        for t in dict.fromkeys((*o.inputs, *o.outputs, *own)):
             users.setdefault(t, []).append(i)
     out: list[list[int]] = []
     for n in names:

@@ -56,8 +56,9 @@ Not in the byte model (trusted, docs/oracle.md): weights (read-only; F keeps eve
 disjoint from them), the key-value cache (read and written only inside its layer's attention
 op: a tile writes this step's key/value rows and reads older positions, so no tile of the op
 depends on another's cache write; F keeps the cache disjoint from everything live), and the
-buffers the runtime adds at load time (fused argmax partials, the attention partial's
-`.ml` rows, the page table).
+buffers the runtime adds at load time (the attention partial's `.ml` rows, the page table).
+The fused argmax buffers (`OpEntry.argmax`, plow/emit/argmax.py) are in the byte model:
+`_argmax_unit`.
 """
 
 from __future__ import annotations
@@ -535,6 +536,7 @@ def task_accesses(
     """Per task, its arena accesses (module doc), sorted, coalesced, cut at blocks."""
     sp = _Space(ot, offsets)
     merges: dict[int, list[tuple[int, int, int, int]]] = {}
+    argmax: dict[str, tuple[tuple[int, ...], int]] = {}  # fused argmax: (bounds, rows)
     result: list[list[Access]] = []
     for t in tasks:
         acc: list[Access] = []
@@ -548,8 +550,65 @@ def task_accesses(
                 boxes = merges[t.op] = merge_boxes(ot, o, workers)
             for j in range(t.start, min(len(boxes), t.start + t.count)):
                 _merge_unit(sp, ot, o, boxes[j], acc)
+        if o.argmax is not None and t.stage in (COMPUTE, MERGE):
+            if o.argmax not in argmax:
+                argmax[o.argmax] = _argmax_space(ot, o.argmax, workers)
+            _argmax_unit(sp, ot, o, t, argmax[o.argmax], merges, workers, acc)
         result.append(_coalesce(acc))
     return result
+
+
+def _argmax_space(ot: OpTable, name: str, workers: int) -> tuple[tuple[int, ...], int]:
+    """(chunk bounds, rows M) of the fused argmax buffer `name` (plow/emit/argmax.py)."""
+    from plow.emit.argmax import argmax_bounds, argmax_rows
+
+    lm = next(o for o in ot.ops if o.kind == "lm_head" and o.argmax == name)
+    return argmax_bounds(ot, lm, workers), argmax_rows(lm)
+
+
+def _argmax_unit(
+    sp: _Space,
+    ot: OpTable,
+    o: OpEntry,
+    t: TaskUnits,
+    space: tuple[tuple[int, ...], int],
+    merges: dict[int, list[tuple[int, int, int, int]]],
+    workers: int,
+    out: list[Access],
+) -> None:
+    """Greedy fused into lm_head (op table `argmax`, packets FUSED_ARGMAX), on top of the
+    op's own accesses (kept: a superset is sound): a task writing logits rows `m0..m1`,
+    columns `n0..n1` (an unsplit lm_head's tiles, a k-split one's merges) writes rows
+    `m0..m1` of every chunk inside those columns, in both the values and the index buffer
+    `[chunks, M]`; the sample's merge (or its one unsplit task) reads every chunk of the
+    logits rows of its batch rows. A split sample's partial tasks do no work."""
+    bounds, rows = space
+    names = (o.argmax, f"{o.argmax}.index")
+    split = _split(o)
+    units: list[tuple[int, int, int, int]] = []
+    if t.stage == MERGE and split:
+        boxes = merges.get(t.op)
+        if boxes is None:
+            boxes = merges[t.op] = merge_boxes(ot, o, workers)
+        units = boxes[t.start : min(len(boxes), t.start + t.count)]
+    elif t.stage == COMPUTE and not split:
+        for j in range(t.start, t.start + t.count):
+            ax = _tile_ranges(o, j)
+            c0, c1 = (ax[1][0], ax[1][1]) if len(ax) > 1 else (0, 1)
+            units.append((ax[0][0], ax[0][1], c0, c1))
+    if o.kind == "lm_head":
+        for m0, m1, n0, n1 in units:
+            for i in range(len(bounds) - 1):
+                if n0 <= bounds[i] and bounds[i + 1] <= n1:
+                    for name in names:
+                        sp.elems(name, i * rows + m0, i * rows + m1, True, out)
+    elif o.kind == "sample":
+        shape = ot.tensors[o.inputs[0]].shape
+        per = shape[1] if len(shape) > 2 else 1
+        for a, b, _, _ in units:
+            for i in range(len(bounds) - 1):
+                for name in names:
+                    sp.elems(name, i * rows + a * per, i * rows + b * per, False, out)
 
 
 def sweep_order(

@@ -96,11 +96,14 @@ class OpOperands(Protocol):
     def outputs(self) -> Sequence[str]: ...
     @property
     def partial(self) -> str | None: ...
+    @property
+    def argmax(self) -> str | None: ...
 
 
 def emit_ops(ops: Sequence[OpOperands], offsets: Mapping[str, int]) -> list[dict[str, object]]:
     """The payload's `ops` (JSON-ready): per op its name and its first input, second input,
-    first output and partial as [name, offset] or None, offsets from `offsets` (the arena
+    first output and partial as [name, offset] or None (and the fused argmax buffer's name
+    or None), offsets from `offsets` (the arena
     map). Raises KeyError naming a buffer the map lacks."""
 
     def buf(name: str | None) -> list[object] | None:
@@ -115,6 +118,7 @@ def emit_ops(ops: Sequence[OpOperands], offsets: Mapping[str, int]) -> list[dict
             "weight": buf(o.inputs[1] if len(o.inputs) > 1 else None),
             "out": buf(o.outputs[0] if o.outputs else None),
             "partial": buf(o.partial or None),
+            "argmax": o.argmax,  # greedy fused into lm_head: FUSED_ARGMAX on its packets
         }
         for o in ops
     ]

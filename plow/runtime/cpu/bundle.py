@@ -78,6 +78,7 @@ from plow.runtime.cpu.plan import (
     REMAINING,
     RING,
     STATE_SLOT,
+    FusedArgmax,
     OpEntry,
     Packet,
     Plan,
@@ -452,6 +453,7 @@ def _layout(
     ring: int,
     where: Path,
     arena: ArenaMode = "bundle",
+    fused: FusedArgmax | None = None,
 ) -> Layout:
     """The bundle's arena offsets as word offsets (module docstring). With element size `e`
     the smallest of the activation dtypes, byte offset `o` maps to word `(o - base) / e`: a
@@ -529,6 +531,12 @@ def _layout(
             cap -= words
     for pname, pshape, pdt in private:
         lb.add(pname, pshape, pdt)
+    if fused is not None:  # the compiler's argmax buffers, at their arena-map offsets
+        for pname, pdt in ((fused.values, "float32"), (fused.index, "int32")):
+            if pname not in act or act[pname].shape != [fused.chunks, _lm_rows(ops, fused)]:
+                raise BundleRefused(where, f"{pname!r} is not [{fused.chunks}, M] in the op table")
+            at = word(pname) if arena == "bundle" else private_words[pname]
+            lb.place(pname, at, (fused.chunks, _lm_rows(ops, fused)), pdt)  # type: ignore[arg-type]
     lb.add(PAGE_TABLE, (ids[0], -(-max(1, ctx) // kv.block_size)), "int32")
     lb.add(RING, (ring, ids[0]), "int32")
     lb.add(REMAINING, (ids[0],), "int32")
@@ -680,10 +688,62 @@ def _load_plan(
         edges=tuple((fe[i], fe[i + 1]) for i in range(0, len(fe) - 1, 2)),
         from_packets=True,
     )
-    layout = _layout(ot, tuple(ops), kv, ring, ops_path, arena)
+    fused = _fused_argmax(ot, sf, cols, grouped.main, ops_path)
+    layout = _layout(ot, tuple(ops), kv, ring, ops_path, arena, fused)
     return Plan(
-        bucket, graph, None, None, tuple(ops), tuple(packets), layout, kv, ring, stream, str(bundle)
+        bucket,
+        graph,
+        None,
+        None,
+        tuple(ops),
+        tuple(packets),
+        layout,
+        kv,
+        ring,
+        stream,
+        str(bundle),
+        fused,
     )
+
+
+def _lm_rows(ops: tuple[OpEntry, ...], f: FusedArgmax) -> int:
+    return next(o.extents[0] for o in ops if o.name == f.lm_head)
+
+
+def _fused_argmax(
+    ot: OpTable, sf: ScheduleFile, cols: dict[str, list[int]], main: Any, where: Path
+) -> FusedArgmax | None:
+    """Greedy fused into lm_head as the compiler decided it (plow/emit/argmax.py): the op
+    table's `argmax` on the lm_head and sample ops, every non-load packet of both carrying
+    FUSED_ARGMAX (checkpoint E's rule, checked again here), the chunk bounds by the same rule
+    from the same op table. Nothing is fused that the bundle does not say."""
+    from plow.emit.argmax import argmax_bounds, argmax_name, fused_pair
+
+    named = [i for i, o in enumerate(ot.ops) if o.argmax is not None]
+    for m in main:
+        oi = cols["op_index"][m]
+        if cols["opcode"][m] == Opcode.LOAD or not 0 <= oi < len(ot.ops):
+            continue
+        if bool(cols["flags"][m] & Flag.FUSED_ARGMAX) != (ot.ops[oi].argmax is not None):
+            raise BundleRefused(
+                where,
+                f"packet {m} of op {ot.ops[oi].name!r}: FUSED_ARGMAX "
+                f"{'set' if cols['flags'][m] & Flag.FUSED_ARGMAX else 'clear'} but the op "
+                f"table {'names no' if ot.ops[oi].argmax is None else 'names an'} argmax buffer",
+            )
+    if not named:
+        return None
+    pair = fused_pair(ot.ops)
+    lm = ot.ops[pair[0]] if pair is not None else None
+    if (
+        pair is None
+        or lm is None
+        or sorted(named) != sorted(pair)
+        or any(ot.ops[i].argmax != argmax_name(lm.name) for i in named)
+    ):
+        raise BundleRefused(where, "the argmax buffer is not named by an lm_head and its sample op")
+    bounds = argmax_bounds(ot, lm, sf.workers_per_gpu)
+    return FusedArgmax(lm.name, ot.ops[pair[1]].name, bounds)
 
 
 # ----------------------------------------------------------------------------- the cache

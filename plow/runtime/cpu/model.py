@@ -100,8 +100,10 @@ class CpuModel:
     """See the module docstring. `target` plans the buckets (default: the `cpu` target);
     `mode`/`seed`/`check` configure the machine (interleaving, checking mode); `kv_dtype`
     the key-value pool's storage (float32 default; bfloat16 / fp8_e4m3 are opt-in and
-    lossy); `fuse_argmax` fuses greedy sampling into the lm_head tasks (`plan.fuse_argmax`;
-    the same tokens, bit for bit, without the sample op's scan of the logits)."""
+    lossy); `fuse_argmax` fuses greedy sampling into the lm_head tasks of the plans compiled
+    here in memory (`plan.fuse_argmax`; the same tokens, bit for bit, without the sample op's
+    scan of the logits). A bundle's plans run as the compiler fused them (its op table's
+    `argmax` and packets' FUSED_ARGMAX, plow/emit/argmax.py); `fuse_argmax` does not apply."""
 
     executor_name = "cpu"  # the executor this model is (engines and runners report it)
 
@@ -215,11 +217,11 @@ class CpuModel:
         compiled on first use, in memory."""
         p = self.plans.get(bucket)
         if p is None and self.bundle is not None:
+            # greedy fused into lm_head as the compiler decided it (the bundle's op table and
+            # FUSED_ARGMAX flags, certified by E / D / F): run as loaded, no transform
             p = self.bundle.plan(
                 bucket, kv=self.arena.kv_shape, ring=self.ring, arena=self.bundle_arena
             )
-            if self.fuse_argmax:
-                p = fuse_argmax(p)
             self.add_plan(p)
         elif p is None:
             graph = build_graph(self.spec, bucket)
