@@ -142,6 +142,8 @@ def run_case(
         "max_num_batched_tokens": 64,
         "executor": args.executor,
     }
+    if args.threads:
+        load["threads"] = args.threads
     t0 = time.perf_counter()
     app = rp.build_app(model_dir, replicas, load, router=router, replica_cpus=0.5)
     rp.serve_replicas(app, "127.0.0.1", port, blocking=False)
@@ -177,12 +179,18 @@ def run_case(
 
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    threads = f", {args.threads} thread(s) per replica" if args.threads else ""
     lines = [
         "# `plow serve --replicas` on Ray Serve",
         "",
+        f"`python benchmarks/replicas.py --executor {args.executor}"
+        f"{f' --threads {args.threads}' if args.threads else ''}"
+        f"{f' --model {args.model}' if args.model else ''}`",
+        "",
         f"{args.requests} streamed completions, {args.concurrency} at a time, {args.prefixes} shared "
         f"prefixes, {args.max_tokens} tokens each; model {args.model or 'tiny fixture bundle'}; "
-        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end.",
+        f"executor {args.executor}{threads}; {os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.2f} at the end.",
         "",
         "| case | requests/s | TTFT p50 ms | TTFT p90 ms | prefix hit rate (perfect) | per replica | start s |",
         "| --- | ---: | ---: | ---: | ---: | --- | ---: |",
@@ -193,6 +201,25 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
             f"{1e3 * (r['ttft_p90_s'] or 0):.1f} | {r['prefix_hit_rate']:.2f} ({r['perfect_hit_rate']:.2f}) | "
             f"{', '.join(str(v) for v in r['per_replica'].values())} | {r['start_s']:.1f} |"
         )
+    lines += [
+        "",
+        "## Limits",
+        "",
+        f"- One machine with {os.cpu_count()} cores: the client, Ray's proxy and router, the ingress and",
+        "  every replica share them, so two replicas cannot serve more than one replica with all",
+        "  the cores (the ceiling); the table shows the routing's overhead and its prefix hit",
+        "  rate, not a scale-out speed-up (that needs a node or a GPU per replica).",
+        "- A prefix hit is counted from the replica that answered (its `x-plow-replica` header),",
+        "  in send order; perfect affinity is 1 - prefixes / requests. Ray's prefix router",
+        "  balances load instead once queues differ by more than a full batch (the slots).",
+        "- One run of each case; no repeats, so differences of a few percent are noise. The",
+        "  load average above includes other jobs on the machine when there were any.",
+    ]
+    if args.threads:
+        lines.append(
+            f"- {args.threads} host thread(s) per replica in every case: one replica uses "
+            f"{args.threads} of the {os.cpu_count()} cores, two use {2 * args.threads}."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -202,6 +229,9 @@ def main() -> None:
         "--model", type=Path, help="a bundle or checkpoint (default: the tiny fixture bundle)"
     )
     ap.add_argument("--executor", default="cpu", help="executor of each replica (default cpu)")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="host threads per replica (--executor native)"
+    )
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=8)
