@@ -14,7 +14,20 @@
 
     C7r: if some costliest consumer slice waits on a latest producer slice,
     fine gates open the barrier exactly when coarse gates do (and they never
-    open it later, whatever the gates). *)
+    open it later, whatever the gates).
+
+    C7r for every routing ([coupled_ok], [Plow.Gatedproof.coupled_c7r_all_routings]):
+    a routing is any busy set of atoms [b : nat -> bool] (an atom: one expert over
+    one row range of one layer; every top-k routing is one such set, and so is
+    every set no router can produce).  Producer slice [k] has one atom
+    [nth k keys 0] and costs [lo] when it is idle, [lo + hi] when it is busy;
+    consumer slice [j] costs [clo + cw * (its busy tiles)], its tiles' atoms
+    being [nth j atoms []].  When every consumer's atoms are keys of producers in
+    its gate, every producer's key is some consumer's atom, and busy tiles cost
+    more ([0 < cw]) -- or the producers cost the same in every routing
+    ([hi = 0]) -- [latest_gated] holds in every routing, so fine gates never open
+    the barrier earlier than coarse ones.  Where a clause fails the statement can
+    fail: see [tests/schedule/test_moe_counters.py]'s counterexamples. *)
 From Coq Require Import List Arith Bool Lia.
 Import ListNotations.
 From Plow Require Import Collapse.
@@ -38,3 +51,30 @@ Definition latest_gated (f c : list nat) (P : list (list nat)) : bool :=
        Nat.eqb (fst cp) (maxl c)
        && existsb (fun k => Nat.eqb (nth k f 0) (maxl f)) (snd cp))
     (combine c P).
+
+(** ** The structured model of a routed edge, for every routing *)
+
+(** Producer slice with key atom [e]: [lo] idle, [lo + hi] busy. *)
+Definition producer_cost (b : nat -> bool) (lo hi e : nat) : nat :=
+  lo + (if b e then hi else 0).
+
+(** Consumer slice with tiles of atoms [l]: [clo + cw * (busy tiles)]. *)
+Definition consumer_cost (b : nat -> bool) (clo cw : nat) (l : list nat) : nat :=
+  clo + cw * length (filter b l).
+
+(** The executable condition, decided on the plan's structure (no routing in it):
+    one gate per consumer, every gate non-empty and in range; and either the
+    producers cost the same in every routing ([hi = 0]) or busy tiles cost
+    more, every producer key is an atom of some consumer, and every atom of a
+    consumer is the key of a producer in its gate. *)
+Definition coupled_ok (keys : list nat) (hi cw : nat) (atoms P : list (list nat)) : bool :=
+  (0 <? length atoms) && (length P =? length atoms)
+  && forallb (fun p => (0 <? length p) && forallb (fun k => k <? length keys) p) P
+  && (Nat.eqb hi 0
+      || ((0 <? cw)
+          && forallb (fun e => existsb (fun l => existsb (Nat.eqb e) l) atoms) keys
+          && forallb
+               (fun ap => forallb
+                            (fun a => existsb (fun k => Nat.eqb (nth k keys 0) a) (snd ap))
+                            (fst ap))
+               (combine atoms P))).

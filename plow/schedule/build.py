@@ -60,7 +60,7 @@ from plow.schedule.regions import (
     run_bboxes,
     view,
 )
-from plow.schedule.routing import TaskLoad, routed_ops, task_load, two_stage_gain
+from plow.schedule.routing import TaskLoad, coupled_edge, routed_ops, task_load, two_stage_gain
 from plow.target.model import Target, dtype_bytes
 from plow.tiles.ir import TiledOp, TileGraph
 
@@ -206,6 +206,16 @@ def _routed_decision(
             f"{head}; every slice reads all {len(producers)} producer task(s): "
             "a fine counter would equal the coarse one"
         )
+    edge, not_coupled = coupled_edge(producers, us, ts, load, est)
+    if edge is not None:
+        busy = f"{edge.lo} ns idle, {edge.lo + edge.hi} ns busy" if edge.hi else f"{edge.lo} ns"
+        return False, (
+            f"{head}; coarse: for all routings a costliest consumer slice waits on a latest "
+            "producer slice, so fine gates open C7's two-stage barrier exactly when coarse "
+            "ones do (C7r for all routings, Plow.Gatedproof.coupled_c7r_all_routings: "
+            f"producer slices {busy}, a busy consumer tile +{edge.cw} ns, every consumer's "
+            "experts gated on their producers)"
+        )
     coarse, fine, top, gated = two_stage_gain(producers, us, ts, load, est)
     pays = coarse - fine > atomic_ns
     n = len(next(iter(load.sampled.values())))
@@ -213,7 +223,8 @@ def _routed_decision(
         f"{head}; C7's two-stage model over {n} sampled routings: barrier coarse "
         f"{coarse:.0f} ns, fine {fine:.0f} ns (largest gain {top:.0f} ns): "
         f"{'fine counters' if pays else 'coarse'} (gain {'above' if pays else 'not above'} "
-        f"one device atomic, {atomic_ns:.0f} ns; an estimate, not a theorem); in {gated} of "
+        f"one device atomic, {atomic_ns:.0f} ns; an estimate, not a theorem: C7r is not "
+        f"certified for all routings, {not_coupled}); in {gated} of "
         f"the {n} routings a costliest consumer slice waits on a latest producer slice, so "
         "there fine gates open that barrier exactly when coarse ones do (C7r)"
     )

@@ -27,7 +27,7 @@ that holds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -125,6 +125,11 @@ class TaskLoad:
     expected: dict[int, float]
     sampled: dict[int, npt.NDArray[np.float64]]  # [S]
     note: dict[str, str]  # routed op -> the routing model, e.g. "batch 8, top-8 of 128"
+    # per routed task, its cost in every routing (not only the sampled ones): (atom of each
+    # tile, all-idle base ns, ns a busy tile adds, floor ns); the task costs
+    # max(floor, base + add * busy tiles). An atom is one (layer, expert, row range): the
+    # tiles of one atom are busy together.
+    shape: dict[int, tuple[tuple[int, ...], float, float, float]] = field(default_factory=dict)
 
     def costs(self, tasks: Sequence[int], est: Sequence[float]) -> npt.NDArray[np.float64]:
         """[S, len(tasks)]: each task's cost per sampled routing."""
@@ -154,6 +159,8 @@ def task_load(
     expected: dict[int, float] = {}
     sampled: dict[int, npt.NDArray[np.float64]] = {}
     note: dict[str, str] = {}
+    shape: dict[int, tuple[tuple[int, ...], float, float, float]] = {}
+    atom_id: dict[tuple[int, int, int, int], int] = {}
     by_op: dict[str, list[tuple[int, Sequence[int], float, float]]] = {}
     for tid, op, units, est, tile_ns in tasks:
         by_op.setdefault(op, []).append((tid, units, est, tile_ns))
@@ -176,12 +183,22 @@ def task_load(
         starts = np.cumsum([0, *[len(u) for _, u, _, _ in rows[:-1]]]).astype(np.int64)
         idle = np.add.reduceat(idle_t[:, flat].astype(np.int64), starts, axis=1)  # [S, tasks]
         spare_t = np.add.reduceat(spare[flat], starts)
+        tile_atom = [
+            atom_id.setdefault((r.layer, int(e), int(a), int(b)), len(atom_id))
+            for e, a, b in zip(r.expert.tolist(), r.r0.tolist(), r.r1.tolist(), strict=True)
+        ]
         for j, (tid, units, est, tile_ns) in enumerate(rows):
             save = max(0.0, tile_ns - idle_ns)  # what an idle tile does not spend
+            shape[tid] = (
+                tuple(tile_atom[u] for u in units),
+                est - len(units) * save,
+                save,
+                idle_ns * len(units),
+            )
             worst[tid] = est
             expected[tid] = est - float(spare_t[j]) * save
             sampled[tid] = np.maximum(est - idle[:, j] * save, idle_ns * len(units))
-    return TaskLoad(worst, expected, sampled, note)
+    return TaskLoad(worst, expected, sampled, note, shape)
 
 
 def two_stage_gain(
@@ -224,3 +241,120 @@ def latest_gated(
     has = np.add.reduceat(latest[:, flat].astype(np.int64), starts, axis=1) > 0
     costliest = c == c.max(axis=1, keepdims=True)
     return (costliest & has).any(axis=1)
+
+
+def coupled_ok(
+    keys: Sequence[int],
+    hi: int,
+    cw: int,
+    atoms: Sequence[Sequence[int]],
+    gates: Sequence[Sequence[int]],
+) -> bool:
+    """`Plow.Gated.coupled_ok`, clause for clause: one non-empty in-range gate per consumer
+    slice; and either the producers cost the same in every routing (`hi == 0`) or a busy
+    consumer tile costs more (`cw > 0`), every producer's key atom is an atom of some
+    consumer, and every atom of a consumer is the key of a producer in its gate. Where it
+    holds, `Plow.Gatedproof.coupled_c7r_all_routings`: in every routing (every busy set of
+    atoms, so every top-k routing) a costliest consumer slice waits on a latest producer
+    slice, and fine gates open C7's two-stage barrier exactly when coarse gates do."""
+    if not (len(atoms) > 0 and len(gates) == len(atoms)):
+        return False
+    if not all(len(p) > 0 and all(k < len(keys) for k in p) for p in gates):
+        return False
+    if hi == 0:
+        return True
+    if not cw > 0:
+        return False
+    touched = {a for at in atoms for a in at}
+    if not all(e in touched for e in keys):
+        return False
+    return all(
+        all(any(keys[k] == a for k in p) for a in at) for at, p in zip(atoms, gates, strict=True)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CoupledEdge:
+    """A routed edge on `Plow.Gated`'s structured model, in whole ns: producer slice `k` has
+    key atom `keys[k]` and costs `lo` idle, `lo + hi` busy; consumer slice `j` costs
+    `clo + cw * (its busy tiles)`, its tiles' atoms `atoms[j]`; `gates[j]` indexes
+    producers."""
+
+    keys: tuple[int, ...]
+    lo: int
+    hi: int
+    clo: int
+    cw: int
+    atoms: tuple[tuple[int, ...], ...]
+    gates: tuple[tuple[int, ...], ...]
+
+    def ok(self) -> bool:
+        return coupled_ok(self.keys, self.hi, self.cw, self.atoms, self.gates)
+
+    def costs(self, busy: set[int]) -> tuple[list[int], list[int]]:
+        """(producer costs, consumer costs) in the routing whose busy atoms are `busy`."""
+        f = [self.lo + (self.hi if e in busy else 0) for e in self.keys]
+        c = [self.clo + self.cw * sum(a in busy for a in at) for at in self.atoms]
+        return f, c
+
+
+def coupled_edge(
+    producers: Sequence[int],
+    subsets: Sequence[Sequence[int]],
+    consumers: Sequence[int],
+    load: TaskLoad,
+    est: Sequence[float],
+) -> tuple[CoupledEdge | None, str]:
+    """An edge on the structured model of `Plow.Gated` (`coupled_ok`), or None and why it
+    is not one: producer slices all routed with one atom each and the same idle / busy cost,
+    or all unrouted at one cost; consumer slices routed, of one base and one busy-tile cost,
+    their floor never reached (the cost is affine in the busy tiles)."""
+    pos = {t: i for i, t in enumerate(producers)}
+    gates = tuple(tuple(pos[u] for u in sub) for sub in subsets)
+    routed_p = [t in load.shape for t in producers]
+    if not any(routed_p):
+        cost = {round(est[t]) for t in producers}
+        if len(cost) != 1:
+            return None, f"unrouted producer slices of unequal cost ({min(cost)}..{max(cost)} ns)"
+        lo, hi, keys = cost.pop(), 0, tuple(0 for _ in producers)
+    elif not all(routed_p):
+        return None, "producer slices partly routed"
+    else:
+        key: list[int] = []
+        lohi: set[tuple[int, int]] = set()
+        for t in producers:
+            at, base, add, floor = load.shape[t]
+            if len(set(at)) != 1:
+                return None, "a producer slice spans several experts or row ranges"
+            busy, idle = round(base + add * len(at)), round(max(floor, base))
+            key.append(at[0])
+            lohi.add((idle, busy - idle))
+        if len(lohi) != 1:
+            return None, "producer slices of unequal idle or busy cost"
+        (lo, hi), keys = lohi.pop(), tuple(key)
+    catoms: list[tuple[int, ...]] = []
+    base_add: set[tuple[int, int]] = set()
+    for t in consumers:
+        if t not in load.shape:
+            return None, "a consumer slice is not routed"
+        at, base, add, floor = load.shape[t]
+        if base < floor - 0.5:
+            return None, "a consumer slice's cost floor is reached (not affine in its busy tiles)"
+        catoms.append(at)
+        base_add.add((round(base), round(add)))
+    if len(base_add) != 1:
+        return None, "consumer slices of unequal base or busy-tile cost"
+    clo, cw = base_add.pop()
+    edge = CoupledEdge(keys, lo, hi, clo, cw, tuple(catoms), gates)
+    if edge.ok():
+        return edge, ""
+    touched = {a for at in catoms for a in at}
+    if not all(len(p) > 0 for p in gates):
+        why = "a consumer slice waits on no producer"
+    elif cw <= 0:
+        why = "a busy consumer tile costs no more than an idle one"
+    elif not all(e in touched for e in keys):
+        why = "a producer slice's expert is in no consumer slice"
+    else:
+        why = "a consumer slice's experts are not all keys of producers in its gate"
+    return None, why

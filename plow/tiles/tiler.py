@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from plow.errors import GraphError
 from plow.graph.ops import Op, OpGraph, OpKind, TensorRole
 from plow.target.model import Target, dtype_bytes, rate_class
-from plow.tiles.cost import CostModel, cdiv, round_up
+from plow.tiles.cost import CostModel, busy_probability, cdiv, round_up
 from plow.tiles.ir import Axis, Candidate, Tile, TiledOp, TileGraph
 
 
@@ -673,10 +673,9 @@ class _Tiler:
         for other in self.graph.ops:
             if other.outputs and other.outputs[0] == op.inputs[1]:
                 k = int(other.attrs.get("top_k", n_exp))
-        p = min(1.0, k / max(1, n_exp))
         m = axes[0]
         rows = [b - a for a, b in m.ranges()]
-        busy = sum(1.0 - (1.0 - p) ** r for r in rows) / max(1, len(rows))
+        busy = sum(busy_probability(r, k, n_exp) for r in rows) / max(1, len(rows))
         over = float(self.target.tile_overhead_ns)
         return busy, choice.waves * (busy * choice.tile_ns + (1.0 - busy) * over)
 

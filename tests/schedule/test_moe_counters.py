@@ -4,6 +4,8 @@ where that estimate says they pay (plow.schedule.routing, plow.schedule.build)."
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -17,8 +19,10 @@ from plow.schedule.build import _routed_decision
 from plow.schedule.ir import TaskKind
 from plow.schedule.protocol import protocol_errors, simulate
 from plow.schedule.routing import (
+    CoupledEdge,
     RoutedOp,
     TaskLoad,
+    coupled_edge,
     routed_ops,
     sample_routings,
     task_load,
@@ -123,10 +127,12 @@ def test_tiny_moe_plan_prices_expert_slices_and_fine_counters_would_not_pay(
     for d in routed_reasons:
         assert "top-2 of 8 experts" in d.reason and "C8 does not cover" in d.reason
         assert "expected cost" in d.reason and "worst case" in d.reason
-    estimated = [d for d in routed_reasons if "two-stage" in d.reason]
-    assert estimated  # gate_up -> down reads per-expert subsets: the estimate ran
-    for d in estimated:  # C7r holds in every sampled routing (structural: see docs)
-        assert "largest gain 0 ns" in d.reason and "in 20 of the 20 routings" in d.reason
+    certified = [d for d in routed_reasons if "C7r for all routings" in d.reason]
+    # gate_up -> down reads per-expert subsets: C7r certified for every routing, no estimate
+    assert {d.consumer for d in certified} == {f"L{i}.experts_down.partial" for i in (0, 2)}
+    for d in certified:
+        assert "Plow.Gatedproof.coupled_c7r_all_routings" in d.reason
+        assert "two-stage model over" not in d.reason
     assert not any(d.fine for d in auto.decisions)
     # the routed slices are cheaper in expectation than in the worst case
     tile_ns = {n: float(t.choice.tile_ns) for t in tg.ops if (n := t.name) in routed}
@@ -148,3 +154,130 @@ def test_tiny_moe_plan_prices_expert_slices_and_fine_counters_would_not_pay(
             tasks = tuple(replace(t, est_ns=c) for t, c in zip(s.tasks, cost, strict=True))
             spans.append(simulate(replace(s, tasks=tasks), lat).makespan_ns)
         assert spans[1] >= spans[0] - 1e-6, (k, spans)
+
+
+def _barriers(
+    f: Sequence[float], c: Sequence[float], gates: Sequence[Sequence[int]]
+) -> tuple[float, float]:
+    """C7's two-stage barrier (Plow.Gated.fine_barrier / coarse_barrier): (fine, coarse)."""
+    fine = max(max((f[k] for k in p), default=0) + cj for cj, p in zip(c, gates, strict=True))
+    return fine, max(f) + max(c)
+
+
+def _gains(e: CoupledEdge) -> list[float]:
+    """coarse - fine barrier in every busy set of the edge's atoms (every routing and more)."""
+    atoms = sorted({a for at in e.atoms for a in at} | set(e.keys))
+    out = []
+    for bits in itertools.product((False, True), repeat=len(atoms)):
+        f, c = e.costs({a for a, on in zip(atoms, bits, strict=True) if on})
+        fine, coarse = _barriers(f, c, [list(p) for p in e.gates])
+        assert fine <= coarse  # fine_barrier_le_coarse
+        out.append(coarse - fine)
+    return out
+
+
+# the structure of the real plans' gate_up -> down edge, small: producer k is expert k's
+# gate_up slice; consumer slices read tiles of two experts each (split-k over experts) and
+# wait on those experts' producers
+_DOWN = CoupledEdge(
+    keys=(0, 1, 2, 3),
+    lo=2,
+    hi=30,
+    clo=5,
+    cw=7,
+    atoms=((0, 1), (2, 3), (1, 2)),
+    gates=((0, 1), (2, 3), (1, 2)),
+)
+
+
+def test_coupled_edge_has_c7r_in_every_routing_and_each_clause_is_needed() -> None:
+    """Plow.Gatedproof.coupled_c7r_all_routings, checked by brute force over every busy set
+    where `coupled_ok` holds; where one clause is dropped, a routing where fine gates open
+    the barrier earlier (a counterexample to C7r for all routings)."""
+    assert _DOWN.ok() and set(_gains(_DOWN)) == {0}
+    # a consumer slice's expert not in its gate: expert 1 busy alone, consumer 2 (the
+    # costliest, the only one reading expert 1) waits on producer 2 only
+    lost = replace(_DOWN, atoms=((0,), (2, 3), (1, 2)), gates=((0,), (2, 3), (2,)))
+    assert not lost.ok() and max(_gains(lost)) > 0
+    # a producer's expert read by no consumer: expert 3 busy alone, every consumer idle
+    orphan = replace(_DOWN, atoms=((0, 1), (2,), (1, 2)), gates=((0, 1), (2,), (1, 2)))
+    assert not orphan.ok() and max(_gains(orphan)) > 0
+    # (`cw > 0` is sufficient, not needed: with cw == 0 every consumer slice is a costliest
+    # one; the plans' busy tiles always cost more than an idle one's signal)
+    # producers that cost the same in every routing: any gates (non-empty) will do
+    assert replace(lost, hi=0).ok() and set(_gains(replace(lost, hi=0))) == {0}
+
+
+def test_unequal_unrouted_producers_are_outside_the_model_and_c7r_fails_there() -> None:
+    """The witness edge (unrouted producers of 10 and 1 ns, routed consumers): not on
+    Plow.Gated's structured model, and in its second routing fine gates win 9 ns."""
+    est = [10.0, 10.0, 10.0, 1.0]
+    edge, why = coupled_edge([2, 3], [[2], [3]], [0, 1], _witness(), est)
+    assert edge is None and why == "unrouted producer slices of unequal cost (1..10 ns)"
+    # routing 2 of _witness: consumers (1, 10), producers (10, 1): fine 11, coarse 20
+    assert _barriers([10, 1], [1, 10], [[0], [1]]) == (11, 20)
+
+
+def test_consumers_of_unequal_base_are_outside_the_model_and_c7r_fails_there() -> None:
+    """Routed consumer slices whose idle costs differ (20 ns and 5 ns): not on the model,
+    and with expert 0 busy alone fine gates open the barrier 8 ns earlier."""
+    shape: dict[int, tuple[tuple[int, ...], float, float, float]] = {
+        0: ((0,), 2.0, 30.0, 1.0),  # idle 2, busy 32
+        1: ((1,), 2.0, 30.0, 1.0),
+    }
+    shape |= {2: ((0,), 5.0, 7.0, 1.0), 3: ((1,), 20.0, 7.0, 1.0)}
+    load = TaskLoad({}, {}, {}, {}, shape)
+    edge, why = coupled_edge([0, 1], [[0], [1]], [2, 3], load, [0.0] * 4)
+    assert edge is None and why == "consumer slices of unequal base or busy-tile cost"
+    # expert 0 busy: producers (32, 2), consumers (12, 20): fine max(44, 22), coarse 52
+    assert _barriers([32, 2], [12, 20], [[0], [1]]) == (44, 52)
+    shape[3] = ((1,), 5.0, 7.0, 1.0)  # equal bases: on the model, C7r for all routings
+    edge, why = coupled_edge([0, 1], [[0], [1]], [2, 3], load, [0.0] * 4)
+    assert edge is not None and why == "" and set(_gains(edge)) == {0}
+
+
+def test_tiny_moe_routed_edges_have_c7r_in_every_routing_on_the_task_costs(
+    tiny_moe: ModelSpec,
+) -> None:
+    """The tiny qwen3_moe plan's gate_up -> down edges: on the model (coupled_edge) and,
+    by brute force over every busy set of the layer's experts, on the task costs themselves
+    (max(floor, base + add * busy tiles), not the rounded model): fine never gains."""
+    h200 = load_target("h200")
+    g = build_graph(tiny_moe, Bucket.decode(4, 64))
+    tg = tile_graph(g, h200)
+    routed = routed_ops(tg, g)
+    # fine counters everywhere: consumer j's gate is read off the counters it waits on
+    s = build_schedule(tg, g, h200, ScheduleOptions(min_task_ns=1.0, fine="always"))
+    tile_ns = {t.name: float(t.choice.tile_ns) for t in tg.ops if t.name in routed}
+    rows = [
+        (t.index, t.op, t.units, t.est_ns, tile_ns[t.op])
+        for t in s.tasks
+        if t.op in routed and t.kind is TaskKind.compute
+    ]
+    load = task_load(routed, rows, float(h200.tile_overhead_ns), samples=2)
+    for layer in (0, 2):
+        comp = [t for t in s.tasks if t.kind is TaskKind.compute]
+        prod = [t.index for t in comp if t.op == f"L{layer}.experts_gate_up"]
+        cons = [t.index for t in comp if t.op == f"L{layer}.experts_down"]
+        pset = set(prod)
+        signals = {c: {t.index for t in s.tasks if c in t.signals} for c in range(len(s.counters))}
+        subsets = [sorted(u for c in s.tasks[j].waits for u in signals[c] & pset) for j in cons]
+        est = [t.est_ns for t in s.tasks]
+        edge, why = coupled_edge(prod, subsets, cons, load, est)
+        assert edge is not None, why
+        atoms = sorted({a for j in prod + cons for a in load.shape[j][0]})
+        assert len(atoms) <= 8  # one row range: an atom per expert
+        pos = {t: i for i, t in enumerate(prod)}
+        for bits in itertools.product((False, True), repeat=len(atoms)):
+            busy = {a for a, on in zip(atoms, bits, strict=True) if on}
+
+            def cost(t: int, busy: set[int] = busy) -> float:
+                at, base, add, floor = load.shape[t]
+                return max(floor, base + add * sum(a in busy for a in at))
+
+            fine, coarse = _barriers(
+                [cost(t) for t in prod],
+                [cost(t) for t in cons],
+                [[pos[u] for u in p] for p in subsets],
+            )
+            assert fine == pytest.approx(coarse), (layer, busy)
