@@ -134,7 +134,7 @@ Proof.
       destruct (nth j P []) as [|k r] eqn:Epj; simpl in Hpne; [lia|].
       apply (Hwit k); [left; reflexivity|].
       pose proof (Hfge k (or_introl eq_refl)).
-      pose proof (Hrange) as [_ Hr]. 
+      pose proof (Hrange) as [_ Hr].
       assert (k < length f) by (apply (Hr (k :: r)); [rewrite <- Epj; apply nth_In; lia | left; auto]).
       pose proof (maxl_ge (nth k f 0) f (nth_In _ _ H0)). lia. }
     apply existsb_exists in Hbusy as [k0 [Hk0 Hb0]]. apply in_seq in Hk0.
