@@ -28,12 +28,13 @@ from tests.emit.bundle_edit import copy_bundle, reforge, rungs
 
 
 @pytest.fixture(scope="module")
-def h200_llama(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """k-split lm_head (merges write the logits) and a split sample (partials + merge)."""
+def gpu_llama(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """h100: a k-split lm_head (its merges write the logits and the chunks); the sample op
+    unsplit (the tiler never splits a sample fed by an lm_head: no sample partials)."""
     out = tmp_path_factory.mktemp("fa") / "b"
     prof = CompileProfile(decode_batches=(2,), prefill_seqs=())
     return compile_bundle(
-        tiny_checkpoints["llama"], out, load_target("h200"), prof, plan_only=True, verify=True
+        tiny_checkpoints["llama"], out, load_target("h100"), prof, plan_only=True, verify=True
     ).out
 
 
@@ -62,18 +63,18 @@ def _check_fused(b: Path) -> None:
 
 
 def test_compiler_fuses_greedy_into_lm_head_and_verify_accepts(
-    tiny_bundles: dict[str, Path], h200_llama: Path
+    tiny_bundles: dict[str, Path], gpu_llama: Path
 ) -> None:
-    for b in (tiny_bundles["llama"], h200_llama):
+    for b in (tiny_bundles["llama"], gpu_llama):
         _check_fused(b)
         assert verify_bundle(b).accepted
 
 
-def test_d_data_flow_has_the_argmax_chunks(h200_llama: Path) -> None:
+def test_d_data_flow_has_the_argmax_chunks(gpu_llama: Path) -> None:
     """The lm_head's logits writers write every chunk of the buffer (each once), the sample's
     merge (or its one task) reads them all: the byte model D sweeps."""
-    rung = rungs(h200_llama)[0]
-    ot, sf, _ = _files(h200_llama, rung)
+    rung = rungs(gpu_llama)[0]
+    ot, sf, _ = _files(gpu_llama, rung)
     lm = next(o for o in ot.ops if o.kind == "lm_head")
     smp = next(o for o in ot.ops if o.kind == "sample")
     offs = {x.name: x.offset for x in sf.arena.buffers}
@@ -88,6 +89,7 @@ def test_d_data_flow_has_the_argmax_chunks(h200_llama: Path) -> None:
     accs = task_accesses(ot, offs, units, sf.workers_per_gpu)
     writer = MERGE if lm.partial else COMPUTE  # a k-split lm_head's merges write the logits
     reader = MERGE if smp.partial else COMPUTE
+    assert lm.partial and not smp.partial
     written = []
     for i, u in enumerate(units):
         w = [(a, z) for a, z, x in accs[i] if x == 1 and a < hi and z > lo]
