@@ -168,11 +168,28 @@ def _inspect_cmd(fail: Fail) -> Callable[..., None]:
                 "what the emitter lacks.",
             ),
         ] = False,
+        counters: Annotated[
+            bool,
+            typer.Option(
+                "--counters",
+                help="The collapse decision per bucket (the plan rebuilt): fine edges, and "
+                "each routed-expert edge's verdict (coarse for all routings, or an estimate).",
+            ),
+        ] = False,
     ) -> None:
         """Per bucket: ops, tiles, packets, counters, edges (and after transitive
         reduction), dead counters, arena bytes by region, on-chip peak per worker."""
         from plow.emit.inspect import inspect_bundle
 
+        if counters:
+            from plow.emit.counter_report import counter_decisions_of_bundle, render_counters
+
+            try:
+                doc = counter_decisions_of_bundle(bundle)
+            except PlowError as e:
+                fail(e)
+            print(json.dumps(doc) if as_json else render_counters(doc))
+            return
         if rewrites:
             from plow.egraph.report import render
             from plow.emit.inspect import applied_rewrites, rewrites_of_bundle

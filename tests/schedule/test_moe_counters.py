@@ -5,15 +5,21 @@ where that estimate says they pay (plow.schedule.routing, plow.schedule.build)."
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from plow.checkpoint.loader import spec_from_config
 from plow.checkpoint.spec import ModelSpec
+from plow.cli import app
+from plow.emit.bundle import compile_bundle
 from plow.graph import Bucket, build_graph
+from plow.profile import CompileProfile
 from plow.schedule import ScheduleOptions, build_schedule
 from plow.schedule.build import _routed_decision
 from plow.schedule.ir import TaskKind
@@ -281,3 +287,36 @@ def test_tiny_moe_routed_edges_have_c7r_in_every_routing_on_the_task_costs(
                 [[pos[u] for u in p] for p in subsets],
             )
             assert fine == pytest.approx(coarse), (layer, busy)
+
+
+THEOREM = "Plow.Gatedproof.coupled_c7r_all_routings"
+
+
+def test_inspect_counters_says_coarse_for_all_routings_with_the_theorem(
+    tiny_moe: ModelSpec, tmp_path: Path
+) -> None:
+    """`plow inspect --counters` on a plan-only qwen3_moe bundle for h200 (the tiny config,
+    widened to hidden 512, expert width 256, so that a down task reads a few experts' gate_up
+    tasks, as in the real plans): the routed gate_up -> down edges are coarse for all
+    routings, named by the theorem."""
+    from plow.testing.fixtures import _BASE
+
+    cfg = tmp_path / "config.json"
+    wide = {"hidden_size": 512, "moe_intermediate_size": 256, "intermediate_size": 512}
+    cfg.write_text(json.dumps({**_BASE["qwen3_moe"], **wide, "model_type": "qwen3_moe"}))
+    out = tmp_path / "b"
+    profile = CompileProfile(name="t", decode_batches=(4,), prefill_seqs=(), context=64)
+    compile_bundle(cfg, out, load_target("h200"), profile, plan_only=True)
+    res = CliRunner().invoke(app, ["inspect", str(out), "--counters", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    (b,) = doc["buckets"]
+    assert b["c7r_all_routings"] == 2 and b["estimated"] == 0 and b["fine_edges"] == 0
+    verdicts = {(r["producer"], r["consumer"]): r["verdict"] for r in b["routed"]}
+    for layer in (0, 2):
+        edge = (f"L{layer}.experts_gate_up", f"L{layer}.experts_down.partial")
+        assert (
+            verdicts[edge] == "coarse for all routings (Plow.Gatedproof.coupled_c7r_all_routings)"
+        )
+    text = CliRunner().invoke(app, ["inspect", str(out), "--counters"]).output
+    assert f"2 coarse for all routings ({THEOREM})" in text
