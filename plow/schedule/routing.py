@@ -21,7 +21,11 @@ fine gates open the barrier earlier than coarse ones — an estimate, not a theo
 proved per routing: where some costliest consumer slice waits on a latest producer slice
 (`latest_gated`), fine gates open that model's barrier exactly when coarse ones do
 (`Plow.Gatedproof.latest_gated_sound`, C7r); the decision counts the sampled routings where
-that holds.
+that holds. For all routings: where the edge's structure satisfies `coupled_ok` (each
+consumer slice's expert tiles are keys of producers in its gate, each producer's expert is
+some consumer's, uniform idle / busy costs; `coupled_edge` reads it off the tasks),
+`Plow.Gatedproof.coupled_c7r_all_routings` gives `latest_gated` in every busy set of
+experts, so every routing: the decision certifies coarse there and samples nothing.
 """
 
 from __future__ import annotations
