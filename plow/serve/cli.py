@@ -129,8 +129,19 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                 "On a machine other jobs load, 1 avoids waits on a descheduled worker.",
             ),
         ] = None,
+        debug_ticks: Annotated[
+            int,
+            typer.Option(
+                "--debug-ticks",
+                min=0,
+                help="Keep the last N engine ticks' records (batch, tokens, duration) for GET "
+                "/debug/ticks (0: off).",
+            ),
+        ] = 0,
     ) -> None:
         """Serve models over an OpenAI-compatible HTTP API (docs/serving.md)."""
+        from collections import deque
+
         from rich.console import Console
 
         from plow.runtime.cpu.bundle import NO_VERIFY_HINT, BundleRefused
@@ -201,6 +212,8 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                     f"launch {m.dispatcher.fit.launch_rows:.1f} row-equivalents",
                     highlight=False,
                 )
+                if debug_ticks:
+                    m.dispatcher.tick_log = deque(maxlen=debug_ticks)
                 loaded.append(m)
             server = Server(loaded, api_key=api_key, seed=seed, max_request_bytes=max_request_bytes)
             console.print(f"serving on http://{host}:{port}/v1", highlight=False)

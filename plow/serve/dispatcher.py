@@ -189,6 +189,8 @@ class Dispatcher:
         self._ids = itertools.count()
         self._waiting_ticks = 0  # sum of the waiting requests' Work.ticks
         self._waiting_prefill_s = 0.0  # sum of their fitted prefill seconds
+        # `plow serve --debug-ticks N`: the last N ticks' records (`/debug/ticks`); None: off
+        self.tick_log: deque[dict[str, Any]] | None = None
         m = self.metrics
         m.gauge(
             "vllm:num_requests_running", "Requests holding a slot.", lambda: self.stats().running
@@ -539,6 +541,13 @@ class Dispatcher:
                 self.admission.observe_tick(
                     len(plan.decode), elapsed - result.prefill_s, prefill_rows, result.prefill_s
                 )
+            if self.tick_log is not None:
+                self.tick_log.append({
+                    "tick": tick, "start_s": t_start, "dur_s": elapsed,
+                    "prefill_s": result.prefill_s, "decode_rows": len(plan.decode),
+                    "prefill_tokens": prefill_rows, "prefill_chunks": len(plan.prefill),
+                    "admitted": len(plan.admit), "running": len(owners),
+                })  # fmt: skip
 
     def _sample(self, r: Request, row: np.ndarray, tick: int, now: float) -> None:
         assert r.sampler is not None

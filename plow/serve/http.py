@@ -1350,6 +1350,17 @@ class Server:
                 }
             return out
 
+        @app.get("/debug/ticks")
+        async def debug_ticks() -> Any:
+            """Each model's last ticks (`plow serve --debug-ticks N`): start, duration, the
+            prefill launch's seconds, decode rows, prefill tokens and chunks, admissions."""
+            logs = {m.name: m.dispatcher.tick_log for m in server.models.values()}
+            if all(log is None for log in logs.values()):
+                raise ApiError(404, "tick records are off: start plow serve with --debug-ticks N")
+            # a copy first: the dispatcher thread appends while this reads
+            return {name: list(log.copy()) if log is not None else None
+                    for name, log in logs.items()}  # fmt: skip
+
         @app.get("/debug/requests/{request_id}")
         async def debug_request(request_id: str) -> Any:
             for m in server.models.values():
