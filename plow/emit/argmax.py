@@ -77,3 +77,36 @@ def argmax_bounds(ot: OpTable, lm: OpEntry, workers: int) -> tuple[int, ...]:
 def argmax_rows(lm: OpEntry) -> int:
     """Rows of the logits view (`M`, the lm_head's first axis)."""
     return lm.axes[0].extent
+
+
+def argmax_problem(ot: OpTable, workers: int) -> str | None:
+    """What is wrong with an op table's fused greedy, or None (`plow verify`'s cross-check
+    and the executors' loader): `argmax` is named by exactly the lm_head and the sample op
+    reading its logits (`fused_pair`), as `<lm_head>#argmax`, and both buffers are tensors
+    of shape `[chunks, M]` (fp32 values, int32 index) for the chunks of `argmax_bounds`. An op
+    table that names none is not fused (the sample op scans the logits): nothing to check."""
+    named = [o for o in ot.ops if o.argmax is not None]
+    if not named:
+        return None
+    pair = fused_pair(ot.ops)
+    want = {} if pair is None else {ot.ops[i].name: i for i in pair}
+    for o in named:
+        if o.name not in want:
+            return (
+                f"op {o.name!r} ({o.kind}) names the argmax buffer {o.argmax!r} but is not an "
+                "lm_head or the sample op reading its logits"
+            )
+    assert pair is not None
+    lm = ot.ops[pair[0]]
+    for i in pair:
+        o = ot.ops[i]
+        if o.argmax != argmax_name(lm.name):
+            return f"op {o.name!r} ({o.kind}): argmax {o.argmax!r}, not {argmax_name(lm.name)!r}"
+    shape = [len(argmax_bounds(ot, lm, workers)) - 1, argmax_rows(lm)]
+    for name, dtype in ((argmax_name(lm.name), "float32"), (index_name(lm.name), "int32")):
+        t = ot.tensors.get(name)
+        if t is None:
+            return f"the fused argmax buffer {name!r} is not a tensor of the op table"
+        if t.shape != shape or t.dtype != dtype:
+            return f"tensor {name!r} is {t.dtype} {t.shape}, the fused argmax needs {dtype} {shape}"
+    return None

@@ -56,6 +56,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
+from plow.emit.argmax import argmax_problem
 from plow.emit.bundle import MANIFEST, WEIGHTS, LadderRung, Manifest, gc_paused, sha256_file
 from plow.emit.files import OpEntry, OpTable, ScheduleFile, TensorEntry
 from plow.emit.wire import (
@@ -1246,6 +1247,9 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
                     f"the arena map says {amap[name]}"
                 )
                 break
+        fa = argmax_problem(ot, sf.workers_per_gpu)  # greedy fused into lm_head: who names it
+        if fa is not None:
+            problems.append(f"{rung.ops}: {fa}")
         try:
             e_ops = emit_ops(ot.ops, amap)
         except KeyError as e:

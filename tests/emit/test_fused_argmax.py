@@ -163,3 +163,33 @@ def test_bundle_runs_the_compiled_fusion_with_unchanged_greedy_tokens(
     ckpt = load_checkpoint(tiny_checkpoints["llama"])
     ref = CpuModel(ckpt.spec, ckpt.weights, max_batch=2, fuse_argmax=False)
     assert generate(ref, reqs) == got
+
+
+def test_an_argmax_buffer_named_by_another_op_is_rejected_and_refused(
+    tiny_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """The op table says an rmsnorm is fused too, and its packets carry the flag (E's rule is
+    met): `plow verify`'s cross-check names the op; the loader refuses the rung."""
+    from plow.emit.emit import emit_packets
+
+    b = copy_bundle(tiny_bundles["llama"], tmp_path / "m")
+    rung = rungs(b)[0]
+    ot, sf, _ = _files(b, rung)
+    i = next(o.index for o in ot.ops if o.kind == "rmsnorm")
+    ops = list(ot.ops)
+    ops[i] = ops[i].model_copy(update={"argmax": "lm_head#argmax"})
+    ot = ot.model_copy(update={"ops": ops})
+    (b / rung["ops"]).write_text(ot.model_dump_json())
+    h, _ = read_plan(b / rung["plan"])
+    arr = emit_packets(sf, ot)
+    write_plan(b / rung["plan"], arr, phase=h.phase, batch=h.batch, seq=h.seq, workers=h.workers)
+    reforge(b)
+    rep = verify_bundle(b)
+    assert not rep.accepted
+    why = rep.first_rejection()
+    assert why is not None and why.checkpoint == "bundle", why
+    assert f"op {ot.ops[i].name!r} (rmsnorm) names the argmax buffer" in why.reason
+    assert rung["ops"] in why.reason
+    m = CpuModel.from_bundle(b, verify=False)
+    with pytest.raises(BundleRefused, match="names the argmax buffer"):
+        m.plan(m.bundle.ladder[[r["name"] for r in rungs(b)].index(rung["name"])])

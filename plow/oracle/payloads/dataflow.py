@@ -536,7 +536,7 @@ def task_accesses(
     """Per task, its arena accesses (module doc), sorted, coalesced, cut at blocks."""
     sp = _Space(ot, offsets)
     merges: dict[int, list[tuple[int, int, int, int]]] = {}
-    argmax: dict[str, tuple[tuple[int, ...], int]] = {}  # fused argmax: (bounds, rows)
+    argmax: dict[str, tuple[tuple[int, ...], int] | None] = {}  # fused: (bounds, rows)
     result: list[list[Access]] = []
     for t in tasks:
         acc: list[Access] = []
@@ -553,16 +553,23 @@ def task_accesses(
         if o.argmax is not None and t.stage in (COMPUTE, MERGE):
             if o.argmax not in argmax:
                 argmax[o.argmax] = _argmax_space(ot, o.argmax, workers)
-            _argmax_unit(sp, ot, o, t, argmax[o.argmax], merges, workers, acc)
+            space = argmax[o.argmax]
+            if space is not None:  # else no lm_head writes it: `plow verify` rejects the table
+                _argmax_unit(sp, ot, o, t, space, merges, workers, acc)
         result.append(_coalesce(acc))
     return result
 
 
-def _argmax_space(ot: OpTable, name: str, workers: int) -> tuple[tuple[int, ...], int]:
-    """(chunk bounds, rows M) of the fused argmax buffer `name` (plow/emit/argmax.py)."""
+def _argmax_space(
+    ot: OpTable, name: str, workers: int
+) -> tuple[tuple[int, ...], int] | None:
+    """(chunk bounds, rows M) of the fused argmax buffer `name` (plow/emit/argmax.py); None
+    when no lm_head names it."""
     from plow.emit.argmax import argmax_bounds, argmax_rows
 
-    lm = next(o for o in ot.ops if o.kind == "lm_head" and o.argmax == name)
+    lm = next((o for o in ot.ops if o.kind == "lm_head" and o.argmax == name), None)
+    if lm is None or len(lm.axes) < 3:
+        return None
     return argmax_bounds(ot, lm, workers), argmax_rows(lm)
 
 

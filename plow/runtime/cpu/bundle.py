@@ -717,7 +717,7 @@ def _fused_argmax(
     table's `argmax` on the lm_head and sample ops, every non-load packet of both carrying
     FUSED_ARGMAX (checkpoint E's rule, checked again here), the chunk bounds by the same rule
     from the same op table. Nothing is fused that the bundle does not say."""
-    from plow.emit.argmax import argmax_bounds, argmax_name, fused_pair
+    from plow.emit.argmax import argmax_bounds, argmax_problem, fused_pair
 
     named = [i for i, o in enumerate(ot.ops) if o.argmax is not None]
     for m in main:
@@ -731,17 +731,13 @@ def _fused_argmax(
                 f"{'set' if cols['flags'][m] & Flag.FUSED_ARGMAX else 'clear'} but the op "
                 f"table {'names no' if ot.ops[oi].argmax is None else 'names an'} argmax buffer",
             )
-    if not named:
-        return None
+    problem = argmax_problem(ot, sf.workers_per_gpu)
+    if problem is not None:
+        raise BundleRefused(where, problem)
     pair = fused_pair(ot.ops)
-    lm = ot.ops[pair[0]] if pair is not None else None
-    if (
-        pair is None
-        or lm is None
-        or sorted(named) != sorted(pair)
-        or any(ot.ops[i].argmax != argmax_name(lm.name) for i in named)
-    ):
-        raise BundleRefused(where, "the argmax buffer is not named by an lm_head and its sample op")
+    if not named or pair is None:
+        return None
+    lm = ot.ops[pair[0]]
     bounds = argmax_bounds(ot, lm, sf.workers_per_gpu)
     return FusedArgmax(lm.name, ot.ops[pair[1]].name, bounds)
 
