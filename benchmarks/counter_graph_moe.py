@@ -306,7 +306,7 @@ def render(
         "- Cost-model numbers (`simulate`: task est times, atomic latency per counter scope, "
         "launch overhead), not GPU measurements; no GPU ran this.",
         "- C7r for all routings is a statement on C7's two-stage model (in whole ns); it uses no "
-        "routing distribution. The makespans below it (expected, sampled) do: "
+        "routing distribution. The expected and sampled makespans do: "
         "uniform, independent top-k per row and per layer. Real routers are "
         "skewed (hot experts), which makes busy sets overlap more across rows; no checkpoint "
         "plow reads ships a router load histogram, so none is used.",
