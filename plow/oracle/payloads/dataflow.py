@@ -590,6 +590,7 @@ def _argmax_unit(
     `[chunks, M]`; the sample's merge (or its one unsplit task) reads every chunk of the
     logits rows of its batch rows. A split sample's partial tasks do no work."""
     bounds, rows = space
+    assert o.argmax is not None
     names = (o.argmax, f"{o.argmax}.index")
     split = _split(o)
     units: list[tuple[int, int, int, int]] = []

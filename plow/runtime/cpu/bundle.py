@@ -536,7 +536,7 @@ def _layout(
             if pname not in act or act[pname].shape != [fused.chunks, _lm_rows(ops, fused)]:
                 raise BundleRefused(where, f"{pname!r} is not [{fused.chunks}, M] in the op table")
             at = word(pname) if arena == "bundle" else private_words[pname]
-            lb.place(pname, at, (fused.chunks, _lm_rows(ops, fused)), pdt)  # type: ignore[arg-type]
+            lb.place(pname, at, (fused.chunks, _lm_rows(ops, fused)), pdt)
     lb.add(PAGE_TABLE, (ids[0], -(-max(1, ctx) // kv.block_size)), "int32")
     lb.add(RING, (ring, ids[0]), "int32")
     lb.add(REMAINING, (ids[0],), "int32")
