@@ -14,7 +14,6 @@
       linear_qkv, their packets carrying the opcode of their main canonical op);
     - [expected_extents]: the extents the kind's rule computes from the
       shapes of the op's input and output tensors equal the axes' extents;
-    - [k_unsplit]: a fused matmul's reduction axis [k] is one tile;
     - the compute tasks' unit ranges [start, start+count) partition the op's
       tiles [0, prod steps) (tile [u] is row-major over the axes, last axis
       fastest); the merge tasks' ranges partition its merge units
@@ -158,7 +157,8 @@ Definition last_dim (s : list N) : N := last s 1.
       [m] rows of its last dim, the last dims summing to [n]: axes [m; n; k] with
       [m * k = numel x], [last x = k].
 
-    The fused matmuls never split [k] ([whole_k], checked with the extents). *)
+    The fused matmuls may split [k] like a linear: their k tiles write partials and
+    their merge tasks carry the op's opcode ([merge_opcode_ok]). *)
 Definition expected_extents (x : opx) : option (list N) :=
   match ox_ins x, ox_outs x with
   | xs :: rest, o :: _ =>
@@ -282,17 +282,6 @@ Definition expected_extents (x : opx) : option (list N) :=
   | _, _ => None
   end.
 
-(** The fused matmuls ([linear_glu], [linear_qkv]) never split their
-    reduction axis [k] (axis 2): their tiles write their output, not partials
-    to merge ([kernels/fused.h]).  The spec: one tile covers the whole of [k]
-    (with [Tiles.v]'s no-empty-step check, checked first, one step). *)
-Definition whole_k (k : op_kind) : bool :=
-  match k with K_linear_glu | K_linear_qkv => true | _ => false end.
-
-Definition k_unsplit (k : op_kind) (axes : list axis) : Prop :=
-  whole_k k = true ->
-  exists a, nth_error axes 2 = Some a /\ ax_extent a <= ax_tile a.
-
 (** ** Masked tiles *)
 
 (** Step [k] of axis [a] overhangs the extent. *)
@@ -357,7 +346,6 @@ Definition task_ok (o : op) (x : opx) (t : ptask) : Prop :=
 Definition op_tasks_ok (o : op) (x : opx) : Prop :=
   opcode_of_kind (ox_kind x) = Some (ox_opcode x) /\
   expected_extents x = Some (map ax_extent (op_axes o)) /\
-  k_unsplit (ox_kind x) (op_axes o) /\
   partitions (tiles_of o) (filter is_compute (ox_tasks x)) /\
   partitions (ox_merge_units x) (filter is_merge (ox_tasks x)) /\
   Forall (task_ok o x) (ox_tasks x).
@@ -382,18 +370,6 @@ Fixpoint check_extents (oi ai : N) (l : list axis) (es : list N) : option tile_e
       else Some (E_extent oi ai (ax_extent a) e)
   | _, _ => None  (* lengths are compared before *)
   end.
-
-(** A fused matmul's [k] tile below the extent: [E_below_min] with the
-    extent as the minimum (the kind's, not the target's). *)
-Definition check_unsplit (oi : N) (k : op_kind) (axes : list axis) : option tile_error :=
-  if whole_k k then
-    match nth_error axes 2 with
-    | Some a =>
-        if ax_extent a <=? ax_tile a then None
-        else Some (E_below_min oi 2 (ax_tile a) (ax_extent a))
-    | None => Some (E_axes_count oi (count_n axes) 3)
-    end
-  else None.
 
 (** The ranges, in list order, are consecutive from [next] and end at [lim]. *)
 Fixpoint chain (oi cls lim next : N) (ts : list ptask) : option tile_error :=
@@ -453,9 +429,6 @@ Definition check_opx (oi : N) (o : op) (x : opx) : option tile_error :=
           match check_extents oi 0 axes es with
           | Some e => Some e
           | None =>
-              match check_unsplit oi (ox_kind x) axes with
-              | Some e => Some e
-              | None =>
               let tiles := tiles_of o in
               let ts := ox_tasks x in
               match chain oi 0 tiles 0 (filter is_compute ts) with
@@ -465,7 +438,6 @@ Definition check_opx (oi : N) (o : op) (x : opx) : option tile_error :=
                   | Some e => Some e
                   | None => first_some (check_task (rev axes) (ox_kind x) code oi tiles) ts
                   end
-              end
               end
           end
       end

@@ -6,7 +6,6 @@
       last axis fastest.
     - [chain_partitions]: consecutive ranges from 0 ending at [lim] partition
       [0, lim), each unit run by exactly one task.
-    - [check_unsplit_sound]: a fused matmul's [k] is one tile;
     - [check_task_sound], [check_opx_sound]; top: [check_plan_tasks_sound]
       (a conjunct of [Tilesproof.checkpoint_b_sound]). *)
 From Coq Require Import NArith List Bool Lia.
@@ -176,15 +175,6 @@ Proof.
     repeat split; try lia; try reflexivity; apply (flag_eqb _ _ _ E).
 Qed.
 
-Lemma check_unsplit_sound : forall oi k axes,
-  check_unsplit oi k axes = None -> k_unsplit k axes.
-Proof.
-  intros oi k axes H Hk. unfold check_unsplit in H. rewrite Hk in H.
-  destruct (nth_error axes 2) as [a|]; [|discriminate].
-  destruct (N.leb_spec (ax_extent a) (ax_tile a)); [|discriminate].
-  exists a. auto.
-Qed.
-
 Theorem check_opx_sound : forall oi o x,
   check_opx oi o x = None -> op_tasks_ok o x.
 Proof.
@@ -195,7 +185,6 @@ Proof.
   destruct (N.eqb_spec (count_n (op_axes o)) (count_n es)) as [Hn|]; simpl in H;
     [|discriminate].
   destruct (check_extents oi 0 (op_axes o) es) eqn:Ex; [discriminate|].
-  destruct (check_unsplit oi (ox_kind x) (op_axes o)) eqn:Eu; [discriminate|].
   destruct (chain oi 0 (tiles_of o) 0 (filter is_compute (ox_tasks x))) eqn:C1;
     [discriminate|].
   destruct (chain oi 1 (ox_merge_units x) 0 (filter is_merge (ox_tasks x))) eqn:C2;
@@ -203,7 +192,6 @@ Proof.
   rewrite !count_n_length in Hn.
   apply check_extents_sound in Ex; [|lia].
   unfold op_tasks_ok. split; [congruence|]. split; [congruence|].
-  split; [eapply check_unsplit_sound; exact Eu|].
   split; [eapply chain_partitions; exact C1|].
   split; [eapply chain_partitions; exact C2|].
   apply Forall_forall. intros t Hin.

@@ -465,7 +465,9 @@ __device__ inline void store_row_dot(const Ctx& c, const PlowOp& op, int64_t ste
   if constexpr (F == Fuse::none) {
     if (step >= 0) c.A[op.t[2] + step * M * N + m * N + n] = v;
     else c.A[op.t[1] + m * N + n] = plow::epilogue(op, v, n);
-  } else {  // linear_qkv: t1 q, t2 k, t3 v; d4 nq, d5 nk, d6 nv (k never split)
+  } else if (step >= 0) {  // linear_qkv split k: t4 its partial [steps, M, N]
+    c.A[op.t[4] + step * M * N + m * N + n] = v;
+  } else {  // linear_qkv: t1 q, t2 k, t3 v; d4 nq, d5 nk, d6 nv
     const int64_t nq = op.d[4], nk = op.d[5];
     const int part = n < nq ? 0 : n < nq + nk ? 1 : 2;
     const int64_t col = n - (part == 0 ? 0 : part == 1 ? nq : nq + nk);
@@ -506,7 +508,7 @@ __device__ void warp_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, 
   (void)ldx;
   if (threadIdx.x == 0) {
     if constexpr (F == Fuse::none) plow::tile_linear(c, op, r, step);
-    else plow::tile_linear_qkv(c, op, r);
+    else plow::tile_linear_qkv(c, op, r, step);
   }
 #endif
 }
@@ -524,15 +526,17 @@ __device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, 
 
 // linear_glu (kernels/fused.h): output column n = act(row 2n . x) * (row 2n + 1 . x) over the
 // interleaved weight; warp w takes columns [n0, n0 + 2) — weight rows 2 n0 .. 2 n0 + 3, four
-// rows streamed at once — and each dot keeps warp_dot's order (fused.h's bits).
+// rows streamed at once — and each dot keeps warp_dot's order (fused.h's bits). Split k
+// (`step` >= 0): both dots into the step's partial [M, 2N] (gate at 2n, up at 2n + 1).
 __device__ void tile_linear_glu_cta(const Ctx& c, const PlowOp& op, const Range* r,
-                                    const float* xs = nullptr, int64_t ldx = 0) {
+                                    int64_t step, const float* xs = nullptr, int64_t ldx = 0) {
 #if PLOW_LANES == 32
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t N = op.d[1], K = op.d[2];
   const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
   if (xs == nullptr) xs = c.A + op.t[0] + r[0].a * K + k0, ldx = K;
   float* out = c.A + op.t[1];
+  float* part = step >= 0 ? c.A + op.t[2] + step * op.d[0] * 2 * N : nullptr;
   for (int64_t n0 = r[1].a + 2 * warp; n0 < r[1].b; n0 += 2 * PLOW_WARPS) {
     const int nc = r[1].b - n0 < 2 ? 1 : 2;
     int64_t m = r[0].a;
@@ -543,12 +547,19 @@ __device__ void tile_linear_glu_cta(const Ctx& c, const PlowOp& op, const Range*
         const float* xm = xs + (m - r[0].a) * ldx;
         warp_dot4(xm, ldx, op.w0, op.w0_dtype, 2 * n * K + k0, kn, lane, g4);
         warp_dot4(xm, ldx, op.w0, op.w0_dtype, (2 * n + 1) * K + k0, kn, lane, u4);
-        if (lane < 4) out[(m + lane) * N + n] = plow::act_fn(g4[lane], op.d[3]) * u4[lane];
+        if (lane < 4 && part != nullptr) {
+          part[(m + lane) * 2 * N + 2 * n] = g4[lane];
+          part[(m + lane) * 2 * N + 2 * n + 1] = u4[lane];
+        } else if (lane < 4) {
+          out[(m + lane) * N + n] = plow::act_fn(g4[lane], op.d[3]) * u4[lane];
+        }
       }
     for (; m < r[0].b; ++m) {
       warp_dot_rows4(xs + (m - r[0].a) * ldx, op.w0, op.w0_dtype, 2 * n0 * K + k0, K, 2 * nc,
                      kn, lane, g4);
-      if (lane == 0) {
+      if (lane == 0 && part != nullptr) {
+        for (int j = 0; j < 2 * nc; ++j) part[m * 2 * N + 2 * n0 + j] = g4[j];
+      } else if (lane == 0) {
         out[m * N + n0] = plow::act_fn(g4[0], op.d[3]) * g4[1];
         if (nc == 2) out[m * N + n0 + 1] = plow::act_fn(g4[2], op.d[3]) * g4[3];
       }
@@ -557,7 +568,7 @@ __device__ void tile_linear_glu_cta(const Ctx& c, const PlowOp& op, const Range*
 #else
   (void)xs;
   (void)ldx;
-  if (threadIdx.x == 0) plow::tile_linear_glu(c, op, r);
+  if (threadIdx.x == 0) plow::tile_linear_glu(c, op, r, step);
 #endif
 }
 
@@ -828,7 +839,7 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       case plow::PLOW_ADD_RMSNORM: tile_add_rmsnorm_cta(c, op, r, step); break;
       // the fused linears (kernels/fused.h): the linear's warp dots, then the fused store
       case plow::PLOW_LINEAR_QKV: warp_linear_cta<Fuse::qkv>(c, op, r, step, nullptr, 0); break;
-      case plow::PLOW_LINEAR_GLU: tile_linear_glu_cta(c, op, r); break;
+      case plow::PLOW_LINEAR_GLU: tile_linear_glu_cta(c, op, r, step); break;
       default: return PLOW_NO_TILE;  // a kind this build has no tile for: the step stops
     }
   }
@@ -914,7 +925,7 @@ __device__ bool tile_linear_tc(const Ctx& c, const PlowOp& op, const Range* r, i
   return false;  // the HIP loader marks no op for tensor cores
 #else
   const int64_t N = op.d[1], K = op.d[2];
-  (void)N;  // linear_glu's output width
+  (void)N;  // linear_glu's output width (its partial's rows: 2N)
   const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
   if (xs == nullptr) xs = c.A + op.t[0] + r[0].a * K + k0, ldx = K;
   if (op.w0_dtype != PLOW_BF16 || K % 8 != 0 || k0 % 8 != 0 || ldx % 4 != 0 ||
@@ -963,7 +974,12 @@ __device__ bool tile_linear_tc(const Ctx& c, const PlowOp& op, const Range* r, i
         memcpy(&Q, qa, 16);
         mma_block32(d, P, Q, xv);
       }
-      if constexpr (F == Fuse::glu) {
+      if (F == Fuse::glu && step >= 0) {  // split k: gate and up rows into the partial
+        for (int i = 0; i < 4; ++i) {
+          const int64_t n = n0 + g + (i >= 2 ? 8 : 0), m = m0 + 2 * t + (i & 1);
+          if (n < rb && m < r[0].b) c.A[op.t[2] + (step * op.d[0] + m) * 2 * N + n] = d[i];
+        }
+      } else if constexpr (F == Fuse::glu) {
         float up[4];
         for (int i = 0; i < 4; ++i) up[i] = PLOW_SHFL_DOWN(d[i], 4);  // every lane: uniform
         for (int i = 0; i < 4; ++i) {
@@ -1075,7 +1091,7 @@ __device__ bool run_record_extras(const Ctx& c, const plow::Record& rec, int64_t
       const int64_t ldx = xs != nullptr ? r[2].b - r[2].a : 0;
       if (glu) {
         if (!(tc && tile_linear_tc<Fuse::glu>(c, op, r, step, xs, ldx)))
-          tile_linear_glu_cta(c, op, r, xs, ldx);
+          tile_linear_glu_cta(c, op, r, step, xs, ldx);
       } else if (qkv) {
         if (!(tc && tile_linear_tc<Fuse::qkv>(c, op, r, step, xs, ldx)))
           warp_linear_cta<Fuse::qkv>(c, op, r, step, xs, ldx);

@@ -125,7 +125,6 @@ let task_theorems = [
   "Plow.Partitionproof.check_plan_tasks_sound";
   "Plow.Partitionproof.chain_partitions";
   "Plow.Partitionproof.check_task_sound";
-  "Plow.Partitionproof.check_unsplit_sound";
 ]
 
 (* Numbers in reasons: exact below a million, else like 1.2e10. *)
@@ -194,11 +193,6 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
   | Reject e -> (
       match e with
       | E_zero_tile (k, a) -> reject (Printf.sprintf "%s: zero-width tile" (where k a))
-      | E_below_min (k, a, t, m) when i a = 2 && (op k).plan <> None
-                                      && List.mem (op k).kind ["linear_glu"; "linear_qkv"]
-                                      && (List.nth (op k).axes 2).extent = i m ->
-          reject (Printf.sprintf "%s: tile %d below the extent %d (a fused %s never splits k)"
-                    (where k a) (i t) (i m) (op k).kind)
       | E_below_min (k, a, t, m) ->
           reject (Printf.sprintf "%s: tile %d below the minimum tile %d of target %s"
                     (where k a) (i t) (i m) tname)

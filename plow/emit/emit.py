@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +49,7 @@ from plow.emit.files import (
 from plow.emit.wire import NO_COUNTER, PACKET_DTYPE, Flag, Opcode, PacketArray
 from plow.errors import PlowError
 from plow.graph import Bucket, OpGraph
-from plow.memory.arena import Arena, split_steps
+from plow.memory.arena import Arena, partial_numel, split_steps
 from plow.memory.onchip import PagePlan
 from plow.schedule.ir import Schedule, TaskKind
 from plow.target.model import Target
@@ -118,6 +119,8 @@ def op_table(
             kind, steps = split[op.name]
             partial = f"{op.name}#partial"
             out_shape = list(graph.tensor(op.outputs[0]).shape)
+            if kind in ("linear_glu", "linear_qkv"):  # [steps, .., gate/up pairs or q|k|v]
+                out_shape[-1] = partial_numel(graph, i) // max(1, math.prod(out_shape[:-1]))
             b = bufs[partial]
             tensors[partial] = TensorEntry(
                 shape=[steps, *out_shape, *([2] if kind == "sample" else [])],

@@ -796,6 +796,8 @@ REDUCTION_AXIS: dict[str, int] = {
     "sample": 1,
     "rmsnorm": 1,
     "add_rmsnorm": 1,
+    "linear_glu": 2,
+    "linear_qkv": 2,
 }
 
 
@@ -830,7 +832,7 @@ def merge_unit_count(o: OpEntry, tensors: dict[str, TensorEntry], workers: int) 
         return j * a.tile, min((j + 1) * a.tile, a.extent)
 
     rest0 = nb // max(1, ax[0].steps)  # blocks per step of axis 0
-    if o.kind in MATMUL_KINDS:  # a block writes one n step of the output
+    if o.kind in (*MATMUL_KINDS, "linear_glu", "linear_qkv"):  # a block: one n step of out
         n = ax[1]
         widths = [min((j + 1) * n.tile, n.extent) - j * n.tile for j in range(n.steps)]
         return (nb // max(1, n.steps)) * sum(_chunks(w, per) for w in widths)

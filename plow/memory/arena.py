@@ -55,6 +55,8 @@ _SPLIT_AXIS = {
     "sample": 1,
     "rmsnorm": 1,
     "add_rmsnorm": 1,
+    "linear_glu": 2,  # R2+R3+R13: a step's partial holds a gate and an up per output column
+    "linear_qkv": 2,  # R4: a step's partial holds the q, k, v columns side by side
 }
 _SPLIT_AXIS["expert_linear"] = 2  # routed experts: the down projection sums over experts
 
@@ -108,6 +110,15 @@ def partial_bytes(kind: str, out_numel: int, steps: int) -> int:
     """Bytes of `<op>#partial`: fp32 partials per reduction step of the output
     (`sample` keeps a (value, index) pair per step)."""
     return steps * out_numel * 4 * (2 if kind == "sample" else 1)
+
+
+def partial_numel(graph: OpGraph, i: int) -> int:
+    """Elements of one reduction step of op `i`'s partial: its first output's, twice that for
+    linear_glu (gate and up), q + k + v for linear_qkv."""
+    op = graph.ops[i]
+    if op.kind.value == "linear_qkv":
+        return sum(graph.tensor(t).numel for t in op.outputs)
+    return graph.tensor(op.outputs[0]).numel * (2 if op.kind.value == "linear_glu" else 1)
 
 
 def split_steps(tg: TileGraph) -> dict[str, tuple[str, int]]:
@@ -173,9 +184,8 @@ def plan_arena(
     idx = {op.name: i for i, op in enumerate(graph.ops)}
     scratch: dict[str, int] = {}
     for name, (kind, steps) in split_steps(tg).items():
-        out = graph.tensor(graph.ops[idx[name]].outputs[0])
         scratch[f"{name}#partial"] = idx[name]
-        sizes[f"{name}#partial"] = partial_bytes(kind, out.numel, steps)
+        sizes[f"{name}#partial"] = partial_bytes(kind, partial_numel(graph, idx[name]), steps)
     ios = [(op.inputs, op.outputs) for op in graph.ops]
     live = live_ranges(ios, roles, scratch)
 

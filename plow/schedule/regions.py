@@ -9,8 +9,8 @@ tile whose output it reads.
 | kind | reads (input 0 / activations) | writes |
 | --- | --- | --- |
 | linear, lm_head | `x[m, k]` (a split `k` reads a slice of the reduction) | `out[m, n]` |
-| linear_glu (R2+R3+R13) | `x[m, k]` (k never split) | `out[m, n]` |
-| linear_qkv (R4) | `x[m, k]` (k never split) | `n` of q, k, v side by side (`output_columns`) |
+| linear_glu (R2+R3+R13) | `x[m, k]` (split: the partial's gate and up of `n`) | `out[m, n]` |
+| linear_qkv (R4) | `x[m, k]` | `n` of q, k, v side by side (`output_columns`) |
 | rmsnorm | the tile's rows (groups) mapped back to tensor rows/cols | same box |
 | rope | the tile's rows, columns widened to whole heads (rotation pairs) | the tile's box |
 | attention | per batch row: query heads of the key-value heads its rows touch, and those |
@@ -59,6 +59,8 @@ REDUCTION_AXIS: dict[str, int] = {
     "sample": 1,
     "rmsnorm": 1,
     "add_rmsnorm": 1,  # R1 split: tiles write sums + partials, merges write the norm
+    "linear_glu": 2,  # R2+R3+R13 split: partials of gate and up, merges write act(g) * u
+    "linear_qkv": 2,  # R4 split: partials of the q, k, v columns, merges route them
 }
 
 

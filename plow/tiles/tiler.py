@@ -66,6 +66,11 @@ REDUCTION_AXIS = {
     OpKind.rmsnorm: 1,
     OpKind.sample: 1,
     OpKind.add_rmsnorm: 1,  # R1: column tiles write their sums and sums of squares; a merge
+    # R2+R3+R13 / R4: k tiles write fp32 partials of every weight row they read (linear_glu:
+    # the gate and the up of each output column; linear_qkv: the q, k, v columns side by
+    # side); the merge sums them in step order, then applies act(gate) * up / routes q, k, v
+    OpKind.linear_glu: 2,
+    OpKind.linear_qkv: 2,
 }
 
 
@@ -220,8 +225,7 @@ class _Tiler:
         n_out //= glu
         one_wave = round_up(cdiv(n_out, W), self.cmin)
         k_sizes = {round_up(k_in, self.cmin)}
-        fused = op.kind in (OpKind.linear_glu, OpKind.linear_qkv)  # never split k
-        for s in () if fused else self.opt.k_splits:
+        for s in self.opt.k_splits:
             if s > 1 and cdiv(k_in, s) >= self.cmin:
                 t = round_up(cdiv(k_in, s), self.cmin)
                 if cdiv(k_in, t) > 1:
@@ -236,14 +240,15 @@ class _Tiler:
 
         def tile_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             mt, nt, kt = t
-            out = a if s[2] == 1 else 4  # a split reduction writes fp32 partials
+            # a split reduction writes fp32 partials (linear_glu: a gate's and an up's)
+            out = a if s[2] == 1 else 4 * glu
             return mt * kt * a + glu * nt * kt * w + mt * nt * out + (nt * w if bias else 0)
 
         def merge_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             if s[2] == 1:
                 return 0
             mp, np_ = t[0] * s[0], t[1] * s[1]
-            return s[2] * mp * np_ * 4 + mp * np_ * a
+            return s[2] * mp * np_ * 4 * glu + mp * np_ * a
 
         def onchip(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             mt, nt, kt = t

@@ -11,16 +11,23 @@ table's; the interleaved weight is the checkpoint's gate and up rows alternated,
 concatenated one q, k, v stacked; `plow inspect --rewrites` lists the applied blocks. Fusion
 is on by default; `--no-fuse` (fuse=False) writes no `rewrites.json` and no fused kind.
 The CUDA source's fused tiles, on the emulation build of tests/runtime/test_cuda.py, give the
-native executor's tokens and logits bit for bit.
+native executor's tokens and logits bit for bit (also with the fused matmuls' k split).
+
+Split k: where every linear splits its k alike (64 workers, at most two k steps), a fused
+linear_glu / linear_qkv writes partials and merges them (ordered sums; then act(gate) * up, or
+the q, k, v routing), and its logits equal the unfused split plan's bit for bit on the native
+and numpy executors, its tokens transformers'.
 
 Fused bundles are compiled with `verify=True` and opened verified: every checkpoint, A to F,
 accepts them (B's shape rules and D's access rules know the fused kinds); a fused bundle with
-a fused op's reduction split, a task box moved, or a consumer's wait on a fused op dropped
-(files kept consistent, hashes re-forged) is rejected by B or D.
+a fused op's k split without partials and merges, a task box moved, or a consumer's wait on a
+fused op (or a split glu merge's wait on its partials) dropped (files kept consistent, hashes
+re-forged) is rejected by B or D.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -81,6 +88,30 @@ def bundles(
     return out
 
 
+@pytest.fixture(scope="module")
+def k_split_bundles(
+    tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, bool], Path]:
+    """64 workers and k split at most in two (`TilingOptions.k_splits`): every linear, fused
+    or not, splits its k in two steps of the same width, so a fused linear_glu / linear_qkv
+    reduces each weight row as the unfused gate / up / q / k / v linear does."""
+    import plow.compile
+    from plow.tiles.tiler import TilingOptions
+
+    root = tmp_path_factory.mktemp("fused-ksplit")
+    wide = load_target("cpu").model_copy(update={"workers": 64, "tile_overhead_ns": 50})
+    out: dict[tuple[str, bool], Path] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plow.compile, "TilingOptions", functools.partial(TilingOptions, k_splits=(1, 2)))
+        for fam in FAMILIES:
+            for fuse in (False, True):
+                out[fam, fuse] = root / f"{fam}-{fuse}"
+                compile_bundle(
+                    tiny_checkpoints[fam], out[fam, fuse], wide, _profile(fuse), verify=fuse
+                )
+    return out
+
+
 def _ops(bundle: Path, rung: str) -> OpTable:
     return OpTable.model_validate_json((bundle / f"plan/{rung}.ops.json").read_bytes())
 
@@ -108,6 +139,28 @@ def test_fused_bundle_tokens_equal_transformers_on_cpu_and_native(
         plain = bundles[family, False]
         got = prefill_logits(open_native(path, verify=False), PROMPTS[0])  # verified above
         assert np.array_equal(got, prefill_logits(open_native(plain, verify=False), PROMPTS[0]))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_split_k_fused_matmuls_keep_the_unfused_split_bits_and_transformers_tokens(
+    k_split_bundles: dict, tiny_checkpoints: dict[str, Path], family: str
+) -> None:
+    """A fused linear_glu / linear_qkv whose k is split (partials, then merges: the ordered
+    sums, then act(gate) * up for glu, the q, k, v routing for qkv) gives the unfused split
+    plan's prefill logits bit for bit on the native and numpy executors, and transformers'
+    greedy tokens; the bundle is certified A-F (compiled with verify, opened verified)."""
+    fused, plain = k_split_bundles[family, True], k_split_bundles[family, False]
+    for rung in ("decode_b1_s48", "decode_b4_s48", "prefill_b1_s16_c48"):
+        for kind in ("linear_glu", "linear_qkv"):
+            ops = [o for o in _ops(fused, rung).ops if o.kind == kind]
+            assert ops and all(o.partial and o.axes[2].steps == 2 for o in ops), (rung, kind)
+    want = hf_greedy(tiny_checkpoints[family], PROMPTS, NEW)
+    reqs = [Request(tuple(p), NEW) for p in PROMPTS]
+    assert generate(CpuModel.from_bundle(fused, max_batch=4), reqs) == want  # opened verified
+    assert generate(open_native(fused, max_batch=4), reqs) == want
+    for open_ in (CpuModel.from_bundle, open_native):
+        got = prefill_logits(open_(fused, verify=False), PROMPTS[0])
+        assert np.array_equal(got, prefill_logits(open_(plain, verify=False), PROMPTS[0]))
 
 
 def test_fused_decode_plan_has_fewer_ops_edges_and_packets(bundles: dict) -> None:
@@ -224,6 +277,35 @@ def test_the_emulated_cuda_kernel_runs_a_fused_plan_with_the_native_bits(
     assert np.array_equal(got_logits, want_logits)
 
 
+def test_the_emulated_cuda_kernel_splits_the_fused_matmuls_k_with_the_native_bits(
+    tiny_checkpoints: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A fused h200 plan for 32 SMs with cheap tiles: the tiler splits linear_glu's and
+    linear_qkv's k (partials, merges); device.cu's fused tiles and merges, emulated, give the
+    native executor's tokens and logits bit for bit."""
+    from plow.runtime.cuda import open_cuda
+    from plow.runtime.native import NativeModel
+    from tests.runtime.test_cuda import PROFILE, _tokens_and_logits
+
+    path = tmp_path_factory.mktemp("fusedcuda-ksplit") / "bundle"
+    wide = load_target("h200").model_copy(update={"workers": 32, "tile_overhead_ns": 10})
+    compile_bundle(tiny_checkpoints["llama"], path, wide, PROFILE.model_copy(update={"fuse": True}))
+    split = {o.kind for o in _ops(path, "decode_b1_s96").ops if o.partial}
+    assert split >= {"linear_glu", "linear_qkv"}
+    native = NativeModel.from_bundle(path, max_batch=4, verify=False)
+    want, want_logits = _tokens_and_logits(native)
+    one = [Request(tuple(PROMPTS[1]), NEW)]  # the batch-1 rung: the one-row dots
+    want1 = generate(native, one)
+    request.getfixturevalue("on_emulator")
+    m = open_cuda(path, max_batch=4, verify=False)
+    got, got_logits = _tokens_and_logits(m)
+    assert got == want
+    assert np.array_equal(got_logits, want_logits)
+    assert generate(m, one) == want1
+
+
 def test_plow_compile_fuses_by_default_and_no_fuse_opts_out(
     tiny_checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -264,8 +346,9 @@ def _fused_op(ops: dict[str, Any], kind: str) -> dict[str, Any]:
     return next(o for o in ops["ops"] if o["kind"] == kind)
 
 
-def _split_k(ops: dict[str, Any]) -> None:  # linear_glu's k in two tiles (charged the same)
-    k = _fused_op(ops, "linear_glu")["axes"][2]
+def _split_k(ops: dict[str, Any]) -> None:  # linear_qkv's k in two tiles, no partials/merges
+    k = _fused_op(ops, "linear_qkv")["axes"][2]
+    assert k["steps"] == 1  # the tiler keeps it whole on this target
     k["tile"], k["steps"] = k["extent"] // 2, 2
 
 
@@ -286,7 +369,7 @@ GLU = "L0.gate_proj+L0.up_proj+L0.gated_mlp"
 @pytest.mark.parametrize(
     ("edit", "rejecting", "says", "tensor"),
     [
-        (("ops", _split_k), "BD", "a fused linear_glu never splits k", None),
+        (("ops", _split_k), "BD", "(linear_qkv): tiles 16..32 of 32 run by no task", None),
         (("ops", _narrow_v), "B", "do not fit the linear_qkv rule", None),
         (("schedule", _move_box), "BD", f"op {QKV!r}".replace("'", '"'), None),
         # k_rope reads linear_qkv's k columns (not q's): the rule routes columns by width
@@ -303,6 +386,18 @@ GLU = "L0.gate_proj+L0.up_proj+L0.gated_mlp"
             f"({NORM}#",
             f"{NORM}#partial",
         ),
+        # a split linear_glu's merges read the gate and up partials its k tiles write
+        (
+            (
+                "schedule",
+                rewire_wait(
+                    f"{GLU}.merge", f"{GLU}.partial.done", "L0.attn_residual+L0.mlp_norm.done"
+                ),
+            ),
+            "D",
+            f"({GLU}#",
+            f"{GLU}#partial",
+        ),
         # the q/k/v of layer 1 read the norm the merges of add_rmsnorm write
         (
             (
@@ -313,23 +408,21 @@ GLU = "L0.gate_proj+L0.up_proj+L0.gated_mlp"
             f"({NORM}.merge#",
             "L1.attn_norm",
         ),
-        # down_proj reads what linear_glu writes
+        # down_proj reads what linear_glu writes (split here: what its merges write)
         (
-            (
-                "schedule",
-                rewire_wait("L0.down_proj", f"{GLU}.done", "L0.attn_residual+L0.mlp_norm.done"),
-            ),
+            ("schedule", rewire_wait("L0.down_proj", f"{GLU}.done", f"{GLU}.partial.done")),
             "D",
-            f"({GLU}#",
+            f"({GLU}.merge#",
             "L0.gated_mlp",
         ),
     ],
     ids=[
-        "glu-k-split",
+        "qkv-k-split",
         "qkv-v-narrowed",
         "qkv-box-moved",
         "qkv-k-wait",
         "norm-partial-wait",
+        "glu-partial-wait",
         "norm-wait",
         "glu-wait",
     ],

@@ -26,11 +26,13 @@ ranges are row-major over the op's axes; views are `rows x cols` with `cols` the
 - allreduce (tensor parallel, one op per device): reads the same box of every device's
   partial, writes it of the device's sum;
 - fused ops (issue 15, `kernels/fused.h`): linear_glu as linear (its weight rows 2n, 2n + 1
-  are column n's gate and up; k never split); linear_qkv reads `x[m0:m1, k0:k1]` and writes
-  columns `n0:n1` of q, k, v side by side (q's columns first, then k's, then v's, each
-  output's width its last dim); add_rmsnorm reads the box of `a` and `b`, writes the box of
-  the sum (output 0), then unsplit reads the sum's whole rows and writes the norm's
-  (output 1), split writes the box's sums of squares (the partial `[step, rows]`);
+  are column n's gate and up; split: columns `2 n0:2 n1` of the partial `[k step, m, 2N]`);
+  linear_qkv reads `x[m0:m1, k0:k1]` and writes columns `n0:n1` of q, k, v side by side
+  (q's columns first, then k's, then v's, each output's width its last dim; split: columns
+  `n0:n1` of the partial `[k step, m, nq + nk + nv]`); add_rmsnorm reads the box of `a` and
+  `b`, writes the box of the sum (output 0), then unsplit reads the sum's whole rows and
+  writes the norm's (output 1), split writes the box's sums of squares (the partial
+  `[step, rows]`);
 - embedding: reads `ids[a:b]`; writes `out[a:b, c0:c1]`;
 - attention: reads `q` of its rows (row `r` = batch, kv head, token, head in the group), this
   step's `k`/`v` of every token of its (batch, kv head) blocks, and `positions`; writes `out`
@@ -82,9 +84,14 @@ MATMUL = (*MATMUL, "expert_linear")
 # Fused ops (issue 15, kernels/fused.h): add_rmsnorm's columns split as rmsnorm's do (its
 # tiles write their sums and their sums of squares, merges write the norm); linear_glu is a
 # matmul over (m, n, k) whose weight rows 2n and 2n + 1 are a column n's gate and up (the
-# weight is not in the byte model). linear_qkv's k and linear_glu's are never split (B).
+# weight is not in the byte model). Both fused matmuls may split k: a k tile writes the fp32
+# partial `[k step, m, 2 N]` of every weight row it reads (linear_glu: column n's gate at
+# 2n, its up at 2n + 1; linear_qkv: `[k step, m, nq + nk + nv]`, q, k, v side by side).
 REDUCTION_AXIS["add_rmsnorm"] = 1
+REDUCTION_AXIS["linear_glu"] = 2
+REDUCTION_AXIS["linear_qkv"] = 2
 MATMUL = (*MATMUL, "linear_glu")
+MERGED_MATMUL = (*MATMUL, "linear_qkv")  # merges read their box of every step's partial
 
 Access = tuple[int, int, int]  # [lo, hi) bytes, write 1 / read 0
 
@@ -195,6 +202,14 @@ def _partial_row(o: OpEntry, ot: OpTable) -> int:
     return math.prod(shape[1:]) if shape else 0
 
 
+def _partial_cols(o: OpEntry, ot: OpTable) -> int:
+    """Columns of one row of the op's partial (its last dim; a linear's: its output's; no
+    partial in the op table: its first output's)."""
+    if o.partial is None or o.partial not in ot.tensors:
+        return _view(ot.tensors[o.outputs[0]].shape)[1]
+    return _view(ot.tensors[o.partial].shape[1:])[1]
+
+
 def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]) -> None:
     ax = _tile_ranges(o, j)
     k = o.kind
@@ -206,8 +221,8 @@ def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]
         gate_up = o.attrs.get("mode") == "gate_up"
         e = n0 // max(1, wn // 2) if gate_up else k0 // max(1, kin)
         sp.box(o.inputs[1], m0, m1, e, e + 1, False, out)
-    if k == "linear_qkv":  # columns n of cat3(q, k, v)'s rows go to q, k, v by their widths
-        (m0, m1, _), (n0, n1, _), (k0, k1, _) = ax
+    if k == "linear_qkv" and not split:  # columns n of cat3(q, k, v)'s rows go to q, k, v
+        (m0, m1, _), (n0, n1, _), (k0, k1, _) = ax  # by their widths
         sp.box(o.inputs[0], m0, m1, k0, k1, False, out)
         at = 0
         for name in o.outputs:
@@ -217,12 +232,13 @@ def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]
                 sp.box(name, m0, m1, lo - at, hi - at, True, out)
             at += w
         return
-    if k in MATMUL:
+    if k in MERGED_MATMUL:
         (m0, m1, _), (n0, n1, _), (k0, k1, ks) = ax
         sp.box(o.inputs[0], m0, m1, k0, k1, False, out)
         if split:
-            per = _partial_row(o, ot)
-            ncols = _view(ot.tensors[o.outputs[0]].shape)[1]
+            per, ncols = _partial_row(o, ot), _partial_cols(o, ot)
+            if k == "linear_glu":  # column n's gate and up: partial columns 2n, 2n + 1
+                n0, n1 = 2 * n0, 2 * n1
             for m in range(m0, m1):
                 lo = ks * per + m * ncols
                 sp.elems(dst, lo + n0, lo + n1, True, out)
@@ -416,7 +432,7 @@ def merge_boxes(ot: OpTable, o: OpEntry, workers: int) -> list[tuple[int, int, i
     for j in range(ntiles):
         ax = _tile_ranges(o, j)
         key = tuple((s, e) for i, (s, e, _) in enumerate(ax) if i != red)
-        if o.kind in MATMUL:
+        if o.kind in MERGED_MATMUL:
             box = [ax[0][0], ax[0][1], ax[1][0], ax[1][1]]
         elif o.kind == "attention":
             g = _Attn(ot, o)
@@ -456,14 +472,15 @@ def _merge_unit(
     dst = o.outputs[0]
     part = o.partial if o.partial and o.partial in ot.tensors else None
     steps = ot.tensors[part].shape[0] if part and ot.tensors[part].shape else 0
-    if part and o.kind in MATMUL:
+    if part and o.kind in MERGED_MATMUL:
         # the unit's own box of every step's partial ([step, M, N]): its columns, not the
         # whole buffer (other units' columns are written by tiles this unit never waits for)
-        per, ncols = _partial_row(o, ot), _view(ot.tensors[dst].shape)[1]
+        per, ncols = _partial_row(o, ot), _partial_cols(o, ot)
+        p0, p1 = (2 * c0, 2 * c1) if o.kind == "linear_glu" else (c0, c1)  # gate/up pairs
         for ks in range(steps):
             for m in range(r0, r1):
                 lo = ks * per + m * ncols
-                sp.elems(part, lo + c0, lo + c1, False, out)
+                sp.elems(part, lo + p0, lo + p1, False, out)
     elif part and o.kind == "add_rmsnorm":  # its rows of every step's partial [step, rows]
         per = _partial_row(o, ot)
         for ks in range(steps):
@@ -489,6 +506,15 @@ def _merge_unit(
             sp.elems(dst, r0, r1, True, out)
         for name in o.inputs[1:]:
             sp.whole(name, False, out)
+        return
+    if o.kind == "linear_qkv":  # columns c0..c1 of q, k, v side by side
+        at = 0
+        for name in o.outputs:
+            w = _view(ot.tensors[name].shape)[1]
+            lo, hi = max(c0, at), min(c1, at + w)
+            if lo < hi:
+                sp.box(name, r0, r1, lo - at, hi - at, True, out)
+            at += w
         return
     if o.kind == "add_rmsnorm":  # the sums of its box in, the norm of the same box out
         sp.box(o.outputs[0], r0, r1, c0, c1, False, out)

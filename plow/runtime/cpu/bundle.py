@@ -508,8 +508,9 @@ def _layout(
         at = word(pn) if arena == "bundle" else private_words[pn]
         cap = act[pn].size // e if arena == "bundle" else int(np.prod(act[pn].shape))
         shapes: list[tuple[str, tuple[int, ...], WordDType]]
-        if op.kind in ("linear", "lm_head", "expert_linear"):
-            shapes = [(pn, (s, op.extents[0], op.extents[1]), "float32")]
+        if op.kind in ("linear", "lm_head", "expert_linear", "linear_qkv", "linear_glu"):
+            cols = op.extents[1] * (2 if op.kind == "linear_glu" else 1)  # glu: gate, up pairs
+            shapes = [(pn, (s, op.extents[0], cols), "float32")]
         elif op.kind == "attention":
             shapes = [(pn, (s, op.extents[0], op.extents[2]), "float32")]
             private.append((pn + ".ml", (s, op.extents[0], 2), "float32"))

@@ -15,8 +15,8 @@ sub-blocks; split reductions combine per-tile fp32 partials:
 | rmsnorm | whole groups of rows | sum of squares of its cols | normalise the rows |
 | rope | rows x cols (reads whole heads) | - | - |
 | linear, lm_head | x[m, k] @ w[n, k]^T (+ bias, cap) | its k-slice product | sum, bias, cap |
-| linear_glu (R2+R3+R13) | act(x w[2n]^T) * (x w[2n+1]^T), interleaved w | - | - |
-| linear_qkv (R4) | x @ cat3(wq, wk, wv)^T, columns to q, k, v | - | - |
+| linear_glu (R2+R3+R13) | act(x w[2n]^T) * (x w[2n+1]^T) | gate, up | sums, act(g) * u |
+| linear_qkv (R4) | x @ cat3(wq, wk, wv)^T, columns to q, k, v | its product | sum, to q, k, v |
 | attention | rows (by kv head) over a key range | (o, max, sum) over its keys | rescale, sum |
 | gated_mlp, residual_add | element-wise box | - | - |
 | add_rmsnorm (R1) | a + b (written), then its norm | its sums' squares | normalise rows |
@@ -239,23 +239,66 @@ def _linear(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -
 
 def _linear_glu(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
     """R2+R3+R13 (plow/egraph): output column n is act(x . w[2n]) * (x . w[2n + 1]), the
-    gate and up linears over the interleaved weight, then the gated MLP (k never split)."""
+    gate and up linears over the interleaved weight, then the gated MLP. Split k: the gate
+    and up dots of the k slice into the partial `[step, M, 2N]` (gate at 2n, up at 2n + 1);
+    the merge applies the gated MLP to the summed partials."""
     (m0, m1), (n0, n1), (k0, k1) = r
     M, N, Kd = op.extents
     x = acc.get(op.inputs[0], (M, Kd), np.s_[m0:m1, k0:k1])
     w = acc.weight(op.inputs[1])[2 * n0 : 2 * n1, k0:k1]
     g = np.matmul(x, np.ascontiguousarray(w[0::2]).T).astype(F32)
     u = np.matmul(x, np.ascontiguousarray(w[1::2]).T).astype(F32)
+    if step is not None:
+        pair = np.stack([g, u], axis=-1).reshape(g.shape[0], -1)
+        pn = partial_name(op.name)
+        acc.put(pn, (op.steps[2], M, 2 * N), np.s_[step, m0:m1, 2 * n0 : 2 * n1], pair)
+        return
+    acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], K.gated_mlp(g, u, op.attrs))
+
+
+def _linear_glu_merge(
+    plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access
+) -> None:
+    """A split linear_glu's merge: its columns' gate and up partials, each summed in step
+    order (the unfused split linears' merges), then the gated MLP."""
+    (m0, m1), (n0, n1), _ = r
+    n0, n1 = max(n0, cols[0]), min(n1, cols[1])
+    M, N, _k = op.extents
+    steps = op.steps[2]
+    parts = acc.get(partial_name(op.name), (steps, M, 2 * N), np.s_[:, m0:m1, 2 * n0 : 2 * n1])
+    g, u = parts[0, :, 0::2].copy(), parts[0, :, 1::2].copy()
+    for k in range(1, steps):
+        g = g + parts[k, :, 0::2]
+        u = u + parts[k, :, 1::2]
     acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], K.gated_mlp(g, u, op.attrs))
 
 
 def _linear_qkv(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
     """R4 (plow/egraph): the linear over cat3(Wq, Wk, Wv); output column n is q's, k's or
-    v's by where it falls in their widths (k never split)."""
+    v's by where it falls in their widths (split k: a linear's partial `[step, M, N]`)."""
     (m0, m1), (n0, n1), (k0, k1) = r
     M, N, Kd = op.extents
     x = acc.get(op.inputs[0], (M, Kd), np.s_[m0:m1, k0:k1])
     y = np.matmul(x, acc.weight(op.inputs[1])[n0:n1, k0:k1].T).astype(F32)
+    if step is not None:
+        acc.put(partial_name(op.name), (op.steps[2], M, N), np.s_[step, m0:m1, n0:n1], y)
+        return
+    _qkv_put(plan, op, acc, y, m0, m1, n0, n1)
+
+
+def _linear_qkv_merge(
+    plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access
+) -> None:
+    """A split linear_qkv's merge: the linear's ordered sums, to q, k or v."""
+    y, m0, m1, n0, n1 = _summed_partials(op, r, cols, acc)
+    _qkv_put(plan, op, acc, y.astype(F32), m0, m1, n0, n1)
+
+
+def _qkv_put(
+    plan: Plan, op: OpEntry, acc: Access, y: np.ndarray, m0: int, m1: int, n0: int, n1: int
+) -> None:
+    """Columns n0..n1 of q | k | v side by side (`y`: rows m0..m1) into their tensors."""
+    M = op.extents[0]
     at = 0
     for t in op.outputs:
         w = _view2(_shape(plan, t))[1]
@@ -782,6 +825,8 @@ TILE: dict[str, TileFn] = {
 MERGE: dict[str, MergeFn] = {
     "rmsnorm": _rmsnorm_merge,
     "add_rmsnorm": _add_rmsnorm_merge,
+    "linear_glu": _linear_glu_merge,
+    "linear_qkv": _linear_qkv_merge,
     "linear": _linear_merge,
     "lm_head": _linear_merge,
     "attention": _attention_merge,

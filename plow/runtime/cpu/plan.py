@@ -255,9 +255,9 @@ def layout_for(graph: OpGraph, ops: tuple[OpEntry, ...], kv: KVShape, ring: int)
             continue
         s = op.steps[op.reduction_axis]
         pn = partial_name(op.name)
-        if op.kind in ("linear", "lm_head", "expert_linear"):
+        if op.kind in ("linear", "lm_head", "expert_linear", "linear_qkv", "linear_glu"):
             m, n = op.extents[0], op.extents[1]
-            lb.add(pn, (s, m, n))
+            lb.add(pn, (s, m, 2 * n if op.kind == "linear_glu" else n))
         elif op.kind == "attention":
             rows, d = op.extents[0], op.extents[2]
             lb.add(pn, (s, rows, d))

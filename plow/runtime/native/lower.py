@@ -381,14 +381,17 @@ def _lower_op(
         o.f[0], o.f[1] = float(op.attrs["eps"]), float(op.attrs.get("offset", 0.0))
         o.w0, o.w0_dtype = weight(op.inputs[2])
     elif k == "linear_glu":  # kernels/fused.h (R2+R3+R13): the interleaved gate/up weight
-        o.t[0], o.t[1] = word(op.inputs[0]), word(op.outputs[0])
+        o.t[0], o.t[1], o.t[2] = word(op.inputs[0]), word(op.outputs[0]), part
         o.d[0], o.d[1], o.d[2] = op.extents
         o.d[3] = 0 if op.attrs.get("activation", "silu") == "silu" else 1
+        o.d[4] = op.steps[2]  # split k: the partial's steps (gate, up pairs)
         o.w0, o.w0_dtype = weight(op.inputs[1])
     elif k == "linear_qkv":  # kernels/fused.h (R4): cat3(Wq, Wk, Wv), three outputs
         o.t[0] = word(op.inputs[0])
         o.t[1], o.t[2], o.t[3] = (word(t) for t in op.outputs)
+        o.t[4] = part  # split k: the partial [steps, M, nq + nk + nv]
         o.d[0], o.d[1], o.d[2] = op.extents
+        o.d[3] = op.steps[2]
         o.d[4], o.d[5], o.d[6] = (_view2(shape(t).shape)[1] for t in op.outputs)
         o.w0, o.w0_dtype = weight(op.inputs[1])
     elif k in SSM_KINDS:  # kernels/ssm.h; the state tensors are in the arena's state region
