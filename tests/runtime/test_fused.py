@@ -163,6 +163,30 @@ def test_split_k_fused_matmuls_keep_the_unfused_split_bits_and_transformers_toke
         assert np.array_equal(got, prefill_logits(open_(plain, verify=False), PROMPTS[0]))
 
 
+@pytest.mark.parametrize(
+    ("target", "family", "split"),
+    [("h200", "llama", {"linear_glu"}), ("h100", "gemma3", {"linear_glu", "linear_qkv"})],
+)
+def test_gpu_target_plans_split_the_fused_matmuls_k_and_are_certified(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path, target: str, family: str, split: set
+) -> None:
+    """On the shipped GPU specs (132 SMs) the tiler splits the tiny fixtures' fused matmuls'
+    k; the bundle is certified A-F and the bundle row by `plow verify`, and the numpy
+    executor (which runs any target's plan) gives transformers' greedy tokens."""
+    from plow.emit.verify import verify_bundle
+
+    path = tmp_path / "b"
+    compile_bundle(tiny_checkpoints[family], path, load_target(target), _profile(True), verify=True)
+    for rung in ("decode_b1_s48", "prefill_b1_s16_c48"):
+        assert {o.kind for o in _ops(path, rung).ops if o.partial} >= split, rung
+    rep = verify_bundle(path)
+    assert rep.accepted, [(r.checkpoint, r.reason) for r in rep.rows if r.rejected]
+    assert {r.checkpoint for r in rep.rows} >= {"A", "B", "C", "D", "E", "F", "bundle"}
+    reqs = [Request(tuple(p), NEW) for p in PROMPTS]
+    want = hf_greedy(tiny_checkpoints[family], PROMPTS, NEW)
+    assert generate(CpuModel.from_bundle(path, max_batch=4, verify=False), reqs) == want
+
+
 def test_fused_decode_plan_has_fewer_ops_edges_and_packets(bundles: dict) -> None:
     res = {}
     for fuse in (False, True):
