@@ -179,3 +179,33 @@ Proof.
       rewrite Hfk by exact Hg. unfold producer_cost. rewrite Hka, Hba. reflexivity. }
   split; [exact Hlat | apply latest_gated_sound; assumption].
 Qed.
+
+(** The converse of [latest_gated_sound] (gates non-empty): fine gates open the
+    barrier exactly when coarse ones do only if [latest_gated] holds.  So
+    [latest_gated] is C7r itself, per cost table, not only a sufficient test. *)
+Theorem latest_gated_complete f c P :
+  gates_in_range f c P -> c <> [] -> (forall p, In p P -> p <> []) ->
+  fine_barrier f c P = coarse_barrier f c -> latest_gated f c P = true.
+Proof.
+  intros [Hlen Hr] Hc Hne Heq. unfold fine_barrier, coarse_barrier in Heq.
+  set (g := fun cp : nat * list nat => maxl (map (fun k => nth k f 0) (snd cp)) + fst cp) in Heq.
+  assert (Hcomb : combine c P <> []).
+  { destruct c as [|c0 cs]; [congruence|]. destruct P as [|p0 ps]; simpl in Hlen; [lia|].
+    discriminate. }
+  assert (Hm : map g (combine c P) <> []) by (destruct (combine c P); [congruence|discriminate]).
+  apply maxl_attained in Hm. apply in_map_iff in Hm as [[cj pj] [Hg Hin]].
+  rewrite Heq in Hg. unfold g in Hg. simpl in Hg.
+  pose proof (in_combine_l _ _ _ _ Hin) as Hcj.
+  pose proof (in_combine_r _ _ _ _ Hin) as Hpj.
+  assert (Hle : maxl (map (fun k => nth k f 0) pj) <= maxl f).
+  { apply maxl_map_le. intros k Hk. apply maxl_ge, nth_In. exact (Hr pj k Hpj Hk). }
+  assert (cj <= maxl c) by (apply maxl_ge; exact Hcj).
+  assert (Hf : maxl (map (fun k => nth k f 0) pj) = maxl f) by lia.
+  assert (Hcm : cj = maxl c) by lia.
+  unfold latest_gated. apply existsb_exists. exists (cj, pj). split; [exact Hin|].
+  simpl. rewrite Hcm, Nat.eqb_refl. simpl.
+  assert (Hpm : map (fun k => nth k f 0) pj <> []).
+  { destruct pj; [exfalso; exact (Hne [] Hpj eq_refl) | discriminate]. }
+  apply maxl_attained in Hpm. rewrite Hf in Hpm. apply in_map_iff in Hpm as [k [Hk Hkin]].
+  apply existsb_exists. exists k. split; [exact Hkin | apply Nat.eqb_eq; exact Hk].
+Qed.

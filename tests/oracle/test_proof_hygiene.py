@@ -33,6 +33,7 @@ TOP_THEOREMS = [
     "Plow.Gatedproof.latest_gated_sound",
     "Plow.Gatedproof.fine_barrier_le_coarse",
     "Plow.Gatedproof.coupled_c7r_all_routings",
+    "Plow.Gatedproof.latest_gated_complete",
     "Plow.Wireproof.checkpoint_e_sound",
     "Plow.Emitcheckproof.checkpoint_e_emit_sound",
     "Plow.Emitcheckproof.check_emit_sound",
