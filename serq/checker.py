@@ -112,6 +112,7 @@ class _Checker:
         self.def_reads_state = False
         self.def_reads_now = False
         self.init_vars: dict[str, Type] | None = None
+        self.in_execute = False  # checking an engine's execute: random draws allowed
 
     # ------------------------------------------------------------------ helpers
     def declare(self, name: str, kind: str, loc: Loc) -> None:
@@ -178,9 +179,11 @@ class _Checker:
         if isinstance(e, A.MethodCall):
             return self.method(e, ctx)
         if isinstance(e, A.Draw):
-            if ctx is not Ctx.INIT:
+            if ctx is not Ctx.INIT and not (ctx is Ctx.ENGINE and self.in_execute):
                 raise SerqError(
-                    f"a random draw '~{e.dist}' is only allowed in a workload's init", e.loc
+                    f"a random draw '~{e.dist}' is only allowed in a workload's init or an "
+                    "engine's execute",
+                    e.loc,
                 )
             if e.dist not in DISTRIBUTIONS:
                 known = ", ".join(sorted(DISTRIBUTIONS))
@@ -406,7 +409,12 @@ class _Checker:
             if isinstance(item, A.TokensCap):
                 self.expect(item.value, Ctx.ENGINE, "number", "tokens cap")
             elif isinstance(item, A.Execute):
-                self.expect(item.value, Ctx.ENGINE, "number", "execute")
+                # a draw here is one sample per iteration (docs/serq.md, random costs)
+                self.in_execute = True
+                try:
+                    self.expect(item.value, Ctx.ENGINE, "number", "execute")
+                finally:
+                    self.in_execute = False
             else:
                 kinds: set[str] = set()
                 for c in item.clauses:

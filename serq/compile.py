@@ -442,7 +442,9 @@ def _build(
             cap = gen(item.value, eng_env)
             cap_expr = item.value
         elif isinstance(item, A.Execute):
-            exec_code = gen(item.value, eng_env)
+            # a draw in execute reads the same streams as `init`'s, once per iteration
+            exec_code = gen(item.value, Env(eng_env.consts, eng_env.names, eng_env.attrs,
+                                            eng_env.defs, draws=True))  # fmt: skip
             exec_expr = item.value
         else:
             for cl in item.clauses:
@@ -802,8 +804,11 @@ def _build(
     reads_time = re.compile(r"\b(now|served)\b")
     reads_batch = re.compile(r"\b(b_tok|b_req)\b")
     reset = form.index("b_tok = b_req = adv = 0; pdone = adone = None; pa = -1")
+    # nor draw: a drawn duration differs from one iteration to the next
+    draws = re.compile(r"\b_[UX]\(\)")
     fast_ok = (
         fast
+        and not draws.search(exec_code)
         and not any(reads_time.search(ln) for ln in [*form, exec_code])
         and not any(reads_batch.search(ln) for ln in form[:reset])
     )

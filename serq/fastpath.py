@@ -38,8 +38,9 @@ def fast_block(
     """Code run after a batch is formed: step the run of identical iterations it starts.
 
     Only generated when no batch-formation expression and not ``execute`` reads ``now`` or
-    ``served`` (and the cap and modes, computed before the batch is reset, do not read the
-    previous batch): the batch an iteration forms is then a function of the request state
+    ``served``, ``execute`` draws nothing (a drawn duration differs between two iterations
+    of the same batch), and the cap and modes, computed before the batch is reset, do not read
+    the previous batch: the batch an iteration forms is then a function of the request state
     alone (counts, queues, remaining prefill), and so is its duration. Two kinds of batch are
     repeated by the iterations that follow them until something changes that state:
 

@@ -430,8 +430,13 @@ def check_claims(spec: Spec, st: State, b: Batch, trace: list[tuple[Any, ...]]) 
             st.violation[i] = (st.iteration, st.now, list(trace))
 
 
-def duration(spec: Spec, st: State, b: Batch) -> float:
-    dur = ev(spec.execute, engine_env(spec, st, b, len(st.waiting) - b.taken))
+def duration(
+    spec: Spec, st: State, b: Batch, draw: Callable[[str], float] | None = None
+) -> float:
+    """The iteration's end; a draw in ``execute`` reads ``draw`` (once per iteration, after
+    the arrivals up to ``now`` drew their ``init``)."""
+    env = engine_env(spec, st, b, len(st.waiting) - b.taken)
+    dur = ev(spec.execute, Env(env.names, env.attrs, env.defs, draw))
     if not 0 <= dur < INF:
         kind = "negative" if dur < 0 else "non-finite"
         raise SerqError(f"execute gave a {kind} duration {dur}", spec.execute.loc)
@@ -622,7 +627,7 @@ def run(
         if trace:
             recent = [*recent, row][-trace_len:]
         check_claims(spec, st, b, recent)
-        end = duration(spec, st, b)
+        end = duration(spec, st, b, draw)
         finish_iteration(spec, st, b, end, m)
         if steps is not None:
             steps.append(snapshot(st, row))

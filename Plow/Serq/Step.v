@@ -313,3 +313,46 @@ Definition every_iteration (E : engine) (arrivals : list req) (P : view -> Prop)
 
 Definition every_path (E : engine) (given : req -> bool) (P : view -> Prop) : Prop :=
   forall arrivals, Forall (fun r => given r = true) arrivals -> every_iteration E arrivals P.
+
+(** ** Random costs: draws in [execute]
+
+    A draw in [execute] ([serq/interp.py]: one sample per iteration, read after the
+    iteration's arrivals drew their [init]) is modelled as an input: the iteration's
+    sample [u], a natural, from a stream [draws : nat -> nat] indexed by the iteration
+    count.  A [dengine]'s [execute] reads the view and the sample; for a fixed stream a
+    run is deterministic, and a claim holds on every path when it holds for every
+    arrival list and every stream.  An engine without draws is the [dengine] that
+    ignores its sample ([of_engine]); [Stepproof.every_path_d_of_engine] shows the two
+    semantics agree on it, so every claim proved of [step] holds of [stepd]. *)
+Record dengine := mk_dengine {
+  d_cap : option (view -> nat);
+  d_advance : option clause;
+  d_admit : option clause;
+  d_execute : view -> nat -> nat    (** [execute (...)] given the iteration's sample, µs *)
+}.
+
+(** The engine one iteration runs: the sample [u] fixed. *)
+Definition at_draw (D : dengine) (u : nat) : engine :=
+  mk_engine (d_cap D) (d_advance D) (d_admit D) (fun v => d_execute D v u).
+
+Definition of_engine (E : engine) : dengine :=
+  mk_dengine (e_cap E) (e_advance E) (e_admit E) (fun v _ => e_execute E v).
+
+Definition stepd (D : dengine) (draws : nat -> nat) (st : state) : outcome :=
+  step (at_draw D (draws (s_iter st))) st.
+
+Fixpoint rund (D : dengine) (draws : nat -> nat) (n : nat) (st : state) : state :=
+  match n with
+  | 0 => st
+  | S n' => rund D draws n' (next (stepd D draws st))
+  end.
+
+Definition every_iteration_d (D : dengine) (draws : nat -> nat) (arrivals : list req)
+    (P : view -> Prop) : Prop :=
+  forall n st1 b st',
+    stepd D draws (rund D draws n (init arrivals)) = Iterated st1 b st' ->
+    P (claim_view st1 b).
+
+Definition every_path_d (D : dengine) (given : req -> bool) (P : view -> Prop) : Prop :=
+  forall draws arrivals, Forall (fun r => given r = true) arrivals ->
+    every_iteration_d D draws arrivals P.

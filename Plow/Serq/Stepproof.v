@@ -265,3 +265,72 @@ Proof.
   pose proof (filter_length_le has_dec (map dec1 (b_admitted_dec b))). rewrite map_length in *.
   lia.
 Qed.
+
+(** ** Draws in [execute] (the sample stream of [Step.stepd])
+
+    - [stepd_of_engine], [rund_of_engine], [every_path_d_of_engine]: an engine without
+      draws runs the same under the stream semantics, for every stream, so every claim
+      proved with [every_path] holds with [every_path_d];
+    - [every_path_d_of_invariant]: an invariant preserved by the iteration at every
+      sample proves a claim for every stream and every arrival list;
+    - [form_batch_at_draw]: the batch does not depend on the sample, so claims on the
+      batch ([tokens <= cap]) carry over from any one sample ([every_path_d_cap]). *)
+
+Lemma at_draw_of_engine (E : engine) (u : nat) : at_draw (of_engine E) u = E.
+Proof. destruct E; reflexivity. Qed.
+
+Lemma stepd_of_engine (E : engine) (draws : nat -> nat) (st : state) :
+  stepd (of_engine E) draws st = step E st.
+Proof. unfold stepd. now rewrite at_draw_of_engine. Qed.
+
+Lemma rund_of_engine (E : engine) (draws : nat -> nat) (n : nat) (st : state) :
+  rund (of_engine E) draws n st = run E n st.
+Proof.
+  revert st; induction n as [|n IH]; intros st; simpl; [reflexivity|].
+  rewrite stepd_of_engine. apply IH.
+Qed.
+
+Lemma every_path_d_of_engine (E : engine) (g : req -> bool) (P : view -> Prop) :
+  every_path_d (of_engine E) g P <-> every_path E g P.
+Proof.
+  split.
+  - intros H arr Hg n st1 b st' Hs. apply (H (fun _ => 0) arr Hg n st1 b st').
+    now rewrite rund_of_engine, stepd_of_engine.
+  - intros H draws arr Hg n st1 b st' Hs. apply (H arr Hg n st1 b st').
+    now rewrite rund_of_engine, stepd_of_engine in Hs.
+Qed.
+
+Lemma rund_invariant (D : dengine) (draws : nat -> nat) (I : state -> Prop)
+    (P : view -> Prop) :
+  (forall u, preserves (at_draw D u) I P) -> forall n st, I st -> I (rund D draws n st).
+Proof.
+  intros Hp n; induction n as [|n IH]; intros st Hi; simpl; [exact Hi|].
+  apply IH. specialize (Hp (draws (s_iter st)) st Hi). unfold stepd.
+  destruct (step (at_draw D (draws (s_iter st))) st); simpl; tauto.
+Qed.
+
+Lemma every_path_d_of_invariant (D : dengine) (g : req -> bool) (I : state -> Prop)
+    (P : view -> Prop) :
+  (forall arr, Forall (fun r => g r = true) arr -> I (init arr)) ->
+  (forall u, preserves (at_draw D u) I P) -> every_path_d D g P.
+Proof.
+  intros H0 Hp draws arr Hg n st1 b st' Hs.
+  pose proof (rund_invariant D draws I P Hp n _ (H0 arr Hg)) as Hi.
+  specialize (Hp (draws (s_iter (rund D draws n (init arr)))) _ Hi).
+  unfold stepd in Hs. rewrite Hs in Hp. tauto.
+Qed.
+
+Lemma form_batch_at_draw (D : dengine) (u u' : nat) (st : state) :
+  form_batch (at_draw D u) st = form_batch (at_draw D u') st.
+Proof. reflexivity. Qed.
+
+Lemma every_path_d_cap (D : dengine) (g : req -> bool) (c : nat) :
+  d_cap D = Some (fun _ => c) -> every_path_d D g (fun v => v_tokens v <= c).
+Proof.
+  intros Hc. apply (every_path_d_of_invariant D g (fun _ => True)); [auto|].
+  intros u st _. unfold step. cbv zeta.
+  destruct (b_tokens (form_batch (at_draw D u) (arrive st)) =? 0).
+  - destruct (s_pending (arrive st)); exact I.
+  - split; [|exact I]. unfold claim_view, view_of; cbn [v_tokens].
+    exact (form_batch_cap (at_draw D u) (arrive st) (fun _ => c) Hc).
+Qed.

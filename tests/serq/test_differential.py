@@ -146,6 +146,9 @@ def programs(draw: st.DrawFn) -> str:
                 "cost_of(batch.tokens) + (now > 300000 ? 50 : 0)",
                 "cost_of(batch.tokens) + served % 7",
                 "57.5 + waiting.count",
+                # one draw per iteration, from the streams `init` draws from
+                "cost_of(batch.tokens) + ~uniform(0, 40)",
+                "tnl * batch.tokens * (0.5 + ~exp(0.5)) + (batch.tokens > 64 ? ~exp(30) : 0)",
             ]
         )
     )
@@ -372,3 +375,36 @@ def test_differential_random_programs() -> None:
     assert programs_ >= 50 and traces >= 1000, (programs_, traces)
     print(f"{programs_} programs, {traces} traces, {iterations} iterations")
     assert iterations > 50_000
+
+
+def test_differential_draw_in_execute() -> None:
+    """A draw in ``execute`` is one sample per iteration, read from the streams ``init`` reads
+    (after the iteration's arrivals drew theirs): the plain and the fast loop (which steps, a
+    drawn duration repeating nothing) agree with the interpreter, and the draw is read."""
+    text = (
+        "fn main() { device cpu { } engine E on cpu { tokens cap 64; schedule { advance running "
+        "each at most (32); admit waiting while (running.count - waiting.count < 4) each at "
+        "most (32); } execute (200 + 5 * batch.tokens + ~exp(40) + ~uniform(0, 10)); }\n"
+        "  workload { arrive poisson(0.002); init { set p = floor(~uniform(4, 60)); "
+        "set o = floor(~uniform(2, 30)); } }\n"
+        "  server { run E prefill (p); run E decode (o); }\n"
+        "  claim c: every iteration of E (tokens <= 64); }\n"
+    )
+    p = prepare(text)
+    assert compare_trace(p, 3, 3e5, 0.0) > 200
+    no_draw = prepare(text.replace(" + ~exp(40) + ~uniform(0, 10)", " + 45"))
+    times = [math.inf]
+    a = interp.run(p.spec, 3e5, 0.0, *streams(3, p.spec.rate), times)
+    b = interp.run(no_draw.spec, 3e5, 0.0, *streams(3, p.spec.rate), times)
+    assert a["tbt"] != b["tbt"] and len(set(np.diff(sorted(a["tbt"])))) > 10
+
+
+def test_draw_outside_execute_and_init_is_refused() -> None:
+    text = (
+        "fn main() { device cpu { } engine E on cpu { tokens cap (~exp(4)); schedule { "
+        "advance running; } execute (1); }\n"
+        "  workload { arrive poisson(0.002); init { } }\n"
+        "  server { run E decode (3); } }\n"
+    )
+    with pytest.raises(SerqError, match="only allowed in a workload's init or an engine's execute"):
+        check(parse(text), "<t>", text)
