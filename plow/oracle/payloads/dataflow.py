@@ -112,23 +112,30 @@ class _Space:
     def __init__(self, ot: OpTable, offsets: dict[str, int]) -> None:
         self.ot = ot
         self.offsets = offsets
+        # per tracked tensor: (arena offset, elements, bytes per element), computed once
+        # (`elems` runs millions of times on a large plan); untracked tensors are absent
+        self._info: dict[str, tuple[int, int, int]] = {
+            name: (offsets[name], math.prod(t.shape), dtype_bytes(t.dtype))
+            for name, t in ot.tensors.items()
+            if t.role not in ("weight", "cache") and name in offsets
+        }
 
     def tracked(self, name: str) -> bool:
-        t = self.ot.tensors.get(name)
-        return t is not None and t.role not in ("weight", "cache") and name in self.offsets
+        return name in self._info
 
     def elems(self, name: str, lo: int, hi: int, write: bool, out: list[Access]) -> None:
         """Elements [lo, hi) of tensor `name` (row-major), clipped to the tensor."""
-        if not self.tracked(name):
+        info = self._info.get(name)
+        if info is None:
             return
-        t = self.ot.tensors[name]
-        n = math.prod(t.shape)
-        lo, hi = max(0, lo), min(n, hi)
+        base, n, e = info
+        if lo < 0:
+            lo = 0
+        if hi > n:
+            hi = n
         if lo >= hi:
             return
-        e = dtype_bytes(t.dtype)
-        base = self.offsets[name]
-        out.append((base + lo * e, base + hi * e, int(write)))
+        out.append((base + lo * e, base + hi * e, 1 if write else 0))
 
     def box(
         self, name: str, r0: int, r1: int, c0: int, c1: int, write: bool, out: list[Access]
@@ -541,16 +548,24 @@ def _coalesce(acc: list[Access]) -> list[Access]:
     """Sorted, adjacent ranges of one kind merged, each cut at BLOCK boundaries."""
     out: list[Access] = []
     for w in (1, 0):
-        rs = sorted((lo, hi) for lo, hi, x in acc if x == w)
-        merged: list[list[int]] = []
+        rs = sorted([(lo, hi) for lo, hi, x in acc if x == w])
+        if not rs:
+            continue
+        runs: list[tuple[int, int]] = []
+        clo, chi = rs[0]
         for lo, hi in rs:
-            if merged and lo <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], hi)
+            if lo <= chi:
+                if hi > chi:
+                    chi = hi
             else:
-                merged.append([lo, hi])
-        for lo, hi in merged:
+                runs.append((clo, chi))
+                clo, chi = lo, hi
+        runs.append((clo, chi))
+        for lo, hi in runs:
             while lo < hi:
-                end = min(hi, (lo // BLOCK + 1) * BLOCK)
+                end = (lo // BLOCK + 1) * BLOCK
+                if end > hi:
+                    end = hi
                 out.append((lo, end, w))
                 lo = end
     return out
@@ -586,9 +601,7 @@ def task_accesses(
     return result
 
 
-def _argmax_space(
-    ot: OpTable, name: str, workers: int
-) -> tuple[tuple[int, ...], int] | None:
+def _argmax_space(ot: OpTable, name: str, workers: int) -> tuple[tuple[int, ...], int] | None:
     """(chunk bounds, rows M) of the fused argmax buffer `name` (plow/emit/argmax.py); None
     when no lm_head names it."""
     from plow.emit.argmax import argmax_bounds, argmax_rows
