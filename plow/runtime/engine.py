@@ -133,6 +133,26 @@ class SamplingEngine(Engine, Protocol):
     ) -> np.ndarray: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Rung:
+    """One launch shape a compiled engine runs: `phase` "prefill" (at most `rows` chunks of
+    at most `tokens` tokens each) or "decode" (`rows` slots, one token each)."""
+
+    phase: str
+    rows: int
+    tokens: int
+
+
+@runtime_checkable
+class RungEngine(Engine, Protocol):
+    """An engine whose launches run precompiled rungs (`CpuEngine`: the native, cpu and cuda
+    executors). `rungs()` lists every shape its `prefill` and `decode` launches can select, so
+    a server can prepare each one (load, bind, one warm launch) before serving, and a
+    scheduler can size a tick's prefill to one launch of the largest prefill rung."""
+
+    def rungs(self) -> tuple[Rung, ...]: ...
+
+
 @dataclass
 class _Slot:
     session: ReferenceSession

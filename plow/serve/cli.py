@@ -193,6 +193,10 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                         max_queue_wait_s=max_queue_wait,
                         executor=executor,
                         threads=threads,
+                        on_rung=lambda i, n, p: console.print(
+                            f"  prepared rung {i + 1}/{n} ({p.label}) in {p.seconds:.2f} s",
+                            highlight=False,
+                        ),
                     )
                 except BundleRefused as e:  # serve has no --no-verify: do not suggest it
                     raise BundleRefused(

@@ -52,6 +52,7 @@ from plow.serve.prefill_cost import PrefillFit
 from plow.serve.sampling import Penalties, RequestSampler, TokenLogprob, prompt_logprobs
 from plow.serve.scheduler import Running, SchedulerState, TickPlan, Waiting, schedule
 from plow.serve.step import TickResult, execute, gives_prompt_logits
+from plow.serve.warm import Prepared, engine_rungs
 
 log = logging.getLogger("plow.serve")
 
@@ -174,6 +175,12 @@ class Dispatcher:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.fit = prefill_fit
         self.admission = admission
+        # the engine's prefill rungs (rows, tokens): a tick's prefill is one launch of one
+        # (`schedule`); () for an engine without compiled rungs
+        self.prefill_rungs = tuple(
+            (r.rows, r.tokens) for r in engine_rungs(engine) if r.phase == "prefill"
+        )
+        self.prepared: list[Prepared] = []  # the rungs `load_served_model` prepared
         self.metrics = metrics or ModelMetrics(name)
         self.tick = 0
         self._cv = threading.Condition()
@@ -250,8 +257,12 @@ class Dispatcher:
 
     @property
     def _launch_budget(self) -> int:
-        """Prompt tokens one prefill launch takes at least (the budget less a full decode)."""
-        return max(1, self.max_num_batched_tokens - self.engine.max_batch)
+        """Prompt tokens one prefill launch takes at least (the budget less a full decode,
+        at most the largest prefill rung's tokens)."""
+        budget = max(1, self.max_num_batched_tokens - self.engine.max_batch)
+        if self.prefill_rungs:
+            budget = min(budget, max(t for _, t in self.prefill_rungs))
+        return budget
 
     def _work(self, prompt_tokens: int, max_tokens: int) -> Work:
         assert self.admission is not None
@@ -420,7 +431,16 @@ class Dispatcher:
             self.tick, now, running, waiting, tuple(self._free), self.max_num_batched_tokens,
             self.fit.launch_rows,
             self.admission.max_wait_s if self.admission is not None else None,
+            self.prefill_rungs, self._decode_rows(),
         )  # fmt: skip
+
+    def _decode_rows(self) -> float:
+        """The running requests' decode launch in prefill row equivalents (0 without
+        admission control, whose estimate it reads)."""
+        if self.admission is None or not self._active:
+            return 0.0
+        b = max(1, sum(1 for r in self._active.values() if r.generated))
+        return self.admission.estimate.decode_tick_s(b) / self.fit.per_row_s
 
     def _apply(self, plan: TickPlan, now: float) -> dict[str, list[int]]:
         """The plan's bookkeeping on the dispatcher's own state (lock held); the prompts of

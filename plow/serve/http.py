@@ -80,6 +80,7 @@ from plow.serve.protocol import (
     TokenizeRequest,
 )
 from plow.serve.sampling import MAX_TOP_LOGPROBS, Penalties, TokenLogprob
+from plow.serve.warm import Prepared, prepare_rungs
 
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
 # After the limit, up to this many more bytes are read and dropped so that the client, still
@@ -345,6 +346,7 @@ def load_served_model(
     prefill_fit: PrefillFit | None = None,
     executor: str | None = None,
     threads: int | None = None,
+    on_rung: Callable[[int, int, Prepared], None] | None = None,
 ) -> ServedModel:
     """Load a checkpoint or a bundle, build its engine, calibrate the step time, start nothing
     yet. `executor` names an executor of the runtime's registry (`plow.runtime.executors`):
@@ -352,7 +354,9 @@ def load_served_model(
     cached, verified bundle first; `plow serve`'s default), `cpu` (the same bundles on the
     numpy emulator), `cuda` (on an NVIDIA GPU), `reference` (a checkpoint's per-op forward).
     None: `cpu` for a bundle, `reference` for a checkpoint. `threads`: the native machine's
-    host threads per step (None: the usable cores)."""
+    host threads per step (None: the usable cores). Every rung of the engine is prepared
+    (loaded, bound, one warm launch) before anything else runs (`plow.serve.warm`;
+    `on_rung(i, n, prepared)` reports each), so no request pays for a rung's first use."""
     from plow.checkpoint.gguf import gguf_checkpoint
     from plow.runtime.cpu.bundle import Bundle, compile_cached
     from plow.runtime.executors import EXECUTORS, checkpoint_target, get_executor
@@ -400,6 +404,7 @@ def load_served_model(
         engine = kind.engine_of(kind.open_model(
             source, max_batch=max_num_seqs, max_context=max_model_len, threads=threads
         ))  # fmt: skip
+    prepared = prepare_rungs(engine, on_rung)
     fit = prefill_fit or load_fit(directory) or quick_prefill_fit(engine, served)
     step = calibrate_step_time(engine)
     admission = AdmissionController(QueueModel(step, fit, engine.max_batch), max_queue_wait_s)
@@ -413,6 +418,7 @@ def load_served_model(
         admission=admission,
         metrics=ModelMetrics(served),
     )
+    dispatcher.prepared = prepared
     return ServedModel(
         served, str(directory), tok, dispatcher, engine.max_context, spec.vocab_size,
         token_chars=max_token_chars(tok), eos_token_ids=tuple(spec.eos_token_ids),

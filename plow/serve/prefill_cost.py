@@ -190,15 +190,46 @@ def ladder(budget: int, smallest: int = 16) -> list[int]:
     return sorted(set(out))
 
 
-def plan_cost(remaining: Sequence[int], chunk: int, budget: int, launch_rows: float) -> ChunkChoice:
-    """Cost in padded rows of prefilling `remaining` tokens per request with chunk size `chunk`."""
+def rows_for(rungs: Sequence[tuple[int, int]], chunk: int) -> int:
+    """The most chunks of up to `chunk` tokens one launch holds: the widest prefill rung
+    (rows, tokens) whose tokens cover `chunk` (0 when none does)."""
+    return max((r for r, t in rungs if t >= chunk), default=0)
+
+
+def padded_to(rungs: Sequence[tuple[int, int]], length: int) -> int:
+    """The rows a chunk of `length` tokens occupies: the smallest covering rung's tokens (the
+    engine launches that one), or `length` past the largest (it splits such chunks)."""
+    return min((t for _, t in rungs if t >= length), default=length)
+
+
+def plan_cost(
+    remaining: Sequence[int],
+    chunk: int,
+    budget: int,
+    launch_rows: float,
+    rungs: Sequence[tuple[int, int]] = (),
+) -> ChunkChoice:
+    """Cost in padded rows of prefilling `remaining` tokens per request with chunk size
+    `chunk`. `rungs` ((rows, tokens) of the engine's prefill rungs): a launch holds at most
+    the rows of a rung covering `chunk`, and a prompt's last, shorter chunk is padded to the
+    smallest rung that covers it (the one the engine runs), not to `chunk`."""
     per_launch = max(1, budget // chunk)
+    if rungs:
+        per_launch = min(per_launch, max(1, rows_for(rungs, chunk)))
     per_request = [math.ceil(n / chunk) for n in remaining if n > 0]
     chunks = sum(per_request)
     # a request's chunks run in successive launches (each attends to the one before), and a
     # launch holds at most `per_launch` chunks
     launches = max(max(per_request, default=0), math.ceil(chunks / per_launch))
-    padded = chunks * chunk
+    if rungs:
+        padded = sum(
+            (n // chunk) * padded_to(rungs, chunk)
+            + (padded_to(rungs, n % chunk) if n % chunk else 0)
+            for n in remaining
+            if n > 0
+        )
+    else:
+        padded = chunks * chunk
     return ChunkChoice(chunk, launches, padded, launches * launch_rows + padded)
 
 
@@ -207,14 +238,16 @@ def choose_chunk_size(
     budget: int,
     launch_rows: float,
     candidates: Sequence[int] | None = None,
+    rungs: Sequence[tuple[int, int]] = (),
 ) -> ChunkChoice:
-    """The candidate chunk size with the least total cost (ties: the smaller chunk)."""
+    """The candidate chunk size with the least total cost (ties: the smaller chunk).
+    `rungs`: see `plan_cost`."""
     if budget < 1:
         raise ValueError("token budget must be at least 1")
     cands = [c for c in (candidates or ladder(budget)) if 1 <= c <= budget] or [budget]
     best: ChunkChoice | None = None
     for c in sorted(cands):
-        choice = plan_cost(remaining, c, budget, launch_rows)
+        choice = plan_cost(remaining, c, budget, launch_rows, rungs)
         if best is None or choice.cost_rows < best.cost_rows - 1e-9:
             best = choice
     assert best is not None

@@ -18,7 +18,14 @@ The policy, in order:
 4. at most one prefill launch: the chunk size minimises the priced cost of the prompts still
    to prefill (`prefill_cost.choose_chunk_size`) under the token budget
    (`max_num_batched_tokens` less one token per decoding request), and the chunks of as many
-   requests as the budget holds are packed into it, in admission order;
+   requests as the budget holds are packed into it, in admission order. When the engine runs
+   compiled rungs (`prefill_rungs`: (rows, tokens) of each prefill rung) the plan is one
+   launch of the engine, not just one call: the chunk sizes are the rungs' token counts, each
+   chunk priced at the rung that runs it, and the launch packs no more chunks than a rung of
+   that size has rows. Otherwise a chunk longer than the largest rung, or more chunks than
+   its rows, would run as several launches back to back inside one tick: every request packed
+   in it would wait for all of them before its first token, and the running requests'
+   decode would wait too;
 5. one decode launch over every request that had already sampled a token when the tick began
    (a request whose prompt completes in this tick's prefill samples its first token there and
    decodes from the next tick on).
@@ -28,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plow.serve.prefill_cost import choose_chunk_size
+from plow.serve.prefill_cost import choose_chunk_size, rows_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +81,11 @@ class SchedulerState:
     max_num_batched_tokens: int
     launch_rows: float  # the prefill fit's launch cost in row equivalents
     max_wait_s: float | None = None  # None: no admission bound
+    # (rows, tokens) of each prefill rung the engine can launch; () : no compiled rungs
+    prefill_rungs: tuple[tuple[int, int], ...] = ()
+    # the decode launch that follows each prefill launch while requests decode, in prefill
+    # row equivalents: one more prefill launch delays the prompt's first token by it too
+    decode_rows: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +167,13 @@ def schedule(state: SchedulerState) -> TickPlan:
     if pending:
         budget = max(1, state.max_num_batched_tokens - len(decoding))
         remaining = [r.prompt_tokens - r.prefilled for r in pending]
-        chunk = choose_chunk_size(remaining, budget, state.launch_rows).chunk
+        rungs = state.prefill_rungs
+        sizes = sorted({t for _, t in rungs}) if rungs else None
+        per = state.launch_rows + (state.decode_rows if decoding else 0.0)
+        chunk = choose_chunk_size(remaining, budget, per, sizes, rungs).chunk
         per_launch = max(1, budget // chunk)
+        if rungs:
+            per_launch = min(per_launch, max(rows_for(rungs, chunk), 1))
         prefill = tuple(
             Chunk(r.request_id, r.slot, min(chunk, n), min(chunk, n) == n)
             for r, n in zip(pending[:per_launch], remaining, strict=False)

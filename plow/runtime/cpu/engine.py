@@ -22,11 +22,12 @@ from plow.checkpoint import Checkpoint
 from plow.errors import PlowError
 from plow.runtime.cpu.generate import GenerationStats, Request, generate
 from plow.runtime.cpu.model import CpuModel, RowDevice, RowInput
-from plow.runtime.engine import EngineError, KVUsage, PrefillChunk, check_new_slot
+from plow.runtime.engine import EngineError, KVUsage, PrefillChunk, Rung, check_new_slot
 from plow.runtime.kv_cache import KVDtype, PageTable
 from plow.runtime.sampler import SamplingParams
 
 if TYPE_CHECKING:
+    from plow.graph import Bucket
     from plow.runtime.cpu.bundle import Bundle
 
 
@@ -100,6 +101,22 @@ class CpuEngine:
     @property
     def kind(self) -> str:
         return self.model.executor_name
+
+    def rungs(self) -> tuple[Rung, ...]:
+        """`plow.runtime.engine.RungEngine.rungs`: every bucket `prefill` and `decode` can
+        select for this engine's slots and context (rows capped at what a launch may hold)."""
+        m = self.model
+        out: dict[Bucket, Rung] = {}
+        for rows in range(1, m.max_prefill_batch + 1):
+            for seq in m.prefill_seqs:
+                b = m.prefill_bucket(rows, min(seq, m.max_prefill_tokens))
+                if b.tokens_per_row < self.max_context:
+                    n = min(b.batch, m.max_prefill_batch)
+                    out.setdefault(b, Rung("prefill", n, b.tokens_per_row))
+        for rows in range(1, self.max_batch + 1):
+            b = m.decode_bucket(rows)
+            out.setdefault(b, Rung("decode", min(b.batch, self.max_batch), 1))
+        return tuple(out.values())
 
     def _slot(self, slot: int) -> _Slot:
         s = self._slots.get(slot)
