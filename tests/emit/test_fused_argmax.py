@@ -146,9 +146,12 @@ def test_a_flag_that_disagrees_with_the_op_table_is_rejected_and_refused(
     assert says in bad[0].reason, bad[0].reason
     with pytest.raises(BundleRefused):  # the certificates no longer match
         Bundle.open(b)
-    m = CpuModel.from_bundle(b, verify=False)
-    with pytest.raises(BundleRefused, match="FUSED_ARGMAX"):  # the loader's own check
-        m.plan(m.bundle.ladder[[r["name"] for r in rungs(b)].index(rung["name"])])
+    from plow.runtime.native import open_native
+
+    for m in (CpuModel.from_bundle(b, verify=False), open_native(b, verify=False)):
+        with pytest.raises(BundleRefused, match="FUSED_ARGMAX"):  # the loader's own check
+            assert m.bundle is not None
+            m.plan(m.bundle.ladder[[r["name"] for r in rungs(b)].index(rung["name"])])
 
 
 def test_bundle_runs_the_compiled_fusion_with_unchanged_greedy_tokens(
