@@ -15,7 +15,13 @@
    op as [IGen kind attrs output operands]), pairs each bundle op with its canonical op (a
    block of the file, or the next canonical op no block names: a pass-through), and runs
    Plow.Rewritescheck.check_checkpoint_a; soundness: Plow.Rewritescheckproof.checkpoint_a_sound.
-   The reasons below only describe the checker's rejection; the verdict is the checker's. *)
+   The reasons below only describe the checker's rejection; the verdict is the checker's.
+   Tensor parallel (plow/graph/shard.py): an op's placement attributes ("device", "tp") are
+   part of the id of every tensor it writes (and so of every read of it), and each record of
+   its "slices" ([tensor, source, axis, start, stop]) part of the id of the weight operand it
+   names (a fused op's: of the layout source it names), so placement and slices are compared
+   wherever the ids are, while the rules match the instructions they rewrite; a record that
+   names no operand stays in the attributes' id. *)
 open Checkers
 
 let theorems = [
@@ -24,9 +30,13 @@ let theorems = [
 ]
 
 type rop = { name : string; kind : string; attrs : Yojson.Safe.t; astr : string;
-             inputs : string list; outputs : string list }
+             inputs : string list; outputs : string list;
+             place : string;                      (* "device" and "tp", as JSON *)
+             slices : (string * string) list;     (* slice record's tensor, the record *)
+             rest : (string * Yojson.Safe.t) list (* the other attributes *) }
 
-type table = { ops : rop array; shapes : (string, int list) Hashtbl.t }
+type table = { ops : rop array; shapes : (string, int list) Hashtbl.t;
+               writer : (string, string) Hashtbl.t (* tensor -> its writer's place *) }
 
 let rec canon_json (j : Yojson.Safe.t) : Yojson.Safe.t =
   match j with
@@ -40,11 +50,22 @@ let strs what j = List.map (Jnum.to_string what) (Jnum.to_list what j)
 
 let read_op j =
   let attrs = canon_json (Jnum.field "attrs" j) in
-  (match attrs with `Assoc _ -> () | _ -> Verdict.bad "field \"attrs\": expected an object");
+  let kv = match attrs with `Assoc kv -> kv | _ -> Verdict.bad "field \"attrs\": expected an object" in
+  let place = `Assoc (List.filter (fun (k, _) -> k = "device" || k = "tp") kv) in
+  let slices =
+    match List.assoc_opt "slices" kv with
+    | None -> []
+    | Some (`List l) ->
+        List.map (fun r -> match r with
+            | `List (`String t :: _) -> (t, Yojson.Safe.to_string r)
+            | _ -> Verdict.bad "attribute \"slices\": expected [tensor, source, axis, start, stop] records") l
+    | Some _ -> Verdict.bad "attribute \"slices\": expected a list" in
   { name = Jnum.str_field "name" j; kind = Jnum.str_field "kind" j; attrs;
     astr = Yojson.Safe.to_string attrs;
     inputs = strs "inputs" (Jnum.field "inputs" j);
-    outputs = strs "outputs" (Jnum.field "outputs" j) }
+    outputs = strs "outputs" (Jnum.field "outputs" j);
+    place = Yojson.Safe.to_string place; slices;
+    rest = List.filter (fun (k, _) -> k <> "device" && k <> "tp" && k <> "slices") kv }
 
 let read_table j =
   let shapes = Hashtbl.create 256 in
@@ -54,7 +75,10 @@ let read_table j =
            Hashtbl.replace shapes k (List.map (Jnum.to_int "shapes") (Jnum.to_list "shapes" v)))
          kv
    | _ -> Verdict.bad "field \"shapes\": expected an object");
-  { ops = Array.of_list (List.map read_op (Jnum.list_field "ops" j)); shapes }
+  let ops = Array.of_list (List.map read_op (Jnum.list_field "ops" j)) in
+  let writer = Hashtbl.create 256 in
+  Array.iter (fun o -> List.iter (fun d -> Hashtbl.replace writer d o.place) o.outputs) ops;
+  { ops; shapes; writer }
 
 (* One table of ids for every compared string (prefixed by what it names). *)
 let ids : (string, int) Hashtbl.t = Hashtbl.create 4096
@@ -63,8 +87,26 @@ let intern s =
   | Some i -> i
   | None -> let i = Hashtbl.length ids in Hashtbl.add ids s i; i
 let nid s = Jnum.n_of_int (intern s)
-let tn s = nid ("t:" ^ s)
-let attr_id (o : rop) = nid ("a:" ^ o.astr)
+(* a tensor of table [t] as op [o] reads it: a weight under [o]'s slice records for it, any
+   other tensor with its writer's placement *)
+let rd (t : table) (o : rop) s =
+  match List.filter (fun (n, _) -> n = s) o.slices with
+  | [] -> nid ("t:" ^ s ^ "@" ^ Option.value ~default:"" (Hashtbl.find_opt t.writer s))
+  | rs -> nid ("t:" ^ s ^ "|" ^ String.concat "," (List.map snd rs))
+(* a tensor op [o] writes *)
+let wr (o : rop) s = nid ("t:" ^ s ^ "@" ^ o.place)
+(* the layouts' sources, by weight (read before the tables' instructions are built) *)
+let layout_sources : (string, string list) Hashtbl.t = Hashtbl.create 64
+(* the attributes an instruction carries: all but the placement and the slice records that
+   name an operand (or a layout source of one) *)
+let sem (o : rop) =
+  let named = o.inputs @ List.concat_map (fun i ->
+      Option.value ~default:[] (Hashtbl.find_opt layout_sources i)) o.inputs in
+  let left = List.filter_map (fun (n, r) ->
+      if List.mem n named then None else Some (Yojson.Safe.from_string r)) o.slices in
+  let kv = if left = [] then o.rest else List.sort compare (("slices", `List left) :: o.rest) in
+  Yojson.Safe.to_string (`Assoc kv)
+let attr_id (o : rop) = nid ("a:" ^ sem o)
 let kind_id k = nid ("k:" ^ k)
 let num = Jnum.n_of_int
 
@@ -73,21 +115,23 @@ let last l = match List.rev l with x :: _ -> x | [] -> 0
 
 (* An op that is no instruction of its own kind: [IGen] over its kind and attributes
    (several outputs: an output id no canonical op has). *)
-let generic (o : rop) : instr =
-  let d = match o.outputs with [d] -> tn d | l -> nid ("o:" ^ String.concat "," l) in
-  IGen (kind_id o.kind, attr_id o, d, List.map tn o.inputs)
+let generic (t : table) (o : rop) : instr =
+  let d = match o.outputs with
+    | [d] -> wr o d | l -> nid ("o:" ^ String.concat "," l ^ "@" ^ o.place) in
+  IGen (kind_id o.kind, attr_id o, d, List.map (rd t o) o.inputs)
 
 (* An op of either table as the instruction the rules match. *)
 let instr_of (t : table) (o : rop) : instr =
+  let tn = rd t o and tw = wr o in
   match o.kind, o.inputs, o.outputs with
-  | "residual_add", [a; b], [d] when o.astr = "{}" -> IAdd (tn d, tn a, tn b)
-  | "rmsnorm", [x; w], [d] -> INorm (tn d, tn x, tn w, num (last (shape t w)), attr_id o)
-  | "linear", [x; w], [d] when o.astr = "{}" -> (
+  | "residual_add", [a; b], [d] when sem o = "{}" -> IAdd (tw d, tn a, tn b)
+  | "rmsnorm", [x; w], [d] -> INorm (tw d, tn x, tn w, num (last (shape t w)), attr_id o)
+  | "linear", [x; w], [d] when sem o = "{}" -> (
       match shape t w with
-      | [m; k] -> ILinear (tn d, tn x, tn w, num k, num m)
-      | _ -> generic o)
-  | "gated_mlp", [g; u], [d] -> IGlu (tn d, tn g, tn u, attr_id o)
-  | _ -> generic o
+      | [m; k] -> ILinear (tw d, tn x, tn w, num k, num m)
+      | _ -> generic t o)
+  | "gated_mlp", [g; u], [d] -> IGlu (tw d, tn g, tn u, attr_id o)
+  | _ -> generic t o
 
 type layout = { lname : string; lkind : string; lsources : string list }
 
@@ -108,30 +152,31 @@ let fused_kind = function
 let fused_instr (t : table) (layouts : layout list) (r : string) (o : rop) : instr =
   let lay w kind = List.find_opt (fun l -> l.lname = w && l.lkind = kind) layouts in
   let width s = last (shape t s) in
+  let tn = rd t o and tw = wr o in
   match fused_kind r, o.kind, o.inputs, o.outputs with
   | "add_rmsnorm", "add_rmsnorm", [a; b; w], [s; d] ->
-      IAddNorm (tn s, tn d, tn a, tn b, tn w, num (width w), attr_id o)
+      IAddNorm (tw s, tw d, tn a, tn b, tn w, num (width w), attr_id o)
   | "rmsnorm_residual", "rmsnorm_residual", [res; y; w], [d] ->
-      INormResidual (tn d, tn res, tn y, tn w, num (width w), attr_id o)
-  | "linear_residual", "linear_residual", [x; w; res], [d] when o.astr = "{}" -> (
+      INormResidual (tw d, tn res, tn y, tn w, num (width w), attr_id o)
+  | "linear_residual", "linear_residual", [x; w; res], [d] when sem o = "{}" -> (
       match shape t w with
-      | [m; k] -> ILinearResidual (tn d, tn x, tn w, num k, num m, tn res)
+      | [m; k] -> ILinearResidual (tw d, tn x, tn w, num k, num m, tn res)
       | _ -> instr_of t o)
   | "rmsnorm_linear", "rmsnorm_linear", [x; nw; w], [d] -> (
       match shape t w with
-      | [m; k] -> INormLinear (tn d, tn x, tn nw, num (width nw), attr_id o, tn w, num k, num m)
+      | [m; k] -> INormLinear (tw d, tn x, tn nw, num (width nw), attr_id o, tn w, num k, num m)
       | _ -> instr_of t o)
-  | "qkv_concat", ("qkv_concat" | "linear_qkv"), [x; w], [dq; dk; dv] when o.astr = "{}" -> (
+  | "qkv_concat", ("qkv_concat" | "linear_qkv"), [x; w], [dq; dk; dv] when sem o = "{}" -> (
       match lay w "cat3", shape t w with
       | Some { lsources = [wq; wk; wv]; _ }, [rows; k]
         when rows = width dq + width dk + width dv ->
-          ILinearQKV (tn dq, tn dk, tn dv, tn x, tn wq, tn wk, tn wv, num k,
+          ILinearQKV (tw dq, tw dk, tw dv, tn x, tn wq, tn wk, tn wv, num k,
                       num (width dq), num (width dk), num (width dv))
       | _ -> instr_of t o)
   | "linear_glu", "linear_glu", [x; w], [d] -> (
       match lay w "interleave", shape t w with
       | Some { lsources = [wg; wu]; _ }, [rows; k] when rows = 2 * width d ->
-          ILinearGluI (tn d, tn x, tn wg, tn wu, num k, num (width d), attr_id o)
+          ILinearGluI (tw d, tn x, tn wg, tn wu, num k, num (width d), attr_id o)
       | _ -> instr_of t o)
   | _ -> instr_of t o
 
@@ -176,6 +221,8 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
     List.map (fun j -> { lname = Jnum.str_field "weight" j; lkind = Jnum.str_field "layout" j;
                          lsources = strs "sources" (Jnum.field "sources" j) })
       (Jnum.list_field "layouts" payload) in
+  Hashtbl.reset layout_sources;
+  List.iter (fun l -> Hashtbl.replace layout_sources l.lname l.lsources) layouts;
   let outputs = strs "outputs" (Jnum.field "outputs" payload) in
   let nc = Array.length ct.ops and nb = Array.length bt.ops in
   let file_blocks =
@@ -222,7 +269,8 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
   (* a block of an unknown rule is an [RNone] block over its ops: not an instance *)
   let verdict =
     check_checkpoint_a (Array.to_list cinstr) (Array.to_list finstr)
-      (Array.to_list (Array.map to_coq blocks)) (List.map tn outputs) in
+      (Array.to_list (Array.map to_coq blocks))
+      (List.map (fun s -> nid ("t:" ^ s ^ "@" ^ Option.value ~default:"" (Hashtbl.find_opt ct.writer s))) outputs) in
   match verdict with
   | Accept -> { accepted = true; reason = None; theorems }
   | Reject (bi, code) ->
@@ -246,8 +294,15 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
                 Printf.sprintf "%s: rule %S is not one the checker knows (R1, R4, R10, R11, R12, R2+R3+R13)"
                   (op_str bt f) r
             | r, Some f, _ ->
-                Printf.sprintf "%s (%s) is not an instance of rule %s (fused kind %s) over %s"
-                  (op_str bt f) bt.ops.(f).kind r (fused_kind r) (canon_str b)
+                (* tensor parallel: the slice records the fused op's sources should have *)
+                let want = List.concat_map (fun c -> ct.ops.(c).slices) b.canon_ix in
+                let got = bt.ops.(f).slices in
+                let why = match List.find_opt (fun x -> not (List.mem x got)) want with
+                  | Some (_, rc) when got <> want ->
+                      Printf.sprintf ": its slices lack the model graph's %s" rc
+                  | _ -> "" in
+                Printf.sprintf "%s (%s) is not an instance of rule %s (fused kind %s) over %s%s"
+                  (op_str bt f) bt.ops.(f).kind r (fused_kind r) (canon_str b) why
             | r, None, _ -> Printf.sprintf "block of rule %s has no fused op" r)
         | 2 when bi < Array.length blocks ->
             let b = blocks.(bi) in

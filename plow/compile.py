@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from plow.checkpoint import ModelSpec, load_spec
 from plow.errors import PlanRejected, PlowError
 from plow.graph import Bucket, OpGraph, build_graph
-from plow.graph.shard import shard_graph
+from plow.graph.shard import place_fused, shard_graph, slice_layouts
 from plow.oracle import Certificate
 from plow.oracle.payloads.tiles import TilePayload
 from plow.profile import CompileProfile
@@ -122,14 +122,15 @@ def compile_plan(
     plans = []
     chosen = None
     relayable = None
-    # the extraction decides once, on the one-row decode rung (plow/egraph); not sharded
-    if profile.fuse and target.gpus == 1:
+    # the extraction decides once, on the one-row decode rung (plow/egraph)
+    if profile.fuse:  # tensor parallel: of the sharded graph (plow/graph/shard.py)
         from plow.egraph.apply import RULES, extracted_instances
 
         ladder = profile.buckets(spec.max_position)
         ref = min(ladder, key=lambda b: (b.phase.value != "decode", b.batch * b.seq))
-        chosen = stage("fuse", "", extracted_instances, build_graph(spec, ref), target, RULES)
-        relayable = _relayable(Path(source))
+        ref_graph = shard_graph(build_graph(spec, ref), target.gpus)
+        chosen = stage("fuse", "", extracted_instances, ref_graph, target, RULES)
+        relayable = _relayable(Path(source), slice_layouts(ref_graph))
     for bucket in profile.buckets(spec.max_position):
         name = bucket.name
         budget = profile.budget_ns(bucket)
@@ -137,10 +138,11 @@ def compile_plan(
         applied = None
         if target.gpus > 1:  # tensor parallel: the sharded graph (plow/graph/shard.py)
             graph = stage("shard", name, shard_graph, graph, target.gpus)
-        elif profile.fuse:  # the extraction decides (plow/egraph/apply.py)
+        if profile.fuse:  # the extraction decides (plow/egraph/apply.py)
             from plow.egraph.apply import RULES, fuse_graph
 
             applied = stage("fuse", name, fuse_graph, graph, target, RULES, None, chosen, relayable)
+            applied = place_fused(graph, applied)  # a fused op's device and slices
             graph = applied.graph
         tg = stage("tile", name, tile_graph, graph, target, options)
         bounds = stage("bounds", name, bounds_stage, tg, budget)
@@ -165,13 +167,16 @@ def compile_plan(
     return CompileResult(Path(source), spec, target, profile, tuple(plans), seconds)
 
 
-def _relayable(source: Path) -> Callable[[str, tuple[str, ...]], bool] | None:
+def _relayable(
+    source: Path, slices: dict[str, tuple[str, tuple[str, ...]]]
+) -> Callable[[str, tuple[str, ...]], bool] | None:
     """Whether the bundle writer can store a checkpoint's weights re-laid-out (fp8 weights,
     stacked parts and sources of mixed block formats it refuses: those fusions stay
-    canonical); None when `source` has no weights to ask (a config.json)."""
+    canonical); None when `source` has no weights to ask (a config.json). `slices`: the
+    tensor-parallel slices a source may be (`slice_layouts`)."""
     from plow.checkpoint.loader import weight_files
     from plow.checkpoint.weights import WeightStore
-    from plow.emit.bundle import relaid_entry
+    from plow.emit.bundle import Resolved, relaid_entry
 
     if not source.is_dir():
         return None
@@ -182,7 +187,7 @@ def _relayable(source: Path) -> Callable[[str, tuple[str, ...]], bool] | None:
 
     def ok(layout: str, sources: tuple[str, ...]) -> bool:
         try:
-            relaid_entry(store, "", layout, sources)
+            relaid_entry(Resolved(store, slices), "", layout, sources)
         except PlowError:  # MissingTensor included
             return False
         return True

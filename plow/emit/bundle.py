@@ -210,6 +210,23 @@ def relaid_entry(store: Any, name: str, layout: str, sources: tuple[str, ...]) -
     return TensorEntry(e0.file, e0.dtype, shape, e0.offset, sum(e.nbytes for e in es), parts, quant)
 
 
+class Resolved:
+    """`store` whose `entry` also resolves the weights `layouts` names (name -> (layout,
+    sources)), so a re-laid-out weight's sources may themselves be re-laid-out: a fused op of
+    a tensor-parallel plan concatenates or interleaves its device's slices."""
+
+    def __init__(self, store: Any, layouts: dict[str, tuple[str, tuple[str, ...]]]) -> None:
+        self.store, self.layouts = store, layouts
+
+    def entry(self, name: str) -> Any:
+        if name in self.layouts:
+            return relaid_entry(self, name, *self.layouts[name])
+        return self.store.entry(name)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.store, attr)
+
+
 def _sliced(store: Any, name: str, layout: str, source: str) -> Any:
     """A tensor-parallel slice of a 2-D weight (plow/graph/shard.py): `rows A:B` is one byte
     run, `cols A:B` one run per row. Float weights only (block-quantized and fp8 refused)."""
@@ -281,9 +298,7 @@ def copy_weights(
         if n not in layouts and (sc := store.fp8_scale(n)) is not None and sc not in names
     ]
     names = [*names, *scales]
-    entries = [
-        relaid_entry(store, n, *layouts[n]) if n in layouts else store.entry(n) for n in names
-    ]
+    entries = [Resolved(store, layouts).entry(n) for n in names]
     # blocks are copied as blocks; the metadata says how to read them
     quant = {n: e.quant for n, e in zip(names, entries, strict=True) if e.quant is not None}
     meta = {"format": "pt", "writer": "plow"}

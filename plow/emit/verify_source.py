@@ -133,11 +133,46 @@ def _plain_runs(store: Any, name: str) -> tuple[Any, list[_Run]]:
     return e, runs
 
 
+@dataclass(frozen=True, slots=True)
+class _SliceEntry:
+    """A tensor-parallel slice as a source of a fused op's layout (its dtype and shape)."""
+
+    dtype: Any
+    shape: tuple[int, ...]
+    nbytes: int
+    quant: None = None
+
+    @property
+    def logical_shape(self) -> tuple[int, ...]:
+        return self.shape
+
+
+def _source_runs(
+    store: Any, s: str, layouts: dict[str, tuple[str, list[str]]]
+) -> tuple[Any, list[_Run], dict[str, Any]] | str:
+    """A layout source's entry, runs and source entries: a checkpoint tensor, or a
+    tensor-parallel slice of one (a fused op of a `--tp` plan re-lays out its device's
+    slices)."""
+    lay = layouts.get(s)
+    if lay is None or not lay[0].startswith(("rows ", "cols ")):
+        e, runs = _plain_runs(store, s)
+        return e, runs, {s: e}
+    exp = _expected(store, s, lay, {})
+    if isinstance(exp, str):
+        return f"its source {s!r}: {exp}"
+    dtype, shape, runs, entries = exp
+    e0 = next(iter(entries.values()))
+    return _SliceEntry(e0.dtype, shape, sum(r.nbytes for r in runs)), runs, entries
+
+
 def _expected(
-    store: Any, name: str, layout: tuple[str, list[str]] | None
+    store: Any,
+    name: str,
+    layout: tuple[str, list[str]] | None,
+    layouts: dict[str, tuple[str, list[str]]],
 ) -> tuple[str, tuple[int, ...], list[_Run], dict[str, Any]] | str:
     """(dtype name, shape, runs, source entries) the bundle tensor `name` must equal, or a
-    one-line problem."""
+    one-line problem. `layouts`: every recorded layout (a source may be a slice)."""
     from plow.checkpoint.weights import MissingTensor
 
     try:
@@ -145,11 +180,17 @@ def _expected(
             e, runs = _plain_runs(store, name)
             return e.dtype.name, tuple(e.shape), runs, {name: e}
         kind, sources = layout
-        got = [_plain_runs(store, s) for s in sources]
+        if kind.startswith(("rows ", "cols ")):
+            layouts = {}  # a slice is of a checkpoint tensor
+        found = [_source_runs(store, s, layouts) for s in sources]
     except MissingTensor:
         missing = name if layout is None else ", ".join(layout[1])
         return f"{missing}: not a tensor of the source checkpoint"
-    entries = {s: e for s, (e, _) in zip(sources, got, strict=True)}
+    trips = [g for g in found if not isinstance(g, str)]
+    if len(trips) < len(found):
+        return next(g for g in found if isinstance(g, str))
+    got = [(e, runs) for e, runs, _ in trips]
+    entries = {k: v for _, _, ents in trips for k, v in ents.items()}
     es = [e for e, _ in got]
     if kind.startswith(("rows ", "cols ")) and len(sources) == 1:  # tensor parallel
         return _sliced(kind, es[0], got[0][1], entries)
@@ -273,7 +314,7 @@ def verify_source(
     plans: list[tuple[str, Any, list[_Run], dict[str, Any]]] = []
     for name in sorted(mine, key=lambda n: mine[n].offset):
         b = mine[name]
-        exp = _expected(store, name, layouts.get(name))
+        exp = _expected(store, name, layouts.get(name), layouts)
         if isinstance(exp, str):
             return SourceReport(bundle, source, 0, 0, f"weight {name!r}: {exp}")
         dtype, shape, runs, entries = exp

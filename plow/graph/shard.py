@@ -13,6 +13,8 @@ Megatron-style, per decoder layer:
 - where partial sums meet: one `allreduce` op per device, reading every device's partial and
   writing that device's sum (`p_0 + p_1 + ... + p_{tp-1}` in device order on every device, so
   every replica of the residual stream is the same bits);
+- the op order: between two allreduces, device 0's ops (in the one-device graph's order),
+  then device 1's, ...;
 - replicated (every device runs its own copy over the same weights): the embedding, every
   norm of the residual stream and the residual adds;
 - device 0 alone: the final norm, lm_head and sample (the host reads one copy of the
@@ -25,6 +27,14 @@ columns: axis 1), so a checker can recompute it from the bundle's bytes. Refused
 heads or key-value heads not divisible by tp, an MLP width not divisible by tp, a row-parallel
 linear with a bias, and op kinds this pass does not shard (experts, latent attention, SSMs,
 fused ops: shard before fusing).
+
+Fusion runs after this pass, on the sharded graph (plow/compile.py): R4 concatenates a
+device's own q/k/v slices (`linear_qkv` over `cat3(Wq@tp<d>, Wk@tp<d>, Wv@tp<d>)`: the rows
+of the device's heads), R2+R3+R13 interleaves its gate/up slices (`linear_glu` over
+`interleave(Wg@tp<d>, Wu@tp<d>)`: a contiguous range of intermediate units, both their gate
+and up rows), R1 fuses each replica's residual add and norm. `place_fused` gives every fused
+op the device of the canonical ops it covers and their slices, so the bundle writer, checkpoint
+A and `plow verify --source` see where each source row comes from.
 """
 
 from __future__ import annotations
@@ -206,10 +216,45 @@ def shard_graph(graph: OpGraph, tp: int) -> OpGraph:
             for d in range(tp):
                 name = f"{op.name}.allreduce@d{d}"
                 rename[d][op.outputs[0]] = emit(ar, d, name, parts, {"tp": tp, "device": d})
-    ops = _drop_unread(ops, tensors)
+    ops = _drop_unread(_device_major(ops), tensors)
     sharded = OpGraph(tuple(ops), tensors, graph.bucket_name)
     sharded.validate()
     return sharded
+
+
+def place_fused(graph: OpGraph, applied: Any) -> Any:
+    """`applied` (plow.egraph.apply.Applied, fused from the sharded `graph`) with each fused
+    op carrying the placement of the canonical ops its block covers: their `tp` and `device`
+    (one device: a fusion never joins two devices' ops; refused otherwise) and the
+    concatenation of their `slices` in canonical order (R4: q's, k's, v's; R2+R3+R13: gate's,
+    up's), the slices its re-laid-out weight is built from."""
+    if graph_tp(graph) == 1:
+        return applied
+    ops = list(applied.graph.ops)
+    for b in applied.blocks:
+        covered = [graph.ops[i] for i in b.canonical]
+        devices = {device_of(o) for o in covered}
+        fused = ops[b.fused]
+        if len(devices) != 1:
+            raise GraphError(fused.name, f"fuses ops of devices {sorted(devices)} (one each)")
+        attrs = {**fused.attrs, "tp": graph_tp(graph), "device": devices.pop()}
+        slices = [s for o in covered for s in o.attrs.get("slices", [])]
+        if slices:
+            attrs["slices"] = slices
+        ops[b.fused] = Op(fused.name, fused.kind, fused.inputs, fused.outputs, attrs, fused.layer)
+    placed = OpGraph(tuple(ops), applied.graph.tensors, applied.graph.bucket_name)
+    placed.validate()
+    return type(applied)(placed, applied.blocks, applied.layouts)
+
+
+def slice_layouts(graph: OpGraph) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The sliced weights the ops of a sharded graph record, as the bundle writer's layouts
+    (`name -> ("rows A:B" | "cols A:B", (source,))`)."""
+    return {
+        new: (f"{('rows', 'cols')[int(axis)]} {int(lo)}:{int(hi)}", (src,))
+        for op in graph.ops
+        for new, src, axis, lo, hi in op.attrs.get("slices", ())
+    }
 
 
 def _chain(
@@ -232,6 +277,25 @@ def _chain(
         raise GraphError(t, f"--tp {tp}: not the output of a linear (cannot shard its columns)")
     col[op.name] = rows
     split[op.name] = op
+
+
+def _device_major(ops: list[Op]) -> list[Op]:
+    """`ops` (each canonical op's device copies in turn) ordered device by device between the
+    collectives: the stretch of ops from one allreduce to the next is device 0's copies in
+    canonical order, then device 1's, ...; the allreduces keep their place. Topological,
+    since a device's copies in a stretch read only that device's tensors or earlier ones; it
+    keeps a device's consecutive canonical ops consecutive, as the fusion rules' blocks need
+    (checkpoint A: the canonical table is the blocks' concatenation)."""
+    out: list[Op] = []
+    stretch: list[Op] = []
+    for op in ops:
+        if op.kind is OpKind.allreduce:
+            out += sorted(stretch, key=device_of)  # stable: canonical order per device
+            stretch = []
+            out.append(op)
+        else:
+            stretch.append(op)
+    return out + sorted(stretch, key=device_of)
 
 
 def _drop_unread(ops: list[Op], tensors: dict[str, Tensor]) -> list[Op]:

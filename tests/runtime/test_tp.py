@@ -1,8 +1,9 @@
 """Tensor-parallel plans that split the work (plow/graph/shard.py, docs/parallel.md): a
 `--tp 2` bundle of the tiny llama shards attention heads and MLP columns over two devices,
-is certified A-F, runs on the native and cpu executors here with transformers' greedy
-tokens, keeps system-scope counters to the allreduce partials, and a dropped allreduce
-dependency is rejected by checkpoint D."""
+fuses each device's q/k/v, gate/up and residual-add + norm (fusion on by default), is
+certified A-F, runs on the native and cpu executors here with transformers' greedy tokens,
+keeps system-scope counters to the allreduce partials; a dropped allreduce dependency is
+rejected by checkpoint D, a wrong slice by checkpoint A."""
 
 from __future__ import annotations
 
@@ -56,10 +57,17 @@ def _schedule(bundle: Path, rung: str = RUNG) -> dict[str, Any]:
 
 
 def test_tp2_tokens_equal_transformers_on_native_and_cpu(tp2: Path, tiny_llama: Path) -> None:
+    """The fused --tp 2 bundle (the default) and the unfused one (--no-fuse)."""
     want = hf_greedy(tiny_llama, PROMPTS, NEW)
     reqs = [Request(tuple(p), NEW) for p in PROMPTS]
+    assert {o.kind for o in _ops(tp2).ops} >= {"linear_qkv", "linear_glu", "add_rmsnorm"}
     assert generate(open_native(tp2, max_batch=2), reqs) == want  # opened verified
     assert generate(CpuModel.from_bundle(tp2, max_batch=2), reqs) == want
+    unfused = tp2.parent / "tp2_unfused"
+    prof = _profile().model_copy(update={"fuse": False, "decode_batches": (2,)})
+    compile_bundle(tiny_llama, unfused, load_target("cpu").model_copy(update={"gpus": 2}), prof)
+    assert not {o.kind for o in _ops(unfused, "decode_b2_s48").ops} & {"linear_qkv", "linear_glu"}
+    assert generate(open_native(unfused, max_batch=2, verify=False), reqs) == want
 
 
 def test_gemma3_tp2_tokens_equal_transformers(
@@ -73,17 +81,19 @@ def test_gemma3_tp2_tokens_equal_transformers(
     prof = CompileProfile(name="tp", decode_batches=(1,), prefill_seqs=(16,), context=48)
     compile_bundle(path, out, load_target("cpu").model_copy(update={"gpus": 2}), prof, verify=True)
     kinds = {o.kind for o in _ops(out).ops}
-    assert "allreduce" in kinds
+    assert {"allreduce", "linear_qkv", "linear_glu", "add_rmsnorm"} <= kinds
     prompt = PROMPTS[0][:11]
     want = hf_greedy(path, [prompt], NEW)
     assert generate(open_native(out, max_batch=1), [Request(tuple(prompt), NEW)]) == want
+    assert generate(CpuModel.from_bundle(out, max_batch=1), [Request(tuple(prompt), NEW)]) == want
 
 
 def test_tp2_ops_are_split_over_devices_with_sliced_weights(tp2: Path, tiny_llama: Path) -> None:
     """Heads and MLP columns are split (each device's attention has half the heads, its
     q/k/v/gate/up half the rows, o/down half the columns of the checkpoint's tensors, as the
-    op table's `slices` say, and the bundle's bytes are those slices); norms and residual
-    adds are replicated; one allreduce per device sums both partials."""
+    op table's `slices` say, and the bundle's bytes are those slices: the fused q/k/v weight
+    of a device its three slices stacked, the fused gate/up weight its two interleaved);
+    norms and residual adds are replicated; one allreduce per device sums both partials."""
     ot = _ops(tp2)
     ops = {o.name: o for o in ot.ops}
     a0, a1 = ops["L0.attn@d0"], ops["L0.attn@d1"]
@@ -94,13 +104,24 @@ def test_tp2_ops_are_split_over_devices_with_sliced_weights(tp2: Path, tiny_llam
     assert ar.kind == "allreduce" and ar.inputs == ["L0.o_proj@d0", "L0.o_proj@d1"]
     bundle_w = load_file(str(tp2 / "weights.safetensors"))
     src = load_file(str(tiny_llama / "model.safetensors"))
+    layouts = {x["weight"]: x for x in json.loads((tp2 / "rewrites.json").read_text())["layouts"]}
     seen = 0
     for o in ot.ops:
+        sl = {}
         for new, source, axis, lo, hi in o.attrs.get("slices", []):
             full = src[source]
-            want = full[lo:hi] if axis == 0 else full[:, lo:hi]
-            assert np.array_equal(bundle_w[new], want), new
+            sl[new] = full[lo:hi] if axis == 0 else full[:, lo:hi]
             seen += 1
+        if not sl:
+            continue
+        w = o.inputs[1]
+        lay = layouts.get(w, {"layout": None, "sources": [w]})
+        parts = [sl[x] for x in lay["sources"]]
+        if lay["layout"] == "interleave":
+            want = np.stack(parts, axis=1).reshape(-1, parts[0].shape[1])
+        else:
+            want = np.concatenate(parts)
+        assert np.array_equal(bundle_w[w], want), w
     assert seen == 2 * 2 * 7  # layers x devices x (q, k, v, o, gate, up, down)
     # every op's tasks run on its device's workers
     s = _schedule(tp2)
@@ -109,6 +130,38 @@ def test_tp2_ops_are_split_over_devices_with_sliced_weights(tp2: Path, tiny_llam
     names = [o.name for o in ot.ops]
     for op_i, w in zip(s["tasks"]["op"], s["tasks"]["worker"], strict=True):
         assert w // per == dev[names[op_i]]
+
+
+def test_each_device_fuses_its_own_heads_and_mlp_units(tp2: Path, tiny_llama: Path) -> None:
+    """Fusion runs on the sharded graph: device d's linear_qkv reads the rows of Wq, Wk, Wv
+    for its heads stacked (query heads 2d, 2d+1 and key-value head d of 4 / 2), its
+    linear_glu the gate and up rows of intermediate units d*I/2 .. (d+1)*I/2 interleaved
+    (row 2i gate, 2i+1 up), both fused ops on device d; the residual add + norm is fused on
+    each replica (add_rmsnorm per device). Compared with the checkpoint's tensors directly."""
+    ops = {o.name: o for o in _ops(tp2).ops}
+    w = load_file(str(tp2 / "weights.safetensors"))
+    src = load_file(str(tiny_llama / "model.safetensors"))
+    at = "model.layers.1.self_attn"
+    mlp = "model.layers.1.mlp"
+    hd, inter = 16, src[f"{mlp}.gate_proj.weight"].shape[0]
+    for d in (0, 1):
+        qkv = ops[f"L1.q_proj@d{d}+L1.k_proj@d{d}+L1.v_proj@d{d}"]
+        assert qkv.kind == "linear_qkv" and qkv.attrs["device"] == d
+        q, k, v = (src[f"{at}.{n}_proj.weight"] for n in "qkv")
+        want = np.concatenate(
+            [q[2 * d * hd : (2 * d + 2) * hd], k[d * hd : (d + 1) * hd], v[d * hd : (d + 1) * hd]]
+        )
+        assert np.array_equal(w[qkv.inputs[1]], want)
+        glu = ops[f"L1.gate_proj@d{d}+L1.up_proj@d{d}+L1.gated_mlp@d{d}"]
+        assert glu.kind == "linear_glu" and glu.attrs["device"] == d
+        g, u = (
+            src[f"{mlp}.{n}_proj.weight"][d * inter // 2 : (d + 1) * inter // 2]
+            for n in ("gate", "up")
+        )
+        got = w[glu.inputs[1]]
+        assert np.array_equal(got[0::2], g) and np.array_equal(got[1::2], u)
+        norm = ops[f"L1.attn_residual@d{d}+L1.mlp_norm@d{d}"]
+        assert norm.kind == "add_rmsnorm" and norm.attrs["device"] == d
 
 
 def test_the_activation_pool_is_partitioned_per_device(tp2: Path) -> None:
@@ -121,7 +174,10 @@ def test_the_activation_pool_is_partitioned_per_device(tp2: Path) -> None:
         writer = {t: o.name for o in ot.ops for t in o.outputs}
         spans: dict[int, list[int]] = {}
         for b in _schedule(tp2, rung)["arena"]["buffers"]:
-            if b["region"] in ("activations", "scratch"):  # a partial: `<op>#partial...`
+            # lm_head's fused-argmax buffers (`lm_head#argmax...`, plow/emit/argmax.py) are
+            # placed after the arena's other buffers, outside the per-device pool
+            if b["region"] in ("activations", "scratch") and "#argmax" not in b["name"]:
+                # a partial: `<op>#partial...`
                 d = dev[b["name"].split("#")[0] if "#" in b["name"] else writer[b["name"]]]
                 lo, hi = spans.setdefault(d, [1 << 62, 0])
                 spans[d] = [min(lo, b["offset"]), max(hi, b["offset"] + b["size"])]
@@ -189,6 +245,57 @@ def test_a_dropped_allreduce_dependency_is_rejected_by_d(
     assert [r.checkpoint for r in bad] == ["D"], [(r.checkpoint, r.reason) for r in bad]
     reason = bad[0].reason or ""
     assert "L0.o_proj@d0" in reason and says in reason, reason
+
+
+def test_a_wrong_slice_is_rejected_by_a(tp2: Path, tiny_llama: Path, tmp_path: Path) -> None:
+    """Device 1's fused q/k/v records device 0's key-value head (k rows 0:16, not 16:32) and
+    its weight holds exactly those rows, so the bytes are what the op table says (`plow
+    verify --source` accepts: it checks bytes against the records) and the packets are
+    re-emitted, hashes re-forged: checkpoint A rejects, as the sharded graph of the model
+    records rows 16:32 there, naming the op and the slice. The same for an unfused op: device
+    1's o_proj recording device 0's columns."""
+    from plow.checkpoint.weights import read_header
+    from plow.emit.bundle import WEIGHTS
+    from plow.emit.verify import verify_bundle
+    from plow.emit.verify_source import verify_source
+    from tests.emit.bundle_edit import copy_bundle, edit_rung, reforge, rungs
+
+    fused = "L0.q_proj@d1+L0.k_proj@d1+L0.v_proj@d1"
+
+    def qkv(doc: dict[str, Any]) -> None:
+        op = next(o for o in doc["ops"] if o["name"] == fused)
+        assert op["attrs"]["slices"][1][3:] == [16, 32]
+        op["attrs"]["slices"][1][3:] = [0, 16]
+
+    def o_proj(doc: dict[str, Any]) -> None:
+        op = next(o for o in doc["ops"] if o["name"] == "L0.o_proj@d1")
+        op["attrs"]["slices"][0][3:] = [0, 32]
+
+    b = copy_bundle(tp2, tmp_path / "b")
+    for r in rungs(b):
+        edit_rung(b, r, ops=qkv)
+    cat = next(o for o in _ops(b).ops if o.name == fused).inputs[1]
+    e = read_header(b / WEIGHTS)[cat]
+    k = load_file(str(tiny_llama / "model.safetensors"))["model.layers.0.self_attn.k_proj.weight"]
+    raw = bytearray((b / WEIGHTS).read_bytes())
+    row = k.shape[1] * k.dtype.itemsize
+    at = e.offset + 32 * row  # after device 1's two query heads' rows
+    raw[at : at + 16 * row] = k[0:16].tobytes()
+    (b / WEIGHTS).write_bytes(bytes(raw))
+    reforge(b)
+    assert verify_source(b, tiny_llama).accepted
+    rep = verify_bundle(b, checkpoints=("A",))
+    bad = [r for r in rep.rows if r.rejected]  # every rung's A row
+    assert bad and {r.checkpoint for r in bad} == {"A"}, [(r.checkpoint, r.reason) for r in bad]
+    reason = bad[0].reason or ""
+    assert fused in reason and "rule R4" in reason, reason
+    assert '"model.layers.0.self_attn.k_proj.weight",0,16,32]' in reason, reason
+    b2 = copy_bundle(tp2, tmp_path / "b2")
+    for r in rungs(b2):
+        edit_rung(b2, r, ops=o_proj)
+    bad = [r for r in verify_bundle(b2, checkpoints=("A",)).rows if r.rejected]
+    assert bad and {r.checkpoint for r in bad} == {"A"}, [(r.checkpoint, r.reason) for r in bad]
+    assert "L0.o_proj@d1" in (bad[0].reason or "") and "attribute slices" in (bad[0].reason or "")
 
 
 def test_heads_that_do_not_split_are_refused_in_one_line(tiny_llama: Path, tmp_path: Path) -> None:
