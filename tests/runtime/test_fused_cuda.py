@@ -3,7 +3,8 @@
 kernels/device.cu runs a fused linear the way it runs a linear: warps stream four weight rows
 at once (the same dots as the host's fused.h, so the bits are the native executor's), or, for
 bf16 weights, mma.sync fragments whose linear_glu pairs (gate row 2n, up row 2n + 1) meet in
-one lane by a shuffle. Both run here on the emulation build (device.cu's own code on CPU
+one lane by a shuffle (split k: both rows' dots go to the partial, the merge applies the glu).
+Both run here on the emulation build (device.cu's own code on CPU
 threads, tests/runtime/test_cuda.py's fake driver); nothing here needs a GPU.
 """
 
@@ -106,6 +107,47 @@ def test_a_split_fused_plan_on_the_warp_dots_gives_the_native_bits(
     )
     assert got == want
     assert np.array_equal(got_logits, want_logits)
+
+
+@pytest.fixture(scope="module")
+def split_bf16_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fused plan of a bf16 tiny llama for 64 SMs with cheap tiles (its fused matmuls split
+    k); made before the emulator replaces the driver import."""
+    from plow.testing import make_tiny_checkpoint
+    from tests.runtime.test_cuda import PROFILE
+
+    root = tmp_path_factory.mktemp("fused-bf16-split")
+    ckpt = make_tiny_checkpoint("llama", 5, root / "ckpt", dtype="bfloat16")
+    wide = load_target("h200").model_copy(update={"workers": 64, "tile_overhead_ns": 10})
+    compile_bundle(ckpt, root / "bundle", wide, PROFILE.model_copy(update={"fuse": True}))
+    return root / "bundle"
+
+
+@pytest.mark.usefixtures("on_emulator")
+def test_split_k_fused_bf16_linears_on_tensor_cores_and_warp_dots(
+    split_bf16_bundle: Path,
+) -> None:
+    """A bf16 fused plan for 64 SMs with cheap tiles splits linear_glu's and linear_qkv's k:
+    the warp dots write fused.h's partials (the native bits), and the tensor-core tiles'
+    partials (gate and up rows kept apart, not shuffled into act(gate) * up) merge to the
+    scalar path's logits within 1e-3 with the same tokens."""
+    from plow.emit.files import OpTable
+    from plow.runtime.cuda import open_cuda
+    from plow.runtime.native import NativeModel
+    from tests.runtime.test_cuda import _tokens_and_logits
+
+    out = split_bf16_bundle
+    ops = OpTable.model_validate_json((out / "plan" / "decode_b4_s96.ops.json").read_bytes()).ops
+    assert {o.kind for o in ops if o.partial} >= FUSED_LINEARS
+    want, want_logits = _tokens_and_logits(NativeModel.from_bundle(out, max_batch=4, verify=False))
+    scalar = open_cuda(out, max_batch=4, verify=False, tensor_cores=False)
+    got, got_logits = _tokens_and_logits(scalar)
+    assert got == want
+    assert np.array_equal(got_logits, want_logits)
+    tc, tc_logits = _tokens_and_logits(open_cuda(out, max_batch=4, verify=False, tensor_cores=True))
+    np.testing.assert_allclose(tc_logits, want_logits, rtol=1e-3, atol=1e-3)
+    assert not np.array_equal(tc_logits, want_logits)  # it did run the other path
+    assert tc == want
 
 
 @pytest.mark.usefixtures("on_emulator")
