@@ -45,6 +45,14 @@ def _slots(path: Path, requested: int | None) -> int:
     return requested
 
 
+def verified_only(e: PlowError) -> PlowError:
+    """A refused bundle's error without the --no-verify hint: plow serve has no such flag."""
+    from plow.runtime.cpu.bundle import NO_VERIFY_HINT, BundleRefused
+
+    problem = e.problem.replace(f" {NO_VERIFY_HINT}", "")
+    return BundleRefused(e.where, problem + " (plow serve runs verified bundles only)")
+
+
 def _serve_cmd(fail: Fail) -> Callable[..., None]:
     def serve(
         models: Annotated[
@@ -144,7 +152,7 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
 
         from rich.console import Console
 
-        from plow.runtime.cpu.bundle import NO_VERIFY_HINT, BundleRefused
+        from plow.runtime.cpu.bundle import BundleRefused
         from plow.serve.http import Server, load_served_model, run_server
 
         console = Console(stderr=True)
@@ -166,6 +174,8 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                 )
                 opts = dict(api_key=api_key, seed=seed, max_request_bytes=max_request_bytes)
                 app_ = rp.build_app(path, replicas, load, opts)
+            except BundleRefused as e:
+                fail(verified_only(e))
             except PlowError as e:
                 fail(e)
             url = f"http://{host}:{port}/v1"
@@ -198,12 +208,8 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
                             highlight=False,
                         ),
                     )
-                except BundleRefused as e:  # serve has no --no-verify: do not suggest it
-                    raise BundleRefused(
-                        e.where,
-                        e.problem.replace(f" {NO_VERIFY_HINT}", "")
-                        + " (plow serve runs verified bundles only)",
-                    ) from e
+                except BundleRefused as e:
+                    raise verified_only(e) from e
                 if m.engine.max_batch != slots[i]:
                     raise PlowError(
                         path, f"{slots[i]} slots asked, the engine runs {m.engine.max_batch}"

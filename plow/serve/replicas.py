@@ -164,6 +164,8 @@ class EngineReplica:
     def __init__(self, model: str, load: dict[str, Any], server: dict[str, Any]) -> None:
         from plow.serve.http import Server, load_served_model
 
+        self._stop = threading.Event()  # first: __del__ runs after a failed __init__ too
+
         try:
             from ray import serve
 
@@ -175,7 +177,6 @@ class EngineReplica:
         self.app = self.server.app()  # its lifespan is not run: the loop is started here
         self.served.client.start()
         self._board: Any = None
-        self._stop = threading.Event()
         self._pusher = threading.Thread(target=self._push_loop, daemon=True)
         self._pusher.start()
 
@@ -212,7 +213,7 @@ class EngineReplica:
 
     def __del__(self) -> None:
         self._stop.set()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # `served` is missing if __init__ failed
             self.served.client.stop()
 
 
@@ -417,6 +418,10 @@ def build_app(
     )
     from ray.serve.config import RequestRouterConfig
 
+    from plow.runtime.cpu.bundle import check_bundle, is_bundle, read_manifest
+
+    if is_bundle(Path(model)):  # refused here in one line, not in every replica's log
+        check_bundle(Path(model), read_manifest(Path(model)))
     slots = int(load.get("max_num_seqs", 8))
     if router not in ("prefix", "pow2"):
         raise ValueError(f"router must be prefix or pow2, not {router!r}")

@@ -241,3 +241,24 @@ def test_replicas_flag_errors_are_one_line(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "not a checkpoint directory" in res.output
     res = CliRunner().invoke(app, ["serve", str(a), "--replicas", "0"])
     assert res.exit_code == 2 and "--replicas" in res.output
+
+
+def test_an_unverified_bundle_is_refused_before_any_replica_starts(
+    tiny_bundle_dir: Path, tmp_path: Path
+) -> None:
+    """Each replica would refuse it in its own log while Serve reports only "Deploying
+    application plow failed": the driver refuses it first, in one line naming the file."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from plow.cli import app
+
+    b = tmp_path / "unverified"
+    shutil.copytree(tiny_bundle_dir, b)
+    (b / "certificates" / "D.json").unlink()
+    res = CliRunner().invoke(app, ["serve", str(b), "--replicas", "2"])
+    assert res.exit_code == 1  # a refused bundle, as without --replicas
+    (line,) = res.output.strip().splitlines()
+    assert "certificates/D.json" in line and "missing" in line
+    assert "--no-verify" not in line and "verified bundles only" in line

@@ -426,8 +426,9 @@ class CudaMachine:
             if s:
                 rows[b].n_stop, rows[b].stop = len(s), base + head + rows_bytes + 4 * at
                 at += len(s)
-            if s is not None and draw[b] is not None:
-                params, u = draw[b]
+            drawn = draw[b]
+            if s is not None and drawn is not None:
+                params, u = drawn
                 r = rows[b]
                 r.greedy, r.temperature, r.top_k = 0, params.temperature, params.top_k
                 r.top_p, r.min_p = params.top_p, params.min_p
