@@ -95,7 +95,8 @@ def sampler_scratch_bytes(vocab: int, threads: int = 0) -> int:
     threads' partials and crossings, the survivors)."""
     t = threads or BLOCK_THREADS
     n2 = 1 << max(0, int(vocab) - 1).bit_length()
-    return 8 * vocab + 8 * vocab + 8 * n2 + 4 * n2 + 8 * (t + 1) + 8 * (2 * t) + (vocab + 7) // 8 * 8
+    keep = (vocab + 7) // 8 * 8
+    return 8 * vocab + 8 * vocab + 8 * n2 + 4 * n2 + 8 * (t + 1) + 8 * (2 * t) + keep
 
 
 def expected_config() -> tuple[int, ...]:
