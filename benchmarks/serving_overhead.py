@@ -707,9 +707,11 @@ def native_overhead(
 
 
 def side_by_side(model: Path, plow_source: Path, servers: list[str], rounds: int, rate: float,
-                 n: int, in_len: int, out_len: int) -> dict[str, Any]:  # fmt: skip
+                 n: int, in_len: int, out_len: int,
+                 baseline: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Part 2: the same Poisson stream against each server, both up, driven one at a time in
-    interleaved rounds (a server that cannot start is reported with its error)."""
+    interleaved rounds (a server that cannot start is reported with its error). `plow-base`:
+    `plow serve` from the plow package of the `baseline` source tree (before/after)."""
     sl = _serve_load()
     context = max(256, 2 * (in_len * 5 // 4 + out_len * 5 // 4))
     procs: dict[str, Any] = {}
@@ -718,6 +720,16 @@ def side_by_side(model: Path, plow_source: Path, servers: list[str], rounds: int
         try:
             if s == "plow":
                 procs[s] = sl.start_plow(plow_source, NATIVE_SLOTS, context)
+            elif s == "plow-base":  # the baseline tree's plow serve, same flags as "plow"
+                if baseline is None:
+                    raise RuntimeError("plow-base needs --baseline-tree")
+                port = sl.free_port()
+                cmd = [sys.executable, "-m", "plow.cli", "serve", str(plow_source), "--executor",
+                       "native", "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs",
+                       str(NATIVE_SLOTS), "--max-model-len", str(context), "--served-model-name",
+                       NATIVE_NAME, "--api-key", KEY, "--seed", "0", "--log-level", "warning"]  # fmt: skip
+                env = {**os.environ, "PYTHONPATH": str(baseline)}
+                procs[s] = sl.Proc(f"plow serve ({baseline})", cmd, port, up_s=1800, env=env)
             elif s.startswith("plow-t"):  # plow serve --threads N
                 port = sl.free_port()
                 cmd = [sys.executable, "-m", "plow.cli", "serve", str(plow_source), "--executor",
@@ -737,7 +749,8 @@ def side_by_side(model: Path, plow_source: Path, servers: list[str], rounds: int
             work = sl.workload(
                 n, rate, in_len, out_len, 100 + r
             )  # the same stream for every server
-            for s, proc in procs.items():
+            # alternate the order per round, so no server always runs in the same minutes
+            for s, proc in list(procs.items())[:: 1 if r % 2 == 0 else -1]:
                 load0 = os.getloadavg()[0]
                 cpu0 = tree_cpu_seconds(proc.proc.pid)
                 res, dur = asyncio.run(sl.drive(proc.url, work))
@@ -866,13 +879,15 @@ def main() -> None:
     )
     ap.add_argument(
         "--baseline-tree", type=Path, default=None,
-        help="overhead: also serve with the plow package of this checkout (before/after, same run)",
+        help="overhead: also serve with the plow package of this checkout (before/after, same run); "
+        "load: the plow-base server",
     )  # fmt: skip
     ap.add_argument("--parts", default="overhead,load", help="comma list of: overhead, load")
     ap.add_argument(
         "--servers",
         default="plow,vllm",
-        help="load: comma list of: plow, plow-tN (--threads N), vllm",
+        help="load: comma list of: plow, plow-tN (--threads N), plow-base (--baseline-tree), "
+        "vllm",
     )
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=64, help="overhead: tokens per stream")
@@ -904,7 +919,7 @@ def main() -> None:
     if "load" in parts:
         d["load"] = side_by_side(args.model, plow_source, [s for s in args.servers.split(",") if s], args.load_rounds,
                                  args.rate, args.num_prompts, 128 if not args.quick else 16,
-                                 64 if not args.quick else 8)  # fmt: skip
+                                 64 if not args.quick else 8, args.baseline_tree)  # fmt: skip
     d["loadavg_after"] = os.getloadavg()
     d["wall_s"] = time.time() - t0
     out.mkdir(parents=True, exist_ok=True)
