@@ -88,7 +88,7 @@ typedef struct {
   const int64_t* bounds;       // n_chunks + 1 column bounds
   int64_t fused_values, fused_index;
   int32_t kv_dtype;            // the pool's storage: PLOW_F32, or PLOW_BF16 (opt-in, lossy)
-  int32_t reserved;
+  int32_t kv_halves;           // 2: keys then values; 1: values are keys (one row per token)
 } PlowPlan;
 
 // One batch row of a multi-step quantum (the step epilogue, kernels/sampler.h).

@@ -523,10 +523,13 @@ struct AttnGeom {
 };
 
 // The pool holds fp32 rows, or (opt-in, lossy) bf16 rows packed two to a word: the same
-// [layers, 2, blocks, kv_heads, block_size, head_dim] order in the storage type.
+// [layers, halves, blocks, kv_heads, block_size, head_dim] order in the storage type. A pool
+// of one half (kv_halves 1: latent attention, whose values are its keys) holds each token's
+// row once; tile_attention then reads values from the key rows (kind 0) and writes no value.
+PLOW_HD static inline int64_t kv_halves(const PlowPlan* p) { return p->kv_halves == 1 ? 1 : 2; }
 PLOW_HD static inline int64_t kv_index(const PlowPlan* p, int64_t layer, int64_t kind,
                                        int64_t block, int64_t head, int64_t slot) {
-  return (((layer * 2 + kind) * p->kv_blocks + block) * p->kv_heads + head) * p->kv_block + slot;
+  return (((layer * kv_halves(p) + kind) * p->kv_blocks + block) * p->kv_heads + head) * p->kv_block + slot;
 }
 
 PLOW_HD static inline float* kv_row(const Ctx& c, int64_t layer, int64_t kind, int64_t block,
@@ -840,6 +843,7 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
   const int32_t* table = I32(c.A, p->page_table);
   const int64_t layer = op.d[5], window = op.d[6], steps = op.d[7], D = g.D, bs = p->kv_block;
   const float scale = op.f[0], softcap = op.f[1];
+  const int64_t vkind = kv_halves(p) - 1;  // the values' half: 0 where values are keys
   const int64_t ra = r[0].a, rb = r[0].b, s0 = r[1].a, s1 = r[1].b;
   float* o_part = step >= 0 ? c.A + op.t[5] + step * g.rows * D : nullptr;
   float* ml_part = step >= 0 ? c.A + op.t[6] + step * g.rows * 2 : nullptr;
@@ -885,7 +889,7 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
         const int64_t blockid = trow[pt / bs];
         const int64_t src = ((bi * g.T + t) * g.KVH + kv) * D;
         kv_put(c, layer, 0, blockid, kv, pt % bs, kin + src);
-        kv_put(c, layer, 1, blockid, kv, pt % bs, vin + src);
+        if (vkind == 1) kv_put(c, layer, 1, blockid, kv, pt % bs, vin + src);
       }
     }
     const float* kfresh = live ? kin + ((bi * g.T) * g.KVH + kv) * D : nullptr;
@@ -920,7 +924,7 @@ PLOW_HD static int64_t tile_attention(const Ctx& c, const PlowOp& op, const Rang
             qv[i] = q + ((bi * g.T + t) * g.H + kv * g.grp + (r0 + i) % g.grp) * D;
           float* stage = acc + PLOW_ATTN_ROWS * D;  // attention_scratch_floats' last 8 rows
           KvWalk kw(c, trow, layer, 0, kv, p_min, kfresh, fresh_ld, lo, stage);
-          KvWalk vw(c, trow, layer, 1, kv, p_min, vfresh, fresh_ld, lo, stage + 4 * D);
+          KvWalk vw(c, trow, layer, vkind, kv, p_min, vfresh, fresh_ld, lo, stage + 4 * D);
           at.rows(kw, vw, qv, R, D, n, scale, softcap, sc, acc, m, l);
         }
       }

@@ -12,8 +12,10 @@ multi-query: H query heads over ONE key-value head per token, the latent row, D 
     out    = o(attention(q, row, row))              o = o_proj . W_UV_h per head
 
 Keys and values are the same row (the value's rope columns meet zero columns of `o`), so
-the cache holds the normalised latent and the shared rotated key per token and layer (both
-halves of the pool hold the row: 2 x D per token and layer, not 2 x H x max(nope + rope, v)).
+the cache holds the normalised latent and the shared rotated key per token and layer, once:
+the attention op's value cache operand is its key cache tensor (`values_are_keys`), and the
+pool of such a model has no value half (`kv_halves` 1: D per token and layer, not
+2 x H x max(nope + rope, v)); every executor reads an op's values from its key rows.
 A row's columns are laid out by `deepseek_v3.head_columns(kv_lora, rope, D)`: the rope dims
 where a rope of head_dim D with `rotary_dim` r rotates (pairs (j, j + D/2), j < r/2, with an
 r-wide rope's frequencies; every other column has frequency 0 and passes exactly), the latent
@@ -26,6 +28,7 @@ Prefill runs the same graph (it writes the rows decode reads).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from plow.checkpoint.spec import LayerSpec, ModelSpec
@@ -48,6 +51,19 @@ class _Builder(Protocol):
         layer: int | None = None,
         role: TensorRole = TensorRole.activation,
     ) -> str: ...
+
+
+def values_are_keys(op_inputs: Sequence[str]) -> bool:
+    """An attention op whose value cache operand (input 4) is its key cache (input 3): it
+    stores each token's row once and reads its values from the key rows."""
+    return len(op_inputs) > 4 and op_inputs[4] == op_inputs[3]
+
+
+def kv_halves(spec: ModelSpec) -> int:
+    """Halves of the key-value pool (`[layers, halves, blocks, ...]`): 1 when every attention
+    layer's values are its keys (latent attention: `mla_attention` is the only attention a
+    model with `spec.mla` builds), else 2 (keys, values)."""
+    return 1 if spec.mla is not None else 2
 
 
 def rope_attrs(lspec: LayerSpec, head_dim: int) -> dict[str, Any]:
@@ -103,12 +119,12 @@ def mla_attention(
         k_pe = g.op(p + "k_rope", OpKind.rope, [k_pe, "positions"], k_rope, n)
     row = add("kv_row", linear("c_place", lat, "mla.c_place.weight"),
               linear("k_place", k_pe, "mla.k_place.weight"))  # fmt: skip
+    # one cache tensor: the op's value cache is its key cache (values are the cached rows)
     kc = g.declare(p + "k_cache", (batch, 1, context, d), TensorRole.cache)
-    vc = g.declare(p + "v_cache", (batch, 1, context, d), TensorRole.cache)
     att = g.op(
         p + "attn",
         OpKind.attention,
-        [q, row, row, kc, vc, "positions"],
+        [q, row, row, kc, kc, "positions"],
         {
             "heads": heads,
             "kv_heads": 1,

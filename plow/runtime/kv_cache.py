@@ -2,8 +2,10 @@
 head-major storage in one arena.
 
 Storage is one numpy array (the arena) of shape
-``[layers, 2, num_blocks, kv_heads, block_size, head_dim]`` — index 0 of the second axis holds
-keys, 1 values. Inside a block each key-value head owns a contiguous slot of
+``[layers, halves, num_blocks, kv_heads, block_size, head_dim]`` — index 0 of the second axis
+holds keys, 1 values; a pool whose values are its keys (latent attention,
+`plow.graph.mla.kv_halves`) has one half: each token's row is stored once and read as both.
+Inside a block each key-value head owns a contiguous slot of
 ``block_size * head_dim`` elements (head-major), so attention for one head reads, per block, one
 run of ``block_size * head_dim`` elements at offset ``head * block_size * head_dim`` in the block.
 
@@ -264,7 +266,10 @@ class PagedKVCache:
         block_size: int,
         num_blocks: int,
         dtype: KVDtype = "float32",
+        halves: int = 2,
     ) -> None:
+        if halves not in (1, 2):
+            raise KVCacheError("halves", f"must be 1 (values are keys) or 2, got {halves}")
         for name, val in (("num_layers", num_layers), ("kv_heads", kv_heads),
                           ("head_dim", head_dim), ("block_size", block_size)):
             if val <= 0:
@@ -276,17 +281,18 @@ class PagedKVCache:
         self.head_dim = head_dim
         self.block_size = block_size
         self.dtype: KVDtype = dtype
+        self.halves = halves
         self.pool = BlockPool(num_blocks)
         # recurrent-state slots not held by a table (None: the model has no state)
         self.free_state_slots: set[int] | None = None
-        shape = (num_layers, 2, num_blocks, kv_heads, block_size, head_dim)
+        shape = (num_layers, halves, num_blocks, kv_heads, block_size, head_dim)
         self.arena = np.zeros(shape, dtype=_STORAGE[dtype])
         self.scales: np.ndarray | None = (
-            np.ones((num_layers, 2, num_blocks, kv_heads), dtype=np.float32)
+            np.ones((num_layers, halves, num_blocks, kv_heads), dtype=np.float32)
             if dtype == "fp8_e4m3" else None
         )
         self._amax: np.ndarray | None = (
-            np.zeros((num_layers, 2, num_blocks, kv_heads), dtype=np.float32)
+            np.zeros((num_layers, halves, num_blocks, kv_heads), dtype=np.float32)
             if dtype == "fp8_e4m3" else None
         )
 
@@ -295,8 +301,9 @@ class PagedKVCache:
         return self.pool.num_blocks
 
     def bytes_per_token(self) -> int:
-        """Storage bytes one token takes across all layers (keys + values, without scales)."""
-        return self.num_layers * 2 * self.kv_heads * self.head_dim * self.arena.itemsize
+        """Storage bytes one token takes across all layers (keys + values, without scales; one
+        row per head and layer when the values are the keys)."""
+        return self.num_layers * self.halves * self.kv_heads * self.head_dim * self.arena.itemsize
 
     # -- page tables ---------------------------------------------------------------------
     def new_table(self) -> PageTable:
@@ -352,7 +359,8 @@ class PagedKVCache:
         """Store k, v of shape [kv_heads, T, head_dim] at logical `positions` [T] of `table`.
 
         Positions must be distinct, inside the table's capacity, and in blocks this request
-        owns alone; a block held by the prefix cache is read-only.
+        owns alone; a block held by the prefix cache is read-only. A one-half pool (values
+        are keys) stores k only and refuses a v that differs from it.
         """
         self._check_layer(layer)
         pos = np.asarray(positions, dtype=np.int64).reshape(-1)
@@ -360,6 +368,8 @@ class PagedKVCache:
         want = (self.kv_heads, t, self.head_dim)
         if k.shape != want or v.shape != want:
             raise KVCacheError("k/v", f"want shape {want}, got {k.shape} and {v.shape}")
+        if self.halves == 1 and not np.array_equal(k, v):
+            raise KVCacheError("v", "this pool's values are its keys: v must equal k")
         if t == 0:
             return
         if pos.min() < 0 or pos.max() >= table.capacity:
@@ -377,7 +387,7 @@ class PagedKVCache:
                 )
             if self.pool.is_cached(int(b)):
                 raise KVCacheError("block", f"write into block {b}, which the prefix cache holds")
-        for kind, x in ((0, k), (1, v)):
+        for kind, x in ((0, k), (1, v))[: self.halves]:
             rows = np.ascontiguousarray(np.asarray(x, dtype=np.float32).transpose(1, 0, 2))
             if self.dtype == "fp8_e4m3":
                 self._write_fp8(layer, kind, blocks, slots, rows)
@@ -407,14 +417,15 @@ class PagedKVCache:
             store[b, :, slots[sel], :] = q.astype(store.dtype)
 
     def gather(self, layer: int, table: PageTable, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and values of positions [0, length): two fp32 arrays [kv_heads, length, d]."""
+        """Keys and values of positions [0, length): two fp32 arrays [kv_heads, length, d] (the
+        same rows twice from a one-half pool)."""
         self._check_layer(layer)
         if not 0 <= length <= table.capacity:
             raise KVCacheError("length", f"{length} outside [0, {table.capacity}]")
         nb = table.blocks_for(length)
         ids = np.asarray(table.blocks[:nb], dtype=np.int64)
         out: list[np.ndarray] = []
-        for kind in (0, 1):
+        for kind in range(self.halves):
             blk = self.arena[layer, kind, ids].astype(np.float32)  # [nb, H, BS, D]
             if self.scales is not None:
                 blk *= self.scales[layer, kind, ids][:, :, None, None]
@@ -422,7 +433,7 @@ class PagedKVCache:
                 self.kv_heads, nb * self.block_size, self.head_dim
             )
             out.append(np.ascontiguousarray(x[:, :length]))
-        return out[0], out[1]
+        return out[0], out[-1].copy() if self.halves == 1 else out[1]
 
     def prefix_runs(
         self, layer: int, kind: int, blocks: Sequence[int], tokens: int
@@ -430,10 +441,12 @@ class PagedKVCache:
         """Where the first `tokens` tokens held in `blocks` live in the flat arena, for one
         layer and K (kind 0) or V (kind 1): one `StridedRun` per block, each made of one run per
         head at the same offset within every head's slot, heads `block_size * head_dim`
-        elements apart. A full block's runs abut; a partial block's runs have gaps."""
+        elements apart. A full block's runs abut; a partial block's runs have gaps. A
+        one-half pool's values are its keys: kind 1 names the key rows."""
         bs, d, h = self.block_size, self.head_dim, self.kv_heads
         block_elems = h * bs * d
-        base = (layer * 2 + kind) * self.num_blocks * block_elems
+        kind = min(kind, self.halves - 1)
+        base = (layer * self.halves + kind) * self.num_blocks * block_elems
         runs: list[StridedRun] = []
         left = tokens
         for b in blocks:

@@ -2,13 +2,13 @@
 
 On the tiny DeepSeek-V3 fixture (4 heads, 12 + 8 query/key columns, 10 value columns,
 kv_lora_rank 16, 3 layers) compiled for `cpu`: the pool has one key-value head per token and
-layer, kv_lora_rank + rope = 24 columns wide, so a token costs 3 layers x 2 halves x 24 x 4
-bytes, not 3 x 4 heads x (20 + 10) x 4 (the decompressed keys and values). After a prefill,
-the key half of every layer's cached rows holds transformers' own normalised latent (taken
-with a forward hook on `kv_a_layernorm`, and equal to what transformers' own cache holds) at
-the latent columns and transformers' cached rotated rope key at the rope columns; the value
-half holds the same rows (keys are values: the pool's two halves duplicate the row). The
-released DeepSeek-V3 and Kimi-Linear configs' decode attention tiles on h200.
+layer, kv_lora_rank + rope = 24 columns wide, stored once (the pool has no value half: the
+values are the keys), so a token costs 3 layers x 24 x 4 bytes, not 3 x 4 heads x (20 + 10)
+x 4 (the decompressed keys and values). After a prefill, every layer's cached rows hold
+transformers' own normalised latent (taken with a forward hook on `kv_a_layernorm`, and equal
+to what transformers' own cache holds) at the latent columns and transformers' cached rotated
+rope key at the rope columns, and the values read back are those rows. The released
+DeepSeek-V3 and Kimi-Linear configs' decode attention tiles on h200.
 """
 
 from __future__ import annotations
@@ -54,8 +54,10 @@ def test_a_token_costs_the_latent_row_not_the_heads(model: tuple[Path, CpuModel]
     assert la is not None
     layers, heads = spec.num_layers, spec.num_heads
     assert (layers, heads, la.kv_lora_rank, la.rope) == (3, 4, 16, 8)
-    # both halves of the pool hold the same latent row (keys are values: see the test below)
-    assert m.kv.bytes_per_token() == layers * 2 * (la.kv_lora_rank + la.rope) * 4 == 576
+    # one latent row per token and layer: the pool has no value half (values are the keys)
+    assert m.kv.halves == 1 and m.arena.kv_shape.halves == 1
+    assert m.kv.arena.shape[1] == 1
+    assert m.kv.bytes_per_token() == layers * (la.kv_lora_rank + la.rope) * 4 == 288
     decompressed = layers * heads * ((la.nope + la.rope) + la.v_dim) * 4
     assert decompressed == 1440 and m.kv.bytes_per_token() < decompressed
 
@@ -132,3 +134,23 @@ def test_the_released_configs_decode_attention_tiles_on_h200(family: str) -> Non
     tiled = tile_graph(build_graph(spec, Bucket.decode(1, 4096)), load_target("h200"))
     att = [o for o in tiled.ops if o.kind == OpKind.attention.value]
     assert att and all(o.choice.feasible for o in att)
+
+
+def test_a_one_half_pool_stores_a_row_once_and_reads_it_as_the_value() -> None:
+    from plow.runtime.kv_cache import KVCacheError, PagedKVCache
+
+    two = PagedKVCache(2, 1, 8, 4, 4)
+    one = PagedKVCache(2, 1, 8, 4, 4, halves=1)
+    assert one.arena.nbytes * 2 == two.arena.nbytes
+    assert one.bytes_per_token() * 2 == two.bytes_per_token() == 2 * 2 * 8 * 4
+    t = one.new_table()
+    one.reserve(t, 6)
+    k = np.arange(48, dtype=np.float32).reshape(1, 6, 8)
+    one.write(1, t, range(6), k, k)
+    got_k, got_v = one.gather(1, t, 6)
+    np.testing.assert_array_equal(got_k, k)
+    np.testing.assert_array_equal(got_v, k)
+    with pytest.raises(KVCacheError, match="values are its keys"):
+        one.write(0, t, range(6), k, k + 1)
+    with pytest.raises(KVCacheError, match="halves"):
+        PagedKVCache(1, 1, 8, 4, 4, halves=3)

@@ -5,6 +5,7 @@ Layout of the buffer (word offsets):
 
     [0, kv_words)                 the paged key-value pool, head-major
                                   [layers, 2 (K, V), blocks, kv_heads, block_size, head_dim]
+                                  (1 half, not 2, where values are keys: `KVShape.halves`)
                                   in the pool's storage dtype (`KVShape.dtype`: float32, or
                                   opt-in bfloat16 / fp8_e4m3, packed 2 / 4 to a word), then,
                                   for fp8, one fp32 scale per row `KV_SCALE`
@@ -124,8 +125,12 @@ class KVShape:
     block_size: int
     head_dim: int
     dtype: KVDType = "float32"
+    # 2: keys then values; 1: the values are the keys (plow.graph.mla.kv_halves), one row each
+    halves: int = 2
 
     def __post_init__(self) -> None:
+        if self.halves not in (1, 2):
+            raise ValueError(f"kv halves must be 1 or 2, got {self.halves}")
         if self.dtype not in KV_STORAGE:
             raise ValueError(f"kv dtype must be one of {sorted(KV_STORAGE)}, got {self.dtype!r}")
         per_word = 4 // KV_STORAGE[self.dtype].itemsize
@@ -136,7 +141,9 @@ class KVShape:
 
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
-        return (self.layers, 2, self.blocks, self.kv_heads, self.block_size, self.head_dim)
+        return (
+            self.layers, self.halves, self.blocks, self.kv_heads, self.block_size, self.head_dim
+        )  # fmt: skip
 
     @property
     def scale_shape(self) -> tuple[int, int, int, int, int]:

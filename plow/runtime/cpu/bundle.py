@@ -70,6 +70,7 @@ from plow.emit.files import OpTable, ScheduleFile
 from plow.emit.wire import NO_COUNTER, Flag, Opcode, PacketArray, WireError, decode_plan
 from plow.errors import PlowError
 from plow.graph import Bucket, OpGraph, Phase, TensorRole
+from plow.graph.mla import kv_halves
 from plow.graph.ops import Op, OpKind, Tensor
 from plow.profile import CompileProfile
 from plow.runtime.cpu.arena import KVShape, Layout, LayoutBuilder, WordDType
@@ -266,7 +267,10 @@ class Bundle:
         s, tp = self.spec, self.tp
         n = blocks or 2 * rows * -(-ctx // block_size)
         # tensor parallel: pool layer n * tp + d holds device d's kv_heads / tp heads
-        return KVShape(s.num_layers * tp, n, s.num_kv_heads // tp, block_size, s.head_dim)
+        return KVShape(
+            s.num_layers * tp, n, s.num_kv_heads // tp, block_size, s.head_dim,
+            halves=kv_halves(s),
+        )  # fmt: skip
 
     def plan(
         self,

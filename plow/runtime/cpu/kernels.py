@@ -52,6 +52,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from plow.graph.mla import values_are_keys
 from plow.runtime import numpy_ops as K
 from plow.runtime.cpu.arena import KV, KV_SCALE, KVShape
 from plow.runtime.cpu.plan import PAGE_TABLE, STATE_SLOT, OpEntry, Packet, Plan, Ranges
@@ -414,6 +415,11 @@ def _attention(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None
     g = _AttnGeom(plan, op)
     q_name, k_name, v_name = op.inputs[0], op.inputs[1], op.inputs[2]
     pos_name = op.inputs[5]
+    # values are keys (latent attention): the row is stored once, in the key half, and read
+    # back as the value (plow.graph.mla.values_are_keys)
+    shared = values_are_keys(op.inputs)
+    if plan.kv.halves == 1 and not shared:
+        raise ValueError(f"op {op.name!r}: the pool has no value half, the op reads values")
     layer = int(op.layer) if op.layer is not None else 0
     layer = int(op.attrs.get("cache_layer", layer))  # tensor parallel: the device's pool layer
     scale = F32(op.attrs["scale"])
@@ -457,7 +463,7 @@ def _attention(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None
         if own.any():
             wt, wp = new_tok[own], new_pos[own]
             table = acc.get(PAGE_TABLE, (g.B, mb), np.s_[bi, wp // bs])
-            for kind, src in ((0, k_name), (1, v_name)):
+            for kind, src in ((0, k_name), (1, v_name))[: 1 if shared else 2]:
                 vals = acc.get(src, kshape, np.s_[bi, wt, kv, :])
                 _kv_store(plan.kv, acc, (layer, kind, table, kv, wp % bs, slice(0, g.D)), vals)
         if j1 <= j0:
@@ -470,7 +476,11 @@ def _attention(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None
             op_ = kpos[old]
             table = acc.get(PAGE_TABLE, (g.B, mb), np.s_[bi, op_ // bs])
             keys[old] = _kv_load(plan.kv, acc, (layer, 0, table, kv, op_ % bs, slice(0, g.D)))
-            vals_[old] = _kv_load(plan.kv, acc, (layer, 1, table, kv, op_ % bs, slice(0, g.D)))
+            vals_[old] = (
+                keys[old]
+                if shared
+                else _kv_load(plan.kv, acc, (layer, 1, table, kv, op_ % bs, slice(0, g.D)))
+            )
         if (~old).any():
             tok_of = np.full(p_max - p_min + 1, -1, dtype=np.int64)
             tok_of[new_pos - p_min] = new_tok

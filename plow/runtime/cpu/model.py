@@ -22,6 +22,7 @@ import numpy as np
 from plow.checkpoint import ModelSpec
 from plow.errors import PlowError
 from plow.graph import Bucket, Phase, TensorRole, build_graph
+from plow.graph.mla import kv_halves
 from plow.runtime.cpu.arena import Arena, KVShape, StateShape
 from plow.runtime.cpu.machine import DispatchStats, Machine, Mode
 from plow.runtime.cpu.plan import (
@@ -146,10 +147,13 @@ class CpuModel:
         # tensor parallel (plow/graph/shard.py): device d's heads of layer n are pool layer
         # n * tp + d, kv_heads / tp heads each
         layers, kv_heads = spec.num_layers * tp, spec.num_kv_heads // tp
-        kv = KVShape(layers, blocks, kv_heads, block_size, spec.head_dim, kv_dtype)
+        halves = kv_halves(spec)  # 1: latent attention's values are its keys, stored once
+        kv = KVShape(layers, blocks, kv_heads, block_size, spec.head_dim, kv_dtype, halves)
         state = state_shape(spec, max_batch)
         self.arena = Arena(kv, state=state)
-        self.kv = PagedKVCache(layers, kv_heads, spec.head_dim, block_size, blocks, kv_dtype)
+        self.kv = PagedKVCache(
+            layers, kv_heads, spec.head_dim, block_size, blocks, kv_dtype, halves
+        )
         if state.tensors:
             self.kv.use_state_slots(state.slots)  # one per request a launch may hold
         self.kv.arena = self.arena.kv  # the pool's storage is the arena's key-value region

@@ -92,7 +92,7 @@ class PlowPlan(ctypes.Structure):
         ("fused_values", ctypes.c_int64),
         ("fused_index", ctypes.c_int64),
         ("kv_dtype", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("kv_halves", ctypes.c_int32),
     ]
 
 

@@ -25,6 +25,7 @@ from plow.checkpoint.quant import FORMATS, QuantTensor
 from plow.emit.files import OpTable
 from plow.emit.wire import read_plan
 from plow.errors import PlowError
+from plow.graph.mla import values_are_keys
 from plow.runtime.cpu.arena import Arena
 from plow.runtime.cpu.kernels import _view2
 from plow.runtime.cpu.plan import PAGE_TABLE, STATE_SLOT, OpEntry, Plan
@@ -137,6 +138,10 @@ def lower(
     p.kv_off, p.kv_layers, p.kv_blocks = 0, kv.layers, kv.blocks
     p.kv_heads, p.kv_block, p.kv_dim = kv.kv_heads, kv.block_size, kv.head_dim
     p.kv_dtype = DTYPE_BF16 if kv.dtype == "bfloat16" else DTYPE_F32
+    p.kv_halves = kv.halves  # 1: tile_attention reads every op's values from its key rows
+    for op in plan.ops:
+        if kv.halves == 1 and op.kind == "attention" and not values_are_keys(op.inputs):
+            raise PlowError(op.name, "the key-value pool has no value half, the op reads values")
     p.page_table = word(PAGE_TABLE)
     p.page_cols = plan.layout.slot(PAGE_TABLE).shape[1]
     p.fused_lm = p.fused_sample = -1
