@@ -321,8 +321,8 @@ SMOLLM2 = Path(os.path.expanduser("~/.cache/plow/smollm2-135m-instruct"))
     reason="about 50 s on 2 cores (over the suite's budget): PLOW_TP_SMOLLM2=1 runs it",
 )
 def test_smollm2_tp3_tokens_equal_transformers(tmp_path: Path) -> None:
-    """SmolLM2-135M (9 heads, 3 key-value heads: tp 3 divides, tp 2 is refused) at --tp 3:
-    the native executor's greedy tokens are transformers'. Opt-in (PLOW_TP_SMOLLM2=1)."""
+    """SmolLM2-135M (9 heads, 3 key-value heads: tp 3 divides, tp 2 is refused) at --tp 3,
+    fused: the native executor's greedy tokens are transformers'. Opt-in (PLOW_TP_SMOLLM2=1)."""
     prof = CompileProfile(
         name="tp",
         decode_batches=(1,),
@@ -332,6 +332,9 @@ def test_smollm2_tp3_tokens_equal_transformers(tmp_path: Path) -> None:
     )
     out = tmp_path / "smol3"
     compile_bundle(SMOLLM2, out, load_target("cpu").model_copy(update={"gpus": 3}), prof)
+    assert {"linear_qkv", "linear_glu", "add_rmsnorm"} <= {
+        o.kind for o in _ops(out, "decode_b1_s64").ops
+    }
     model = transformers.AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32)
     prompt = [1, 504, 3458, 282, 4235, 314]
     with torch.no_grad():
