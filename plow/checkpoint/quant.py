@@ -17,6 +17,7 @@ Block layouts (d, m: float16 scale and minimum; q: the quantized values):
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,10 +55,12 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float32)
 
 
-def dequantize(fmt: str, blocks: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """The exact float32 weights of `blocks` (`[N, K/32 * B]` uint8)."""
+def dequantize(fmt: str, blocks: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The exact float32 weights of `blocks` (`[.., N, K/32 * B]` uint8; stacked experts have
+    a leading expert dimension)."""
     f = FORMATS[fmt]
-    n, k = shape
+    k = shape[-1]
+    n = int(np.prod(shape[:-1], dtype=np.int64))
     raw = np.asarray(blocks, dtype=np.uint8).reshape(n, k // BLOCK, f.block_bytes)
     d = _halves(raw, 0)
     if fmt == "q4_0":
@@ -66,21 +69,23 @@ def dequantize(fmt: str, blocks: np.ndarray, shape: tuple[int, int]) -> np.ndarr
         w = d * _nibbles(raw[..., 4:]) + _halves(raw, 2)
     else:
         w = d * raw[..., 2:].copy().view(np.int8).astype(np.float32)
-    return np.ascontiguousarray(w.reshape(n, k), dtype=np.float32)
+    return np.ascontiguousarray(w.reshape(shape), dtype=np.float32)
 
 
 def check_shape(name: str, fmt: str, shape: tuple[int, ...], raw_shape: tuple[int, ...]) -> None:
-    """A quantized tensor is 2-D with whole blocks per row, and its bytes fit its shape."""
+    """A quantized tensor is 2-D (or 3-D: stacked experts [E, N, K]) with whole blocks per row,
+    and its bytes fit its shape."""
     f = FORMATS.get(fmt)
     if f is None:
         raise CheckpointError(
             name, f"unknown block format {fmt!r} (plow keeps {', '.join(FORMATS)} as blocks)"
         )
-    if len(shape) != 2 or shape[1] % BLOCK:
+    if len(shape) not in (2, 3) or shape[-1] % BLOCK:
         raise CheckpointError(
-            name, f"{fmt} needs a 2-D shape with a multiple of {BLOCK} columns, got {list(shape)}"
+            name,
+            f"{fmt} needs a 2-D or 3-D shape with a multiple of {BLOCK} columns, got {list(shape)}",
         )
-    want = (shape[0], shape[1] // BLOCK * f.block_bytes)
+    want = (*shape[:-1], shape[-1] // BLOCK * f.block_bytes)
     if tuple(raw_shape) != want:
         raise CheckpointError(
             name,
@@ -89,12 +94,13 @@ def check_shape(name: str, fmt: str, shape: tuple[int, ...], raw_shape: tuple[in
 
 
 class QuantTensor:
-    """A block-quantized weight: `shape` is the logical `[N, K]`; `blocks` the raw bytes;
-    `np.asarray(t, np.float32)` the exact de-quantization (computed on each call)."""
+    """A block-quantized weight: `shape` is the logical `[N, K]` (stacked experts: `[E, N, K]`,
+    the experts' blocks one after another); `blocks` the raw bytes; `np.asarray(t, np.float32)`
+    the exact de-quantization (computed on each call)."""
 
     __slots__ = ("format", "shape", "blocks")
 
-    def __init__(self, fmt: str, shape: tuple[int, int], blocks: np.ndarray) -> None:
+    def __init__(self, fmt: str, shape: tuple[int, ...], blocks: np.ndarray) -> None:
         self.format = fmt
         self.shape = shape
         self.blocks = blocks
@@ -109,7 +115,7 @@ class QuantTensor:
 
     @property
     def ndim(self) -> int:
-        return 2
+        return len(self.shape)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         w = dequantize(self.format, self.blocks, self.shape)
@@ -121,22 +127,21 @@ class QuantTensor:
 
 def read_metadata(
     meta: dict[str, Any] | None, where: str | Path
-) -> dict[str, tuple[str, tuple[int, int]]]:
+) -> dict[str, tuple[str, tuple[int, ...]]]:
     """The `plow.quant` entry of a safetensors `__metadata__` (a JSON string, as safetensors
-    metadata values are strings): name → (format, logical shape)."""
+    metadata values are strings): name → (format, logical shape, 2-D or 3-D)."""
     if not meta or METADATA_KEY not in meta:
         return {}
     try:
         table = json.loads(meta[METADATA_KEY])
         return {
-            str(n): (str(v["format"]), (int(v["shape"][0]), int(v["shape"][1])))
-            for n, v in table.items()
+            str(n): (str(v["format"]), tuple(int(d) for d in v["shape"])) for n, v in table.items()
         }
     except (ValueError, KeyError, TypeError, IndexError) as e:
         raise CheckpointError(where, f"malformed {METADATA_KEY} metadata: {e}") from e
 
 
-def write_metadata(table: dict[str, tuple[str, tuple[int, int]]]) -> str:
+def write_metadata(table: Mapping[str, tuple[str, tuple[int, ...]]]) -> str:
     return json.dumps(
         {n: {"format": f, "shape": list(s)} for n, (f, s) in sorted(table.items())},
         separators=(",", ":"),

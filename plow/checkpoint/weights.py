@@ -55,7 +55,7 @@ class TensorEntry:
     offset: int  # absolute byte offset in the file
     nbytes: int
     parts: tuple[TensorEntry, ...] = ()
-    quant: tuple[str, tuple[int, int]] | None = None  # block format and logical [N, K]
+    quant: tuple[str, tuple[int, ...]] | None = None  # block format, logical [N, K] / [E, N, K]
 
     @property
     def logical_shape(self) -> tuple[int, ...]:
@@ -77,7 +77,9 @@ def stack_experts(entries: dict[str, TensorEntry], where: Path | str) -> dict[st
     """`entries` plus, for every layer with per-expert tensors `<p>.{e}.gate_proj.weight`,
     `up_proj`, `down_proj` (e = 0..E-1, all present, equal shapes and dtypes), the stacked
     `<p>.gate_up_proj` `[E, 2I, H]` (gate rows then up rows per expert) and `<p>.down_proj`
-    `[E, H, I]`, as entries whose parts are the per-expert tensors (nothing is copied)."""
+    `[E, H, I]`, as entries whose parts are the per-expert tensors (nothing is copied).
+    Block-quantized experts (GGML blocks, or int4 repacked by `plow.checkpoint.int4`) stack
+    as blocks: the entry's `quant` is the format and the logical `[E, 2I, H]` / `[E, H, I]`."""
     found: dict[str, dict[int, dict[str, TensorEntry]]] = {}
     for name, entry in entries.items():
         m = _EXPERT.match(name)
@@ -97,20 +99,21 @@ def stack_experts(entries: dict[str, TensorEntry], where: Path | str) -> dict[st
             ref = per[0][kind]
             for e in range(n):
                 x = per[e][kind]
-                if x.shape != ref.shape or x.dtype != ref.dtype:
+                if x.shape != ref.shape or x.dtype != ref.dtype or x.quant != ref.quant:
                     raise CheckpointError(
                         x.file,
                         f"tensor '{prefix}.{e}.{kind}.weight' is {x.dtype} {list(x.shape)}, expert "
                         f"0's is {ref.dtype} {list(ref.shape)}",
                     )
         g = per[0]["gate_proj"]
-        if per[0]["up_proj"].shape != g.shape:
+        if per[0]["up_proj"].shape != g.shape or per[0]["up_proj"].quant != g.quant:
             raise CheckpointError(where, f"{prefix}: gate_proj and up_proj shapes differ")
         gu = tuple(x for e in range(n) for x in (per[e]["gate_proj"], per[e]["up_proj"]))
         dn = tuple(per[e]["down_proj"] for e in range(n))
-        for stacked, parts, shape in (
-            ("gate_up_proj", gu, (n, 2 * g.shape[0], g.shape[1])),
-            ("down_proj", dn, (n, *per[0]["down_proj"].shape)),
+        d = per[0]["down_proj"]
+        for stacked, parts, shape, quant in (
+            ("gate_up_proj", gu, (n, 2 * g.shape[0], g.shape[1]), _stacked_quant(g, n, 2)),
+            ("down_proj", dn, (n, *d.shape), _stacked_quant(d, n, 1)),
         ):
             full = f"{prefix}.{stacked}"
             if full in out:
@@ -124,9 +127,18 @@ def stack_experts(entries: dict[str, TensorEntry], where: Path | str) -> dict[st
                 parts[0].offset,
                 sum(p.nbytes for p in parts),
                 parts,
+                quant,
             )
             _stack_fp8_scales(entries, out, full, parts, where)
     return out
+
+
+def _stacked_quant(e: TensorEntry, n: int, per: int) -> tuple[str, tuple[int, ...]] | None:
+    """The block format and logical shape of `n` experts' `per` stacked blocked tensors."""
+    if e.quant is None:
+        return None
+    rows, cols = e.quant[1]
+    return (e.quant[0], (n, per * rows, cols))
 
 
 def _stack_fp8_scales(
@@ -164,6 +176,36 @@ def _stack_fp8_scales(
         out[full + suffix] = TensorEntry(
             first.file, first.dtype, shape, first.offset, sum(x.nbytes for x in sc), tuple(sc)
         )
+
+
+# int4 repack files of this process (plow.checkpoint.int4), by source files
+_INT4: dict[tuple[tuple[str, int, int], ...], tuple[Path, frozenset[str]]] = {}
+
+
+def _repack_int4(entries: dict[str, TensorEntry], files: list[Path], where: Path | str) -> None:
+    """compressed-tensors pack-quantized weights (`X.weight_packed`, `_scale`, `_shape`)
+    replaced in `entries` by `X.weight` as q4_0 blocks, repacked once per process into a
+    temporary file (`plow.checkpoint.int4`)."""
+    from plow.checkpoint.int4 import packed_names, repack_file
+
+    if not packed_names(set(entries)):
+        return
+    key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    cached = _INT4.get(key)
+    if cached is None or not cached[0].is_file():
+
+        def read(name: str) -> np.ndarray:
+            e = entries[name]
+            return np.array(
+                np.memmap(e.file, dtype=e.dtype, mode="r", offset=e.offset, shape=e.shape)
+            )
+
+        made = repack_file(list(entries), read, set(entries), where)
+        assert made is not None
+        cached = _INT4[key] = (made[0], frozenset(made[1]))
+    for name in cached[1]:
+        entries.pop(name, None)
+    entries.update(read_header(cached[0]))
 
 
 def read_header(path: Path) -> dict[str, TensorEntry]:
@@ -240,6 +282,7 @@ class WeightStore(Mapping[str, np.ndarray]):
         if where is None:
             parents = {f.parent for f in files}
             where = files[0] if len(files) == 1 else parents.pop() if len(parents) == 1 else "."
+        _repack_int4(entries, files, where)
         store = cls(entries, where)
         store._derive()
         return store
@@ -313,6 +356,8 @@ class WeightStore(Mapping[str, np.ndarray]):
             ]
             flat = np.concatenate([r.ravel() for r in runs]).reshape(e.shape)
             flat.flags.writeable = False
+            if e.quant is not None:  # stacked blocks stay blocks (logical [E, N, K])
+                return QuantTensor(e.quant[0], e.quant[1], flat)  # type: ignore[return-value]
             stacked_scale = self.fp8_scale(name)
             if stacked_scale is not None:  # fp8 experts with their stacked scales
                 return Fp8Tensor(flat, self[stacked_scale], f"{self.where}: tensor {name!r}")  # type: ignore[return-value]

@@ -78,7 +78,8 @@ class DecoderConfig(BaseModel):
     rope_scaling: dict[str, Any] | None = None
     rope_parameters: dict[str, Any] | None = None
     # fp8 checkpoints (plow.checkpoint.fp8): {"quant_method": "fp8", "fmt": "e4m3",
-    # "weight_block_size": [bn, bk], ...}; any other method is refused naming the field
+    # "weight_block_size": [bn, bk], ...}; int4 (plow.checkpoint.int4): {"quant_method":
+    # "compressed-tensors", "format": "pack-quantized", ...}; any other method is refused
     quantization_config: dict[str, Any] | None = None
 
     def weight_block(self) -> tuple[int, int] | None:
@@ -88,9 +89,13 @@ class DecoderConfig(BaseModel):
         if not q:
             return None
         method = q.get("quant_method")
+        if method == "compressed-tensors":  # int4 experts: repacked as q4_0 (plow.checkpoint.int4)
+            check_int4_pack(q)
+            return None
         if method != "fp8":
             raise ValueError(
-                f"field 'quantization_config': quant_method {method!r} is not supported (fp8)"
+                f"field 'quantization_config': quant_method {method!r} is not supported "
+                "(fp8, compressed-tensors)"
             )
         if q.get("fmt", "e4m3") != "e4m3":
             raise ValueError(
@@ -138,6 +143,46 @@ class DecoderConfig(BaseModel):
 
     def dtype_name(self) -> str:
         return self.dtype or self.torch_dtype or "float32"
+
+
+# compressed-tensors' weights scheme plow reads (Kimi K2/K3's routed experts): 4-bit
+# symmetric int in groups of 32, packed in int32 — q4_0 blocks up to layout
+_INT4_WEIGHTS = {
+    "num_bits": 4,
+    "type": "int",
+    "symmetric": True,
+    "strategy": "group",
+    "group_size": 32,
+}
+
+
+def check_int4_pack(q: dict[str, Any]) -> None:
+    """A compressed-tensors `quantization_config` is pack-quantized int4, group 32, symmetric,
+    weights only; `ValueError` naming the first field that is not."""
+    f = "field 'quantization_config'"
+    if q.get("format") != "pack-quantized":
+        raise ValueError(f"{f}: format {q.get('format')!r} is not supported (pack-quantized)")
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise ValueError(f"{f}: config_groups {_json(groups)} is not a non-empty object")
+    ignore = q.get("ignore", [])
+    if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
+        raise ValueError(f"{f}: ignore {_json(ignore)} is not a list of layer names")
+    for gname, g in groups.items():
+        w = g.get("weights") if isinstance(g, dict) else None
+        if not isinstance(w, dict):
+            raise ValueError(f"{f}: config_groups.{gname}.weights is missing")
+        for key, want in _INT4_WEIGHTS.items():
+            if w.get(key) != want or type(w.get(key)) is not type(want):
+                raise ValueError(
+                    f"{f}: config_groups.{gname}.weights.{key} {_json(w.get(key))} is not "
+                    f"supported ({_json(want)})"
+                )
+        if g.get("input_activations") is not None:
+            raise ValueError(
+                f"{f}: config_groups.{gname}.input_activations: quantized activations are not "
+                "supported (weights only)"
+            )
 
 
 def spec_fields(cfg: DecoderConfig) -> dict[str, Any]:

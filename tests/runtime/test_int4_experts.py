@@ -1,0 +1,210 @@
+"""4-bit routed experts as Kimi K2/K3 ship them (compressed-tensors "pack-quantized": int32
+`weight_packed`, bf16 `weight_scale` per group of 32, `weight_shape`; attention and dense
+layers left unquantized through `ignore`), repacked into q4_0 blocks at load time
+(`plow.checkpoint.int4`): a certified bundle keeps the experts as q4_0 blocks, the `cpu` and
+`native` executors give transformers' greedy tokens on the de-quantized weights, logits within
+1e-4, and what plow cannot read is refused naming the field or the tensor."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file
+
+from plow.checkpoint import load_checkpoint
+from plow.checkpoint.int4 import dequantize_int4, quantize_int4_pack, to_q4_0
+from plow.checkpoint.quant import QuantTensor
+from plow.checkpoint.weights import read_header, write_safetensors
+from plow.emit.bundle import compile_bundle
+from plow.errors import CheckpointError, ConfigError
+from plow.profile import CompileProfile
+from plow.runtime.cpu import CpuModel, Request, generate
+from plow.runtime.native import open_native
+from plow.target import load_target
+from plow.testing import make_tiny_checkpoint
+
+PROFILE = CompileProfile(name="int4", decode_batches=(1, 4), prefill_seqs=(16,), context=64)
+NEW = 16
+_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+QCFG = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                        "group_size": 32, "dynamic": False, "observer": "minmax"},
+            "input_activations": None,
+        }
+    },
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$", "re:.*layers.1.mlp.*"],
+}  # fmt: skip
+
+
+def _int4_copy(src: Path, dst: Path) -> Path:
+    """`src` with every routed expert's projection stored pack-quantized."""
+    shutil.copytree(src, dst)
+    out: dict[str, tuple[str, np.ndarray]] = {}
+    for name, w in load_file(str(src / "model.safetensors")).items():
+        if _EXPERT.search(name):
+            p, s, shp = quantize_int4_pack(w)
+            out[name + "_packed"], out[name + "_scale"] = ("I32", p), ("BF16", s)
+            out[name + "_shape"] = ("I32", shp)
+        else:
+            out[name] = ("F32", np.asarray(w, dtype=np.float32))
+    assert sum(n.endswith("_packed") for n in out) > 0
+    (dst / "model.safetensors").unlink()
+    write_safetensors(dst / "model.safetensors", out, {"format": "pt"})
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = QCFG
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def int4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("int4")
+    src = make_tiny_checkpoint("qwen3_moe", 0, root / "src")
+    path = _int4_copy(src, root / "int4")
+    ckpt = load_checkpoint(path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        src, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    copied = 0
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name in ckpt.weights and isinstance(ckpt.weights[name], QuantTensor):
+                w = np.asarray(ckpt.weights[name], dtype=np.float32)
+                assert tuple(p.shape) == w.shape, name
+                p.copy_(torch.from_numpy(w))
+                copied += 1
+    assert copied == 4  # gate_up and down of the two routed layers
+    bundle = root / "bundle"
+    compile_bundle(path, bundle, load_target("cpu"), PROFILE, verify=True)
+    ids = [ckpt.tokenizer.encode(p) for p in ("The quick brown fox.", "A counter is a small")]
+    refs = []
+    for p in ids:
+        with torch.no_grad():
+            g = hf.generate(
+                torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
+                eos_token_id=None, pad_token_id=0,
+            )  # fmt: skip
+        refs.append(g[0, len(p) :].tolist())
+    return {"ckpt": ckpt, "hf": hf, "bundle": bundle, "ids": ids, "refs": refs, "src": src,
+            "path": path}  # fmt: skip
+
+
+def test_repack_is_the_exact_dequantization() -> None:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((5, 96)).astype(np.float32)
+    p, s, shp = quantize_int4_pack(w)
+    assert p.dtype == np.int32 and p.shape == (5, 12) and s.shape == (5, 3)
+    # compressed-tensors' packing: element j at bits 4*(j%8) of int32 j//8, stored as q + 8
+    q = np.clip(np.rint(w / np.repeat(s.astype(np.float32), 32, axis=1)), -8, 7)
+    assert ((p.view(np.uint32)[1, 2] >> 12) & 0xF) == int(q[1, 19]) + 8
+    blocks = to_q4_0(p, s, shp, "t")
+    assert blocks.shape == (5, 3 * 18)
+    t = QuantTensor("q4_0", (5, 96), blocks)
+    want = dequantize_int4(p, s, shp)
+    assert np.array_equal(np.asarray(t, dtype=np.float32), want)
+    assert float(np.abs(want - w).max()) < 0.3  # and it is a quantization of w
+
+
+def test_experts_are_stacked_q4_0_blocks_in_the_bundle(int4: dict) -> None:
+    ckpt = int4["ckpt"]
+    gu = ckpt.weights["model.layers.0.mlp.experts.gate_up_proj"]
+    assert isinstance(gu, QuantTensor) and gu.format == "q4_0" and gu.shape == (8, 64, 64)
+    assert gu.nbytes == 8 * 64 * 64 * 18 // 32  # 18 bytes per 32 weights
+    dn = ckpt.weights["model.layers.2.mlp.experts.down_proj"]
+    assert isinstance(dn, QuantTensor) and dn.shape == (8, 64, 32)
+    # expert 3's down weight is its pack-quantized tensors' de-quantization
+    raw = load_file(str(Path(int4["path"]) / "model.safetensors"))
+    n = "model.layers.2.mlp.experts.3.down_proj.weight"
+    want = dequantize_int4(raw[n + "_packed"], raw[n + "_scale"], raw[n + "_shape"])
+    assert np.array_equal(np.asarray(dn, dtype=np.float32)[3], want)
+    # attention and the dense layer stay float
+    assert not isinstance(ckpt.weights["model.layers.0.self_attn.q_proj.weight"], QuantTensor)
+    header = read_header(Path(int4["bundle"]) / "weights.safetensors")
+    e = header["model.layers.0.mlp.experts.gate_up_proj"]
+    assert e.quant == ("q4_0", (8, 64, 64)) and e.nbytes == 8 * 64 * 64 * 18 // 32
+    attn = [n for n in header if "self_attn" in n]
+    assert attn and all(header[n].quant is None for n in attn)
+
+
+def test_cpu_and_native_bundles_give_transformers_tokens(int4: dict) -> None:
+    reqs = [Request(tuple(p), NEW) for p in int4["ids"]]
+    assert generate(CpuModel.from_bundle(int4["bundle"], max_batch=4), reqs) == int4["refs"]
+    native = open_native(int4["bundle"], max_batch=4)
+    assert generate(native, reqs) == int4["refs"]
+    # the native kernel read the experts as q4_0 blocks (kernels/blocks.h dot_w), not floats
+    w = native.weights["model.layers.2.mlp.experts.gate_up_proj"]
+    assert isinstance(w, QuantTensor) and w.format == "q4_0"
+
+
+def test_logits_within_1e_4_of_transformers(int4: dict) -> None:
+    from plow.runtime.reference import forward_logits
+
+    ids = int4["ids"][0]
+    with torch.no_grad():
+        want = int4["hf"](torch.tensor([ids])).logits[0].numpy()
+    got = forward_logits(int4["ckpt"], ids)
+    tol = 1e-4 * max(1.0, float(np.abs(want).max()))
+    assert float(np.abs(got - want).max()) <= tol
+    src = forward_logits(load_checkpoint(int4["src"]), ids)
+    assert float(np.abs(src - want).max()) > 10 * tol  # the experts really are 4-bit
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("num_bits", 8, "weights.num_bits 8"),
+        ("symmetric", False, "weights.symmetric false"),
+        ("group_size", 128, "weights.group_size 128"),
+        ("format", "float-quantized", "format 'float-quantized'"),
+    ],
+)
+def test_config_refusals_name_the_field(
+    int4: dict, tmp_path: Path, key: str, value: object, needle: str
+) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    cfg = json.loads((Path(int4["path"]) / "config.json").read_text())
+    q = json.loads(json.dumps(QCFG))
+    if key == "format":
+        q["format"] = value
+    else:
+        q["config_groups"]["group_0"]["weights"][key] = value
+    cfg["quantization_config"] = q
+    (bad / "config.json").write_text(json.dumps(cfg))
+    from plow.checkpoint.loader import load_spec
+
+    with pytest.raises(ConfigError, match="quantization_config") as ei:
+        load_spec(bad)
+    assert needle in str(ei.value)
+
+
+def test_a_scale_fp16_cannot_hold_is_refused_naming_the_tensor(int4: dict, tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(Path(int4["path"]), bad)
+    raw = load_file(str(bad / "model.safetensors"))
+    n = "model.layers.0.mlp.experts.5.up_proj.weight_scale"
+    s = raw[n].astype(np.float32)
+    s[2, 1] = 1e-30  # a bf16 value below fp16's range
+    raw[n] = s.astype(ml_dtypes.bfloat16)
+    st = {"int32": "I32", "bfloat16": "BF16", "float32": "F32"}
+    (bad / "model.safetensors").unlink()
+    write_safetensors(
+        bad / "model.safetensors", {k: (st[v.dtype.name], v) for k, v in raw.items()}, {}
+    )
+    with pytest.raises(
+        CheckpointError, match=r"experts\.5\.up_proj\.weight_packed.*\[2, 1\].*float16"
+    ):
+        load_checkpoint(bad)
