@@ -96,10 +96,8 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
     ) -> None:
         """Compile a checkpoint into a bundle (plan files, op tables, weights, tokenizer)."""
         from plow.cli_bundle import certificate_table, compile_table
-        from plow.compile import STAGES
+        from plow.compile import progress_stages
         from plow.emit.bundle import (
-            BUNDLE_STAGES,
-            FINAL_STAGES,
             CompileTerminated,
             check_destination,
             compile_bundle,
@@ -128,8 +126,7 @@ def _compile_cmd(fail: Fail) -> Callable[..., None]:
 
             n_buckets = len(prof.buckets(load_spec(source).max_position))
             check_destination(source, out, replace=force)
-            per_bucket = [s for s in (*STAGES, *BUNDLE_STAGES) if not s.startswith("checkpoint")]
-            final = [s for s in FINAL_STAGES if verify or s != "verify"]
+            per_bucket, final = progress_stages(verify=verify)
             with Progress(
                 SpinnerColumn(),
                 TextColumn("{task.description}"),

@@ -1,8 +1,11 @@
-"""`plow compile`: the pipeline as a sequence of stages, each a function from typed input to
-typed output (DESIGN.md §2). Today: import (config alone is enough) → per bucket: graph →
-tile → bounds → checkpoint B (with `verify`) → schedule → checkpoint D (with `verify`: the
-Python check of the protocol hypotheses, then the oracle, at any size).
-Later stages (schedule, emit, bundle) append to `BucketPlan`/`CompileResult` and to `STAGES`.
+"""The compiler driver (shaped like CompCert's `Compiler.v`): the pipeline is listed once, in
+`PIPELINE`, and composed once, in `transf_program` — import → [fuse: the extraction, once] →
+per bucket: graph → [shard] → [fuse] → tile → bounds → [checkpoint B] → schedule →
+[checkpoint D] → pages → arena → emit; then, in `plow.emit.bundle`, write → [verify] (the
+bundle and its certificates A-F). Every stage runs through one `Timer` (seconds per stage and
+the `on_stage` progress callback), which refuses a name `PIPELINE` does not list. Callers:
+`compile_plan` (the plan half, through checkpoint D), `plow.emit.bundle.compile_bundle` (all of
+it, atomically on disk), and through it `plow.runtime.cpu.bundle.compile_cached`.
 
 `compile_plan` is pure apart from the oracle process; `write_plan` puts the result on disk:
 `OUT/tiles.json`, and with verification `OUT/certificates/B.json` plus the exact payloads
@@ -16,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -40,14 +43,83 @@ from plow.tiles import (
 )
 from plow.tiles.summary import TilesFile, bucket_summary
 
+if TYPE_CHECKING:
+    from plow.emit.emit import EmittedBucket
+
 _T = TypeVar("_T")
 
-# Stage names, in order, per bucket (the import stage runs once, before them).
-STAGES = ("graph", "tile", "bounds", "checkpoint B", "schedule", "checkpoint D")
+
+class Pass(NamedTuple):
+    """One stage of the pipeline: its name (the timing and progress key), whether it runs
+    once per compile or once per bucket, and when it runs: "" always, "tp" when the target
+    has gpus > 1, "fuse" when the profile fuses, "verify" with `compile_plan(verify=True)`,
+    "bundle" when a bundle is written, "bundle verify" when it is also certified."""
+
+    name: str
+    scope: str  # "once" | "bucket"
+    when: str
+
+
+# The pipeline, listed once, in the order it runs (DESIGN.md §2; docs/layout.md).
+PIPELINE: tuple[Pass, ...] = (
+    Pass("import", "once", ""),  # config (and weights index) -> ModelSpec
+    Pass("fuse", "once", "fuse"),  # the extraction decides once, on the one-row decode rung
+    Pass("graph", "bucket", ""),  # -> OpGraph
+    Pass("shard", "bucket", "tp"),  # tensor parallel (plow/graph/shard.py)
+    Pass("fuse", "bucket", "fuse"),  # the e-graph's rewrites applied (plow/egraph/apply.py)
+    Pass("tile", "bucket", ""),  # -> TileGraph
+    Pass("bounds", "bucket", ""),  # -> PlanBounds, refused over budget
+    Pass("checkpoint B", "bucket", "verify"),
+    Pass("schedule", "bucket", ""),  # -> Schedule
+    Pass("checkpoint D", "bucket", "verify"),
+    Pass("pages", "bucket", "bundle"),  # memory: KV pages
+    Pass("arena", "bucket", "bundle"),  # memory: the activation arena
+    Pass("emit", "bucket", "bundle"),  # -> EmittedBucket (packets, op table, schedule file)
+    Pass("write", "once", "bundle"),  # the bundle's files and manifest (plow/emit/bundle.py)
+    Pass("verify", "once", "bundle verify"),  # certify: checkpoints A-F over the written bundle
+)
+PASS_NAMES = frozenset(p.name for p in PIPELINE)
+# The plan half's per-bucket stages, in order (compile_plan stops after checkpoint D).
+STAGES = tuple(
+    p.name for p in PIPELINE if p.scope == "bucket" and p.when in ("", "verify", "tp", "fuse")
+)
+
+
+def progress_stages(*, verify: bool) -> tuple[list[str], list[str]]:
+    """The stages `plow compile` shows a progress bar for: per bucket (the always-run ones),
+    then once per bundle (write, and verify when asked)."""
+    per_bucket = [p.name for p in PIPELINE if p.scope == "bucket" and p.when in ("", "bundle")]
+    final = [
+        p.name
+        for p in PIPELINE
+        if p.scope == "once" and p.when.startswith("bundle") and (verify or "verify" not in p.when)
+    ]
+    return per_bucket, final
 
 
 # on_stage(stage, bucket name or "", "start" | "done") drives a progress display.
 StageCallback = Callable[[str, str, str], None]
+
+
+class Timer:
+    """The one timing and progress helper: `timer(name, bucket, fn, *args)` runs `fn(*args)`,
+    adds its wall time to `seconds[name]` and reports start/done to `on_stage`."""
+
+    def __init__(self, on_stage: StageCallback | None = None) -> None:
+        self.on_stage = on_stage
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str, bucket: str, fn: Callable[..., _T], *args: Any) -> _T:
+        if name not in PASS_NAMES:
+            raise RuntimeError(f"stage {name!r} is not in plow.compile.PIPELINE")
+        if self.on_stage:
+            self.on_stage(name, bucket, "start")
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+        if self.on_stage:
+            self.on_stage(name, bucket, "done")
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,17 +172,21 @@ def compile_plan(
     Raises `PlanRejected` (exit 1) when a bucket's lower bound exceeds its budget or the
     oracle rejects its payload; other bad input raises the matching `PlowError` (exit 2).
     """
-    seconds: dict[str, float] = {}
+    return transf_program(source, target, profile, verify=verify, timer=Timer(on_stage))[0]
 
-    def stage(name: str, bucket: str, fn: Callable[..., _T], *args: Any) -> _T:
-        if on_stage:
-            on_stage(name, bucket, "start")
-        t0 = time.perf_counter()
-        out = fn(*args)
-        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
-        if on_stage:
-            on_stage(name, bucket, "done")
-        return out
+
+def transf_program(
+    source: Path,
+    target: Target,
+    profile: CompileProfile,
+    *,
+    verify: bool = False,
+    emit: bool = False,
+    timer: Timer,
+) -> tuple[CompileResult, list[EmittedBucket]]:
+    """The pipeline of `PIPELINE` through checkpoint D (with `verify`) and, with `emit`, its
+    memory and emit passes: the plan and the emitted buckets (empty without `emit`)."""
+    stage = timer
 
     def bounds_stage(tg: TileGraph, budget: int) -> PlanBounds:
         b = plan_bounds(tg, budget, target.launch_overhead_ns)
@@ -164,7 +240,40 @@ def compile_plan(
         plans.append(
             BucketPlan(bucket, budget, graph, tg, bounds, payload, cert, sched, dcert, applied)
         )
-    return CompileResult(Path(source), spec, target, profile, tuple(plans), seconds)
+    result = CompileResult(Path(source), spec, target, profile, tuple(plans), dict(timer.seconds))
+    emitted = [transf_emit(bp, target, timer) for bp in result.buckets] if emit else []
+    return result, emitted
+
+
+def transf_emit(bp: BucketPlan, target: Target, timer: Timer) -> EmittedBucket:
+    """One bucket's memory (pages, arena) and emit passes."""
+    from plow.emit.emit import emit_bucket
+    from plow.memory import plan_arena, plan_pages
+    from plow.memory.ordering import unordered_op_edges
+
+    name = bp.bucket.name
+    sched = bp.schedule
+    assert sched is not None  # transf_program always schedules
+    pages = timer("pages", name, plan_pages, sched, bp.tiles, target, bp.graph)
+    unordered = unordered_op_edges(sched.decisions)
+    arena = timer(
+        "arena",
+        name,
+        lambda: plan_arena(bp.graph, bp.tiles, unordered=unordered, schedule=sched),
+    )
+    return timer(
+        "emit",
+        name,
+        emit_bucket,
+        bp.bucket,
+        bp.graph,
+        bp.tiles,
+        sched,
+        pages,
+        arena,
+        target,
+        bp.budget_ns,
+    )
 
 
 def _relayable(

@@ -33,24 +33,20 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 import plow
-from plow.compile import CompileResult, StageCallback, compile_plan
-from plow.emit.emit import EmittedBucket, emit_bucket
+from plow.compile import CompileResult, StageCallback, Timer, transf_program
+from plow.emit.emit import EmittedBucket
 from plow.emit.wire import WIRE_VERSION, Phase, encode_plan
 from plow.errors import PlowError
-from plow.memory import plan_arena, plan_pages
-from plow.memory.ordering import unordered_op_edges
 from plow.profile import CompileProfile
-from plow.schedule import build_schedule
 from plow.target import Target
 
 MANIFEST = "manifest.json"
@@ -58,10 +54,6 @@ WEIGHTS = "weights.safetensors"
 MANIFEST_FORMAT = 1
 ORACLE_VERSION = "plow-oracle 0.1.0"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
-
-# Per-bucket stages this module adds after `plow.compile.STAGES`, then once per bundle.
-BUNDLE_STAGES = ("pages", "arena", "emit")
-FINAL_STAGES = ("write", "verify")
 
 # Re-layouts applied to weights when copied into the bundle (none in emitter v1: the graph
 # keeps gate and up as two linears, so no fused op wants an interleaved layout yet).
@@ -664,18 +656,8 @@ def _compile_bundle(
     replace: bool,
     on_stage: StageCallback | None,
 ) -> BundleResult:
-    seconds: dict[str, float] = {}
-
-    def timed(name: str, bucket: str, fn: Callable[[], Any]) -> Any:
-        if on_stage:
-            on_stage(name, bucket, "start")
-        t0 = time.perf_counter()
-        v = fn()
-        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
-        if on_stage:
-            on_stage(name, bucket, "done")
-        return v
-
+    timed = Timer(on_stage)  # the driver's stages (plow.compile.PIPELINE), then write, verify
+    seconds = timed.seconds
     out = Path(out)
     parent = out.parent if str(out.parent) else Path(".")
     try:
@@ -686,43 +668,7 @@ def _compile_bundle(
     remove_stale_siblings(out)
     if not plan_only:
         _check_full_source(Path(source))
-    result = compile_plan(Path(source), target, profile, verify=False, on_stage=on_stage)
-    seconds.update(result.stage_seconds)
-    emitted: list[EmittedBucket] = []
-    for bp in result.buckets:
-        name = bp.bucket.name
-        sched = getattr(bp, "schedule", None)
-        if sched is None:  # a compile_plan that stops before the schedule
-            sched = timed("schedule", name, partial(build_schedule, bp.tiles, bp.graph, target))
-        pages = timed("pages", name, partial(plan_pages, sched, bp.tiles, target, bp.graph))
-        arena = timed(
-            "arena",
-            name,
-            partial(
-                plan_arena,
-                bp.graph,
-                bp.tiles,
-                unordered=unordered_op_edges(sched.decisions),
-                schedule=sched,
-            ),
-        )
-        emitted.append(
-            timed(
-                "emit",
-                name,
-                partial(
-                    emit_bucket,
-                    bp.bucket,
-                    bp.graph,
-                    bp.tiles,
-                    sched,
-                    pages,
-                    arena,
-                    target,
-                    bp.budget_ns,
-                ),
-            )
-        )
+    result, emitted = transf_program(Path(source), target, profile, emit=True, timer=timed)
     tmp = Path(tempfile.mkdtemp(prefix=side_prefix(out, PARTIAL), dir=parent))
     old: Path | None = None
     try:
@@ -740,7 +686,7 @@ def _compile_bundle(
         if verify:
             from plow.emit.verify import verify_bundle, write_certificates
 
-            report = timed("verify", "", lambda: verify_bundle(tmp))
+            report = timed("verify", "", verify_bundle, tmp)
             report.raise_if_rejected()
             write_certificates(report)
             report.bundle = out
