@@ -30,6 +30,7 @@ from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
 from plow.testing import make_tiny_checkpoint
+from plow.testing.fixtures import make_tiny_deepseek_v3
 
 PROFILE = CompileProfile(name="int4", decode_batches=(1, 4), prefill_seqs=(16,), context=64)
 NEW = 16
@@ -69,10 +70,10 @@ def _int4_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.fixture(scope="module")
-def int4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    root = tmp_path_factory.mktemp("int4")
-    src = make_tiny_checkpoint("qwen3_moe", 0, root / "src")
+def _setup(src: Path, root: Path, stacked: int) -> dict[str, object]:
+    """`src` with int4 experts, its certified bundle, transformers on the de-quantized
+    weights (the source model with the experts' stacked de-quantizations copied in) and
+    its greedy tokens."""
     path = _int4_copy(src, root / "int4")
     ckpt = load_checkpoint(path)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
@@ -86,7 +87,7 @@ def int4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
                 assert tuple(p.shape) == w.shape, name
                 p.copy_(torch.from_numpy(w))
                 copied += 1
-    assert copied == 4  # gate_up and down of the two routed layers
+    assert copied == stacked  # gate_up and down of every routed layer
     bundle = root / "bundle"
     compile_bundle(path, bundle, load_target("cpu"), PROFILE, verify=True)
     ids = [ckpt.tokenizer.encode(p) for p in ("The quick brown fox.", "A counter is a small")]
@@ -100,6 +101,12 @@ def int4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         refs.append(g[0, len(p) :].tolist())
     return {"ckpt": ckpt, "hf": hf, "bundle": bundle, "ids": ids, "refs": refs, "src": src,
             "path": path}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def int4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("int4")
+    return _setup(make_tiny_checkpoint("qwen3_moe", 0, root / "src"), root, 4)
 
 
 def test_repack_is_the_exact_dequantization() -> None:
@@ -208,3 +215,12 @@ def test_a_scale_fp16_cannot_hold_is_refused_naming_the_tensor(int4: dict, tmp_p
         CheckpointError, match=r"experts\.5\.up_proj\.weight_packed.*\[2, 1\].*float16"
     ):
         load_checkpoint(bad)
+
+
+def test_deepseek_v3_int4_experts_give_transformers_tokens(tmp_path: Path) -> None:
+    # DeepSeek-V3's routed experts (Kimi K2's layout): groups of 32 need an expert width of 32
+    src = make_tiny_deepseek_v3(0, tmp_path / "src", moe_intermediate_size=32)
+    ds: dict = _setup(src, tmp_path, 4)
+    reqs = [Request(tuple(p), NEW) for p in ds["ids"]]
+    assert generate(CpuModel.from_bundle(ds["bundle"], max_batch=4), reqs) == ds["refs"]
+    assert generate(open_native(ds["bundle"], max_batch=4), reqs) == ds["refs"]

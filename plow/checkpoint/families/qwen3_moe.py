@@ -9,7 +9,8 @@ and a router keeping `num_experts_per_tok` of them (softmax, top-k, renormalised
 Fields plow cannot honour are refused with one line naming them, never ignored: a shared
 expert (`shared_expert_intermediate_size`, Qwen2-MoE's), sliding-window attention, an
 activation other than SiLU, top-k outside 1..experts. fp8 checkpoints (Qwen3-30B-A3B-FP8) are
-read through `plow.checkpoint.fp8`: the experts' scales are stacked with their weights.
+read through `plow.checkpoint.fp8`: the experts' scales are stacked with their weights;
+int4 experts (compressed-tensors pack-quantized) as q4_0 blocks through `plow.checkpoint.int4`.
 """
 
 from __future__ import annotations
