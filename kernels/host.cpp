@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
@@ -70,6 +71,15 @@ struct HostPlan {
   std::atomic<uint64_t> epoch{0};
   std::mutex sleep_mu;
   std::condition_variable sleep_cv;
+  // Work-conserving queues: a queue is advanced by whichever thread holds its claim (its own
+  // thread first; a blocked thread takes another's queue), so a thread the OS deschedules
+  // while waiting does not stall the others. Each record computes the same bits on any thread.
+  struct alignas(64) Queue {
+    std::atomic<bool> busy{false};
+    std::atomic<size_t> at{0};  // next record; written only under the claim
+  };
+  std::unique_ptr<Queue[]> qs;
+  std::atomic<int64_t> queues_left{0};
 };
 
 constexpr uint64_t kSpins = 2048, kYields = 64;
@@ -171,27 +181,33 @@ void worker_thread(void* argp, int tid) {
   std::vector<float> scratch(static_cast<size_t>(hp.scratch_floats) + 16);
   std::vector<int> mine;
   for (int w = tid; w < static_cast<int>(hp.queues.size()); w += sa->threads) mine.push_back(w);
-  std::vector<size_t> at(mine.size(), 0);
-  size_t left = 0;
-  for (int w : mine) left += hp.queues[w].empty() ? 0 : 1;
+  const int nq = static_cast<int>(hp.queues.size());
+  std::vector<int> others;  // the other threads' queues, taken when all of this thread's block
+  for (int w = 0; w < nq; ++w)
+    if (w % sa->threads != tid) others.push_back(w);
   const uint64_t s = hp.step;
   int64_t tasks = 0, nops = 0;
   uint64_t spins = 0;
   auto last = std::chrono::steady_clock::now();  // the last time this thread moved
-  auto ready = [&](size_t qi) {
-    const auto& q = hp.queues[mine[qi]];
-    if (at[qi] >= q.size()) return false;
-    const plow::Record& r = hp.recs[q[at[qi]]];
+  auto ready_at = [&](int w, size_t at) {
+    const auto& q = hp.queues[w];
+    if (at >= q.size()) return false;
+    const plow::Record& r = hp.recs[q[at]];
     if (r.wait_counter == PLOW_NO_COUNTER) return true;
     const uint64_t want = hp.per_step[r.wait_counter] * (s - 1) + r.wait_threshold;
     return hp.counters[r.wait_counter].v.load(std::memory_order_seq_cst) >= want;
   };
-  while (left > 0) {
-    bool moved = false;
-    for (size_t qi = 0; qi < mine.size(); ++qi) {
-      const auto& q = hp.queues[mine[qi]];
-      while (ready(qi)) {
-        const plow::Record& r = hp.recs[q[at[qi]]];
+  auto ready = [&](int w) { return ready_at(w, hp.qs[w].at.load(std::memory_order_relaxed)); };
+  // Runs queue w's ready records under its claim; false when it could not run any.
+  auto advance = [&](int w) {
+    if (!ready(w)) return false;
+    auto& qs = hp.qs[w];
+    if (qs.busy.exchange(true, std::memory_order_acquire)) return false;
+    const auto& q = hp.queues[w];
+    size_t at = qs.at.load(std::memory_order_relaxed);
+    bool ran = false;
+    while (ready_at(w, at)) {
+        const plow::Record& r = hp.recs[q[at]];
         int64_t work;
         if (hp.profile && r.opcode != PLOW_OP_NOP) {
           const auto t0 = std::chrono::steady_clock::now();
@@ -214,12 +230,20 @@ void worker_thread(void* argp, int tid) {
           }
         }
         if (r.opcode == PLOW_OP_NOP) ++nops; else ++tasks;
-        ++at[qi];
-        moved = true;
-        if (at[qi] == q.size()) --left;
-      }
+        ++at;
+        qs.at.store(at, std::memory_order_relaxed);
+        ran = true;
+        if (at == q.size()) hp.queues_left.fetch_sub(1, std::memory_order_acq_rel);
     }
-    if (moved || left == 0) {
+    qs.busy.store(false, std::memory_order_release);
+    return ran;
+  };
+  while (hp.queues_left.load(std::memory_order_acquire) > 0) {
+    bool moved = false;
+    for (int w : mine) moved = advance(w) || moved;
+    if (!moved)
+      for (int w : others) moved = advance(w) || moved;
+    if (moved || hp.queues_left.load(std::memory_order_acquire) == 0) {
       spins = 0;
       last = std::chrono::steady_clock::now();
       continue;
@@ -238,7 +262,7 @@ void worker_thread(void* argp, int tid) {
       const uint64_t e = hp.epoch.load(std::memory_order_relaxed);
       hp.sleepers.fetch_add(1, std::memory_order_seq_cst);
       bool any = false;
-      for (size_t qi = 0; qi < mine.size() && !any; ++qi) any = ready(qi);
+      for (int w = 0; w < nq && !any; ++w) any = ready(w);
       if (!any) {
         std::unique_lock<std::mutex> lk(hp.sleep_mu);
         hp.sleep_cv.wait_for(lk, kNap, [&] {
@@ -254,14 +278,15 @@ void worker_thread(void* argp, int tid) {
         sa->timeout_ms) {
       std::lock_guard<std::mutex> lk(hp.stuck_mu);
       if (hp.stuck.empty()) {
-        for (size_t qi = 0; qi < mine.size(); ++qi) {
-          const auto& q = hp.queues[mine[qi]];
-          if (at[qi] >= q.size()) continue;
-          const plow::Record& r = hp.recs[q[at[qi]]];
+        for (int w = 0; w < nq; ++w) {
+          const auto& q = hp.queues[w];
+          const size_t at = hp.qs[w].at.load(std::memory_order_relaxed);
+          if (at >= q.size()) continue;
+          const plow::Record& r = hp.recs[q[at]];
           char buf[256];
           snprintf(buf, sizeof buf,
                    "worker %d blocked at packet %lld: counter %u is at %llu, waits for %llu",
-                   mine[qi], static_cast<long long>(q[at[qi]]), r.wait_counter,
+                   w, static_cast<long long>(q[at]), r.wait_counter,
                    static_cast<unsigned long long>(hp.counters[r.wait_counter].v.load()),
                    static_cast<unsigned long long>(hp.per_step[r.wait_counter] * (s - 1) +
                                                    r.wait_threshold));
@@ -295,6 +320,7 @@ void* plow_plan_new(const PlowPlan* plan, char* err, int64_t errlen) {
   hp->p.ops = hp->ops.data();
   hp->queues.resize(static_cast<size_t>(std::max<int32_t>(plan->n_workers, 1)));
   hp->per_step.assign(static_cast<size_t>(plan->n_counters), 0);
+  hp->qs.reset(new HostPlan::Queue[hp->queues.size()]);
   for (const auto& op : hp->ops) {
     if (op.kind == PLOW_ATTENTION) {
       const int64_t keys = op.tile[1] > 0 ? op.tile[1] : op.ext[1];
@@ -376,6 +402,14 @@ int32_t plow_plan_dispatch(void* handle, float* arena, int64_t arena_words, int3
   std::lock_guard<std::mutex> lk(dispatch_mu);
   hp->step += 1;
   hp->abort.store(false);
+  {
+    int64_t nonempty = 0;
+    for (size_t w = 0; w < hp->queues.size(); ++w) {
+      hp->qs[w].at.store(0, std::memory_order_relaxed);
+      nonempty += hp->queues[w].empty() ? 0 : 1;
+    }
+    hp->queues_left.store(nonempty);
+  }
   hp->tasks_run.store(0);
   hp->nops_run.store(0);
   for (auto& w : hp->op_work) w.store(0, std::memory_order_relaxed);
