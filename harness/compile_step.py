@@ -1,9 +1,12 @@
-"""Step (a) of a study: compile the workload's decode buckets into bundles and certify them.
+"""Step (a) of a study: compile the workload's decode and prefill buckets into bundles and
+certify them.
 
 This is plow's own pipeline, the one `plow compile SOURCE -o OUT --verify` runs: per key-value
 context the study needs, `plow.emit.bundle.compile_bundle` (import -> graph -> tile -> bounds
 -> schedule -> pages -> arena -> emit -> write; `plow.compile.compile_plan` underneath) writes a
-plan-only bundle holding one decode bucket per batch size, then `plow.emit.verify.verify_bundle`
+plan-only bundle holding one decode bucket per batch size and the prefill rungs the study's
+prefills need (`prefill_rungs`: rows per launch x a chunk of at most `PREFILL_CHUNK` tokens;
+a longer prompt is prefilled in chunks at the longest rung), then `plow.emit.verify.verify_bundle`
 re-derives checkpoints A-F from the bundle's own files and runs the oracle on each
 (docs/bundle.md "Verify"), and the certificates are written into the bundle. A bound over the
 step budget or any rejected checkpoint stops the study: `compile.json` and `report.md` are
@@ -15,7 +18,8 @@ The bundles go to `$PLOW_CACHE/bundles/<study>-<key>/kv<N>/` (not under `results
 are megabytes); `compile.json` records each bundle's path and manifest digest. The executor
 loads the certified plans from those bundle files (`CompiledStudy.bundle`: opened once per
 study, certificates checked, with the checkpoint's weights since the bundles are plan-only),
-so it runs exactly what the oracle certified. `CompiledStudy.plans` keeps the compile's
+so it runs exactly what the oracle certified — decode and prefill, on every executor; nothing
+is planned in memory. `CompiledStudy.plans` keeps the compile's
 per-bucket results (bounds, which buckets were certified).
 """
 
@@ -38,13 +42,14 @@ from harness.environment import Calibration
 from harness.workload import Workload
 from plow.compile import BucketPlan
 from plow.errors import PlanRejected, PlowError
-from plow.graph import Bucket
+from plow.graph import Bucket, Phase
 from plow.target import Target
 
 if TYPE_CHECKING:
     from plow.runtime.cpu.bundle import Bundle
 
 CHECKPOINTS = ("A", "B", "C", "D", "E", "F")
+PREFILL_CHUNK = 64  # tokens per row of the longest prefill rung a study compiles
 
 
 class CheckRow(BaseModel):
@@ -59,7 +64,9 @@ class CheckRow(BaseModel):
 
 class BucketReport(BaseModel):
     bucket: str
+    phase: str = "decode"  # decode / prefill
     batch: int
+    seq: int = 1  # tokens per row of one launch (prefill: the chunk length)
     context: int | None  # the study context this bucket measures (None: gate/serving only)
     kv_positions: int  # key-value positions the bucket holds (context + measured steps)
     bundle: str
@@ -123,7 +130,7 @@ class CompileReport(BaseModel):
 
     def bound_ms(self, batch: int, context: int) -> float | None:
         for b in self.buckets:
-            if b.batch == batch and b.context == context:
+            if b.phase == "decode" and b.batch == batch and b.context == context:
                 return max(b.bandwidth_bound_ms, b.compute_bound_ms)
         return None
 
@@ -155,8 +162,8 @@ class CompiledStudy:
     def usage(self) -> dict[str, PlanUse]:
         return self.report.launches
 
-    def plans_for(self, kv_positions: int) -> list[BucketPlan]:
-        return [p for b, p in self.plans.items() if b.context == kv_positions]
+    def plans_for(self, kv_positions: int, phase: Phase = Phase.decode) -> list[BucketPlan]:
+        return [p for b, p in self.plans.items() if b.context == kv_positions and b.phase is phase]
 
     def bundle_path(self, bucket: Bucket) -> Path | None:
         """The certified bundle holding `bucket` (from the report's bundle rows), or None."""
@@ -229,6 +236,16 @@ def bundle_root(wl: Workload, model_dir: Path) -> Path:
     return cache_dir() / "bundles" / f"{wl.study}-{key}"
 
 
+def prefill_rungs(wl: Workload, study_ctx: int | None, kv: int) -> tuple[tuple[int, ...], int]:
+    """The prefill rungs of one bundle, (batches, chunk length): a study context's bundle
+    prefills its filler prompt of `study_ctx` tokens at every batch size (and one row: the
+    cold-start and e2e prompts), the gate's bundle one prompt at a time; the chunk is the
+    prompt's length, at most `PREFILL_CHUNK` tokens (longer prompts run in chunks)."""
+    if study_ctx is None:
+        return (1,), min(PREFILL_CHUNK, kv)
+    return tuple(sorted({1, *wl.batch_sizes})), min(PREFILL_CHUNK, study_ctx)
+
+
 def _estimate_ns(bucket: Bucket, spec_source: Path, target: Target) -> float:
     from plow.checkpoint import load_spec
     from plow.graph import build_graph
@@ -247,8 +264,9 @@ def compile_study(
     out_root: Path | None = None,
     on_stage: Callable[[str], None] | None = None,
 ) -> CompiledStudy:
-    """Compile and certify every decode bucket of the study (a bundle per key-value context:
-    each `context + measured steps`, plus `kv_contexts` — the gate's runner — when larger).
+    """Compile and certify every decode bucket of the study and the prefill rungs its prefills
+    run on (a bundle per key-value context: each `context + measured steps`, plus
+    `kv_contexts` — the gate's runner — when larger; prefill rungs: `prefill_rungs`).
     Raises `CompileRejected` (report attached) when a bound or a checkpoint rejects a bucket."""
     try:
         from plow.emit.bundle import compile_bundle, sha256_file
@@ -303,11 +321,19 @@ def compile_study(
             budget_ns = math.ceil(budget_ms * 1e6)
         else:
             budget_ns = math.ceil(2 * max(_estimate_ns(b, model_dir, target) for b in buckets))
+        pre_batches, chunk = prefill_rungs(wl, study_ctx, kv)
+        # prefill: twice the cost model's sequential estimate per token of its widest rung
+        # (no workload sets a prefill latency target)
+        widest = Bucket.prefill(max(pre_batches), chunk, kv)
+        per_token = _estimate_ns(widest, model_dir, target) / (widest.batch * chunk)
         profile = CompileProfile(
             name=f"{wl.study}-kv{kv}",
             decode_batches=tuple(wl.batch_sizes),
+            prefill_seqs=(chunk,),
+            prefill_batches=pre_batches,
             context=kv,
             decode_budget_ns=budget_ns,
+            prefill_budget_ns_per_token=max(1, math.ceil(2 * per_token)),
         )
         out = root / f"kv{kv}"
         tb = time.perf_counter()
@@ -344,7 +370,9 @@ def compile_study(
             report.buckets.append(
                 BucketReport(
                     bucket=name,
+                    phase=bp.bucket.phase.value,
                     batch=bp.bucket.batch,
+                    seq=bp.bucket.seq if bp.bucket.phase is Phase.prefill else 1,
                     context=study_ctx,
                     kv_positions=kv,
                     bundle=out.name,

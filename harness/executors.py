@@ -227,35 +227,19 @@ def _check_shape(ckpt: Checkpoint, max_batch: int, max_context: int) -> None:
 def cpu_model(
     ckpt: Checkpoint, *, max_batch: int, max_context: int, compiled: CompiledStudy | None
 ) -> CpuModel:
-    """The model of an executor that plans in memory (the cpu emulator). With `compiled`:
-    planned for its (calibrated) target, and the certified decode plans of this context loaded
-    from the study's bundle files on disk (`plow.runtime.cpu.bundle`: hashes and certificates
-    checked, the packet stream and arena offsets of the plan file; weights from `ckpt`, checked
-    against the op tables, since the study's bundles are plan-only) and installed as they are,
-    so those buckets run exactly what the oracle certified and are never re-planned; buckets
-    outside the study's compile (prefill) are planned in memory on first use, as without it."""
-    _check_shape(ckpt, max_batch, max_context)
-    model = CpuModel(
-        ckpt.spec,
-        ckpt.weights,
-        target=compiled.target if compiled is not None else "cpu",
-        max_batch=max_batch,
-        max_context=max_context,
-    )
+    """The model of the cpu emulator. Without `compiled`: planned in memory for the `cpu`
+    target (no study). With `compiled`: the study's certified bundle of this context on the
+    emulator (`bundle_model`), decode and prefill rungs alike; nothing is planned in memory."""
     if compiled is not None:
-        for bp in compiled.plans_for(model.context):
-            if bp.bucket.batch not in model.decode_batches:
-                continue
-            bundle = compiled.bundle(bp.bucket, ckpt.weights)
-            if bundle is None:
-                raise PlowError(
-                    "compile", f"no certified bundle on record for bucket {bp.bucket.name}"
-                )
-            # the checkpoint's weights plus a fused bundle's re-laid-out ones derived from
-            # them (q/k/v concatenated, gate/up interleaved: plow.runtime.cpu.bundle)
-            model._raw = bundle.weights
-            model.add_plan(bundle.plan(bp.bucket, kv=model.arena.kv_shape, ring=model.ring))
-    return _recording(model, compiled)
+        return bundle_model(
+            RUNTIME_EXECUTORS["cpu"],
+            ckpt,
+            max_batch=max_batch,
+            max_context=max_context,
+            compiled=compiled,
+        )
+    _check_shape(ckpt, max_batch, max_context)
+    return CpuModel(ckpt.spec, ckpt.weights, max_batch=max_batch, max_context=max_context)
 
 
 def bundle_model(
@@ -266,12 +250,17 @@ def bundle_model(
     max_context: int,
     compiled: CompiledStudy | None,
 ) -> CpuModel:
-    """The model of a bundle executor for one runner: in memory for an executor that plans
-    in memory (`cpu_model`), else the study's certified bundle of this context (the first one
-    whose decode rung holds `max_batch` rows) opened on the executor's machine
-    (`ExecutorKind.open_model`)."""
-    if kind.plans_in_memory:
-        return cpu_model(ckpt, max_batch=max_batch, max_context=max_context, compiled=compiled)
+    """The model of a bundle executor for one runner: the study's certified bundle of this
+    context (the first one whose decode rung holds `max_batch` rows), opened from its files
+    on disk (`CompiledStudy.bundle`: hashes and certificates checked; weights from `ckpt`,
+    checked against the op tables, since the study's bundles are plan-only) on the
+    executor's machine (`ExecutorKind.open_model`). Every launch runs one of the bundle's
+    certified rungs: decode, and prefill on its prefill rungs (the smallest that covers the
+    launch's rows and tokens; longer prompts in chunks at the longest), so the steps run
+    exactly what the oracle certified. Without `compiled`, an executor that plans in memory
+    (the cpu emulator) plans for the `cpu` target; the others refuse."""
+    if compiled is None and kind.plans_in_memory:
+        return cpu_model(ckpt, max_batch=max_batch, max_context=max_context, compiled=None)
     _check_shape(ckpt, max_batch, max_context)
     if compiled is None:
         raise PlowError(f"executor {kind.name}", "runs the study's certified bundles (step a)")

@@ -99,31 +99,32 @@ def limits(info: RunInfo) -> list[str]:
         out.append(f"Executor: `{info.executor}` ({info.executor_description}).")
     if info.executor == "cpu":
         out.append(
-            "Plan provenance: the CPU executor ran the certified decode plans loaded from the "
-            "certified bundle files on disk (`plow.runtime.cpu.bundle`: file hashes and the "
-            "B-F certificates checked at load, the plan file's packet stream and the bundle's "
-            "arena offsets), so the decode steps ran exactly what the oracle certified. The "
-            "bundles are plan-only (no weights copied); weights come from the checkpoint, "
-            "checked against the bundles' op tables (names and shapes)."
+            "Plan provenance: the CPU executor ran the certified decode and prefill plans "
+            "loaded from the certified bundle files on disk (`plow.runtime.cpu.bundle`: file "
+            "hashes and the B-F certificates checked at load, the plan file's packet stream and "
+            "the bundle's arena offsets), so every step ran exactly what the oracle certified; "
+            "nothing was planned in memory. The bundles are plan-only (no weights copied); "
+            "weights come from the checkpoint, checked against the bundles' op tables (names "
+            "and shapes)."
         )
+    if info.executor != "reference":
         usage = info.compile.launches if info.compile is not None else {}
         if usage:
-            cert = sum(u.launches for u in usage.values() if u.certified)
+            cert = {k: u.launches for k, u in usage.items() if u.certified}
             unc = {k: u.launches for k, u in usage.items() if not u.certified}
-            dec = [k for k in unc if k.startswith("decode")]
-            text = f"Launches on certified plans (each loaded from its bundle file): {cert}."
+            text = (
+                "Rungs that ran (launches; each loaded from its certified bundle file): "
+                + ", ".join(f"`{k}` x{n}" for k, n in sorted(cert.items()))
+                + "."
+            )
             if unc:
                 text += (
-                    " Launches on plans outside the study's compile (planned in memory on first "
-                    "use for the same target, not verified by the oracle): "
+                    " Launches on plans outside the study's certified compile: "
                     + ", ".join(f"`{k}` x{n}" for k, n in sorted(unc.items()))
-                    + (
-                        " — the prefill buckets (the study compiles decode buckets only)."
-                        if not dec
-                        else f" — including decode buckets {', '.join(dec)}."
-                    )
+                    + "."
                 )
             out.append(text)
+    if info.executor == "cpu":
         out.append(
             "Untuned path: the CPU executor emulates the persistent kernel — every task of the "
             "packet stream is dispatched from Python onto numpy tile kernels over virtual "

@@ -3,6 +3,9 @@
 A profile is data (pydantic; `--profile FILE` reads one). Budgets are per step of a bucket:
 a decode step produces one token per batch row; a prefill step of `seq` tokens per row gets
 `prefill_budget_ns_per_token * batch * seq`.
+
+Prefill rungs are `prefill_batches x prefill_seqs` (rows per launch x tokens per row). A
+profile file without `prefill_batches` gets `[1]`: the batch-1 prefill rungs of older files.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ class CompileProfile(BaseModel):
 
     name: str = "default"
     decode_batches: tuple[int, ...] = (1,)
-    prefill_seqs: tuple[int, ...] = ()  # prefill buckets, batch 1
+    prefill_seqs: tuple[int, ...] = ()  # prefill chunk lengths (tokens per row)
+    prefill_batches: tuple[int, ...] = (1,)  # rows per prefill launch, one rung per (batch, seq)
     context: int | None = Field(default=None, ge=1)  # None: min(model positions, 4096)
     decode_budget_ns: int = Field(default=200_000_000, ge=1)  # 200 ms per decode step
     prefill_budget_ns_per_token: int = Field(default=2_000_000, ge=1)
@@ -31,18 +35,29 @@ class CompileProfile(BaseModel):
     # extraction decides by default; False (`plow compile --no-fuse`) plans the canonical ops
     fuse: bool = True
 
-    @field_validator("decode_batches", "prefill_seqs")
+    @field_validator("decode_batches", "prefill_seqs", "prefill_batches")
     @classmethod
     def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if any(x < 1 for x in v):
             raise ValueError("entries must be at least 1")
         return v
 
+    @field_validator("prefill_batches")
+    @classmethod
+    def _some_batch(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v:
+            raise ValueError("needs at least one batch (no prefill rungs: prefill_seqs [])")
+        return v
+
     def buckets(self, max_position: int) -> list[Bucket]:
         """The ladder this profile asks for, for a model with `max_position` positions."""
         ctx = self.context or min(max_position, 4096)
         out = [Bucket.decode(b, ctx) for b in self.decode_batches]
-        out += [Bucket.prefill(1, s, max(ctx, s)) for s in self.prefill_seqs]
+        out += [
+            Bucket.prefill(b, s, max(ctx, s))
+            for b in self.prefill_batches
+            for s in self.prefill_seqs
+        ]
         return out
 
     def budget_ns(self, bucket: Bucket) -> int:

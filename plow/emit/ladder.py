@@ -2,9 +2,11 @@
 runtime's rounding rule — a live shape runs on the smallest rung that covers it.
 
 The policy that picks the rungs is the compile profile's (`CompileProfile.buckets`: decode
-batches x the context, prefill chunk lengths). A rung covers a live shape of the same phase
-when its batch is at least the live batch and its `seq` at least the live `seq` (decode:
-the key-value length the step attends over; prefill: the tokens per row of the chunk).
+batches x the context, prefill batches x prefill chunk lengths). A rung covers a live shape of
+the same phase when its batch is at least the live batch and its `seq` at least the live
+`seq` (decode: the key-value length the step attends over; prefill: the tokens per row of
+the chunk). A prefill longer than the longest rung is chunked at it, and more rows than the
+widest rung are split (the callers: `plow.runtime.cpu.engine`, `plow.runtime.cpu.generate`).
 """
 
 from __future__ import annotations

@@ -109,8 +109,15 @@ def test_compile_json_has_oracle_certificates_b_to_f(passed_run: tuple[int, Path
     compiled = json.loads((run_dir / "compile.json").read_text())
     assert compiled["accepted"] and "python_checked" not in compiled
     extra = 1 + 2 + 1  # warm-up + decode steps + 1
-    assert sorted((b["batch"], b["kv_positions"]) for b in compiled["buckets"]) == sorted(
+    decode_rungs = [b for b in compiled["buckets"] if b["phase"] == "decode"]
+    assert sorted((b["batch"], b["kv_positions"]) for b in decode_rungs) == sorted(
         (b, c + extra) for c in CONTEXTS for b in BATCHES
+    )
+    # the prefill rungs the study's prefills need: every batch size (and 1) x the prompt's
+    # length, here at most the 64-token chunk, certified by the same checkpoints
+    prefill_rungs = [b for b in compiled["buckets"] if b["phase"] == "prefill"]
+    assert sorted((b["batch"], b["seq"], b["kv_positions"]) for b in prefill_rungs) == sorted(
+        (b, min(c, 64), c + extra) for c in CONTEXTS for b in {1, *BATCHES}
     )
     for b in compiled["buckets"]:
         rows = {c["checkpoint"]: c for c in b["checks"]}
@@ -127,17 +134,17 @@ def test_compile_json_has_oracle_certificates_b_to_f(passed_run: tuple[int, Path
         for ck in CHECKPOINTS:
             doc = json.loads((path / "certificates" / f"{ck}.json").read_text())
             assert doc["accepted"] and set(doc["buckets"]) == set(bd["buckets"])
-    # every decode step ran a certified plan loaded from its bundle file on disk; only
-    # prefill plans were planned (in memory) outside step (a)
+    # every step, decode and prefill, ran a certified plan loaded from its bundle file on
+    # disk: nothing was planned in memory outside step (a)
     launches = compiled["launches"]
     decode = {k: v for k, v in launches.items() if k.startswith("decode")}
-    assert decode and all(v["certified"] for v in decode.values())
-    home = {b: bd["path"] for bd in compiled["bundles"] for b in bd["buckets"]}
-    for k, v in decode.items():
-        assert v["from_bundle"] == v["launches"] and v["bundle"] == home[k], k
-    assert sum(v["launches"] for v in decode.values()) >= len(CONTEXTS) * len(BATCHES) * 3
     prefill = {k: v for k, v in launches.items() if k.startswith("prefill")}
-    assert all(not v["certified"] and v["from_bundle"] == 0 for v in prefill.values())
+    assert decode and prefill and set(launches) == set(decode) | set(prefill)
+    home = {b: bd["path"] for bd in compiled["bundles"] for b in bd["buckets"]}
+    for k, v in launches.items():
+        assert v["certified"] and v["from_bundle"] == v["launches"] and v["bundle"] == home[k], k
+    assert sum(v["launches"] for v in decode.values()) >= len(CONTEXTS) * len(BATCHES) * 3
+    assert any(b["batch"] == 2 for b in prefill_rungs if b["bucket"] in prefill)
     report = (run_dir / "report.md").read_text()
     assert "| B | C | D | E | F |" in report and "Plow.Countersproof" in report
 
@@ -231,7 +238,7 @@ def test_oracle_rejection_stops_the_study(
         cert = real(ck, payload, **kw)  # type: ignore[arg-type]
         if ck == "E":
             calls.append(ck)
-        if ck == "E" and len(calls) > 2:
+        if ck == "E" and len(calls) > 2 * len(BATCHES):  # the first bundle's 2 + 2 rungs
             return cert.model_copy(
                 update={"verdict": Verdict.reject, "reason": "record 3: opcode", "theorems": []}
             )
@@ -270,26 +277,42 @@ def test_no_checkpoint_is_checked_in_python(ckpt: Path, tmp_path: Path) -> None:
             assert c.verdict == "accept", ck
 
 
-def test_cpu_runner_runs_the_certified_plans(ckpt: Path, tmp_path: Path) -> None:
-    """A runner sized to a compiled context launches the certified plan loaded from its bundle
-    file; one sized to another context plans in memory, and the study's launch record says
-    which is which."""
+def test_cpu_runner_runs_the_certified_plans(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner sized to a compiled context launches the certified plans loaded from its
+    bundle file — the decode rung and a prefill rung of batch 2 from the bundle's ladder,
+    with the in-memory planner made to raise; a runner sized to a context the study did not
+    compile is refused (nothing is planned in memory)."""
+    import plow.runtime.cpu.model as cpu_model_mod
+
     wl, _ = load_workload(_workload(tmp_path / "w.yaml", ckpt))
     study = compile_study(ckpt, wl, None, out_root=tmp_path / "bundles")
     c = load_checkpoint(ckpt)
     ex = get_executor("cpu")
     kv = CONTEXTS[0] + 4
-    runner = ex.open(c, max_batch=2, max_context=kv, compiled=study)
-    runner.prefill([[5, 9, 17], [5, 9, 17]])
-    certified = runner.decode([1, 2])
+    with monkeypatch.context() as mp:
+
+        def no_planning(*a: object, **k: object) -> None:
+            raise AssertionError("planned in memory")
+
+        mp.setattr(cpu_model_mod, "plan_from_parts", no_planning)
+        runner = ex.open(c, max_batch=2, max_context=kv, compiled=study)
+        runner.prefill([[5, 9, 17], [5, 9, 17]])
+        certified = runner.decode([1, 2])
     use = study.usage[f"decode_b2_s{kv}"]
     assert use.certified and use.launches == 1 and use.from_bundle == 1
     assert use.bundle == str(study.bundle_path(Bucket.decode(2, kv)))
-    other = ex.open(c, max_batch=1, max_context=kv + 1, compiled=study)
-    other.prefill([[5, 9, 17]])
-    other.decode([1])
-    use = study.usage[f"decode_b1_s{kv + 1}"]
-    assert not use.certified and use.from_bundle == 0 and use.bundle is None
+    pre = {k: u for k, u in study.usage.items() if k.startswith("prefill")}
+    home = study.bundle_path(Bucket.decode(2, kv))
+    assert home is not None
+    ladder = json.loads((home / "manifest.json").read_text())["ladder"]
+    rungs = {r["name"]: r for r in ladder if r["phase"] == "prefill"}
+    assert list(pre) == [f"prefill_b2_s{CONTEXTS[0]}_c{kv}"]  # one launch of both rows
+    assert all(k in rungs and rungs[k]["batch"] == 2 for k in pre)
+    assert all(u.certified and u.launches == u.from_bundle == 1 for u in pre.values())
+    with pytest.raises(PlowError, match=f"no certified plan for context {kv + 1}"):
+        ex.open(c, max_batch=1, max_context=kv + 1, compiled=study)
     assert Bucket.decode(2, kv) in study.plans
     # the same logits as a runner that plans the bucket itself (same target, same plan)
     plain = ex.open(c, max_batch=2, max_context=kv)
@@ -417,13 +440,16 @@ def test_a_native_study_publishes_beside_the_cpu_executor(ckpt: Path, tmp_path: 
     out = run_study(wl, console=_quiet(), root=tmp_path / "results")
     assert out.exit_code == 0 and out.run_dir is not None
     compiled = json.loads((out.run_dir / "compile.json").read_text())
-    # the native executor runs certified bundle plans only (it prefills through the decode
-    # rungs); the uncertified in-memory prefill plans are the cpu emulator's
+    # both executors run certified bundle plans only: decode rungs, and prefill rungs (batch
+    # 2 among them) from the bundles' ladders
     launches = compiled["launches"]
     decode = {k: u for k, u in launches.items() if k.startswith("decode")}
-    assert decode and all(u["certified"] and u["from_bundle"] == u["launches"]
-                          for u in decode.values())  # fmt: skip
-    assert all(u["from_bundle"] == 0 for k, u in launches.items() if k not in decode)
+    prefill = {k: u for k, u in launches.items() if k.startswith("prefill")}
+    assert decode and prefill and set(launches) == set(decode) | set(prefill)
+    assert all(u["certified"] and u["from_bundle"] == u["launches"]
+               for u in launches.values())  # fmt: skip
+    rungs = {b["bucket"]: b for b in compiled["buckets"] if b["phase"] == "prefill"}
+    assert set(prefill) <= set(rungs) and any(rungs[k]["batch"] == 2 for k in prefill)
     rows = list(csv.DictReader((out.run_dir / "metrics.csv").open()))
     raw = {(r["context"], r["batch"]) for r in rows if r["surface"] == "raw"
            and r["metric"] == "decode_step_ms" and r["executor"] == "native"}  # fmt: skip
@@ -432,4 +458,7 @@ def test_a_native_study_publishes_beside_the_cpu_executor(ckpt: Path, tmp_path: 
     assert raw == cmp == {(str(c), str(b)) for c in CONTEXTS for b in BATCHES}
     report = (out.run_dir / "report.md").read_text()
     assert "Beside the `cpu` executor" in report
+    assert (
+        "Rungs that ran" in report and f"`prefill_b2_s{CONTEXTS[0]}_c{CONTEXTS[0] + 4}`" in report
+    )
     assert json.loads((out.run_dir / "workload.json").read_text())["executor"]["name"] == "native"
