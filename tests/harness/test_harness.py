@@ -174,7 +174,8 @@ def test_report_has_limits_and_plot(passed_run: tuple[int, Path, Path]) -> None:
     limits = report.split("## Limits", 1)[1]
     assert "loaded from the certified bundle files on disk" in limits and "Noise" in limits
     assert "no bundle loader" not in limits
-    assert "Launches on certified plans" in limits
+    assert "Rungs that ran" in limits and "`prefill_b2_s8_c12`" in limits
+    assert "outside the study's certified compile" not in limits
     png = run_dir / "decode_latency.png"
     assert png.stat().st_size > 1000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
