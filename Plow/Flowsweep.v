@@ -50,13 +50,17 @@ Fixpoint tjoin (a b : vclock) : vclock :=
 Definition bump (v : vclock) (w i : N) : vclock :=
   tadd (nkey w) (match tfind (nkey w) v with Some j => N.max i j | None => i end) v.
 
-(** [u] happens before the owner of clock [v] (or is it): its queue position
-    is covered by the clock's entry for its worker. *)
-Definition hbq (pm : trie (N * N)) (v : vclock) (u : N) : bool :=
-  match tfind (nkey u) pm with
+(** A task at queue position [q] (worker, position) happens before the owner
+    of clock [v] (or is it): the position is covered by the clock's entry for
+    its worker. *)
+Definition hbq_at (q : option (N * N)) (v : vclock) : bool :=
+  match q with
   | Some (w, i) => match tfind (nkey w) v with Some j => i <=? j | None => false end
   | None => false
   end.
+
+(** [u] happens before the owner of clock [v] (or is it). *)
+Definition hbq (pm : trie (N * N)) (v : vclock) (u : N) : bool := hbq_at (tfind (nkey u) pm) v.
 
 (** The clock of [t]: the counters it waits on, its worker's previous swept
     task (if that one is before [t] in the queue), and its own position. *)
@@ -75,8 +79,13 @@ Definition clock_of (wtm : trie (list N)) (pm : trie (N * N)) (cv : trie vclock)
 
 (** ** Frontier *)
 
+(** A frontier entry's task: its index, its program key and its queue position
+    ([get km 0 u], [tfind (nkey u) pm]), looked up once when the task is swept, so
+    that comparing an access with the entry looks nothing up. *)
+Definition tinfo : Type := (N * N * option (N * N))%type.
+
 (** A frontier entry: a task and bytes it wrote or read. *)
-Definition entry : Type := (N * access)%type.
+Definition entry : Type := (tinfo * access)%type.
 
 (** Per block: the writes, then the reads. *)
 Definition frontier : Type := (list entry * list entry)%type.
@@ -105,15 +114,14 @@ Definition check_sranges (d : dflow) : option dataflow_error :=
       if srange_ok a then None
       else Some (DErr_range t k (acc_lo a) (acc_hi a))) 0 l) 0 (df_acc d).
 
-(** Access [a] of task [t] (key [kt], clock [vt]) against one frontier entry. *)
-Definition check_entry (km : trie N) (pm : trie (N * N)) (vt : vclock) (t kt : N) (a : access)
-  (f : entry) : option sweep_error :=
-  let '(u, b) := f in
+(** Access [a] of task [t] (key [kt], clock [vt]) against one frontier entry
+    (its task [u], key [ku], queue position [qu]). *)
+Definition check_entry (vt : vclock) (t kt : N) (a : access) (f : entry) : option sweep_error :=
+  let '((u, ku, qu), b) := f in
   if u =? t then None
   else if overlaps a b && (acc_write a || acc_write b) then
-    let ku := get km 0 u in
     if ku <? kt then
-      (if hbq pm vt u then None
+      (if hbq_at qu vt then None
        else Some (SErr_flow (DErr_unordered u t (N.max (acc_lo a) (acc_lo b))
                                                 (N.min (acc_hi a) (acc_hi b)))))
     else if kt <? ku then
@@ -139,23 +147,24 @@ Fixpoint scan {A E : Type} (f : A -> option E) (l : list A) (n : N) : sum E N :=
   | x :: l' => match f x with Some e => inl e | None => scan f l' (N.succ n) end
   end.
 
-(** Sweep the accesses [l] of task [t]; [n] counts the frontier entries compared. *)
-Fixpoint sweep_accs (km : trie N) (pm : trie (N * N)) (vt : vclock) (t kt : N)
+(** Sweep the accesses [l] of task [t] (key [kt], queue position [qt]); [n] counts the
+    frontier entries compared. *)
+Fixpoint sweep_accs (vt : vclock) (t kt : N) (qt : option (N * N))
   (l : list access) (fm : trie frontier) (n : N) : sum sweep_error (trie frontier * N) :=
   match l with
   | [] => inr (fm, n)
   | a :: l' =>
       let k := blk (acc_lo a) in
       let fr := get fm ([], []) k in
-      match scan (check_entry km pm vt t kt a) (fst fr) n with
+      match scan (check_entry vt t kt a) (fst fr) n with
       | inl e => inl e
       | inr n1 =>
-          match (if acc_write a then scan (check_entry km pm vt t kt a) (snd fr) n1 else inr n1) with
+          match (if acc_write a then scan (check_entry vt t kt a) (snd fr) n1 else inr n1) with
           | inl e => inl e
           | inr n2 =>
-              let fr' := if acc_write a then ((t, a) :: trim a (fst fr), trim a (snd fr))
-                         else (fst fr, (t, a) :: snd fr) in
-              sweep_accs km pm vt t kt l' (tadd (nkey k) fr' fm) n2
+              let fr' := if acc_write a then (((t, kt, qt), a) :: trim a (fst fr), trim a (snd fr))
+                         else (fst fr, ((t, kt, qt), a) :: snd fr) in
+              sweep_accs vt t kt qt l' (tadd (nkey k) fr' fm) n2
           end
       end
   end.
@@ -175,7 +184,7 @@ Fixpoint sweep_tasks (km : trie N) (pm : trie (N * N)) (wtm sgm : trie (list N))
   | [] => inr n
   | t :: order' =>
       let vt := clock_of wtm pm (ss_cv s) (ss_wv s) t in
-      match sweep_accs km pm vt t (get km 0 t) (get accm [] t) (ss_front s) n with
+      match sweep_accs vt t (get km 0 t) (tfind (nkey t) pm) (get accm [] t) (ss_front s) n with
       | inl e => inl e
       | inr (fm, n') =>
           let wv := match tfind (nkey t) pm with

@@ -101,7 +101,7 @@ Proof. intros [Hc _]. apply get_cgood', Hc. Qed.
 
 Lemma hbq_sound t v u : tgood t v -> hbq pm v u = true -> u = t \/ hb p u t.
 Proof.
-  unfold hbq. intros Hv H.
+  unfold hbq, hbq_at. intros Hv H.
   destruct (tfind (nkey u) pm) as [[w i]|] eqn:Ep; [|discriminate].
   destruct (tfind (nkey w) v) as [j|] eqn:Ej; [|discriminate].
   apply N.leb_le in H. apply (pos_map_ok qs) in Ep.
@@ -172,6 +172,9 @@ Qed.
 
 Let key := key_of d.
 
+(** What a frontier entry caches about its task: the lookups [check_entry] would make. *)
+Let info (u : N) : tinfo := (u, get km 0 u, tfind (nkey u) pm).
+
 Lemma srange_blk a x : srange_ok a = true -> acc_lo a <= x < acc_hi a -> blk x = blk (acc_lo a).
 Proof.
   unfold srange_ok, blk. rewrite !N.shiftr_div_pow2. intros H Hx.
@@ -194,19 +197,19 @@ Qed.
 
 Definition witness (fm : trie frontier) (x u : N) (ea : access) : Prop :=
   exists v fa, inr_ x fa /\ reach u v /\
-    ((acc_write fa = true /\ In (v, fa) (fst (get fm ([], []) (blk x)))) \/
-     (acc_write ea = false /\ In (v, fa) (snd (get fm ([], []) (blk x))))).
+    ((acc_write fa = true /\ In (info v, fa) (fst (get fm ([], []) (blk x)))) \/
+     (acc_write ea = false /\ In (info v, fa) (snd (get fm ([], []) (blk x))))).
 
-Definition finv (E : list entry) (fm : trie frontier) : Prop :=
+Definition finv (E : list (N * access)) (fm : trie frontier) : Prop :=
   forall u ea x, In (u, ea) E -> inr_ x ea -> witness fm x u ea.
 
 Lemma check_entry_ok vt t a L : tgood t vt ->
-  (forall f, In f L -> check_entry km pm vt t (get km 0 t) a f = None) ->
-  forall v fa x, In (v, fa) L -> v <> t -> inr_ x a -> inr_ x fa ->
+  (forall f, In f L -> check_entry vt t (get km 0 t) a f = None) ->
+  forall v fa x, In (info v, fa) L -> v <> t -> inr_ x a -> inr_ x fa ->
   (acc_write a = true \/ acc_write fa = true) -> reach v t.
 Proof.
   intros Hvt H v fa x Hin Hne Ha Hf Hw.
-  pose proof (H _ Hin) as Hc. unfold check_entry in Hc.
+  pose proof (H _ Hin) as Hc. unfold check_entry, info in Hc.
   destruct (N.eqb_spec v t) as [|_]; [contradiction|].
   assert (Ho : (overlaps a fa && (acc_write a || acc_write fa))%bool = true).
   { unfold overlaps, inr_ in *. apply andb_true_intro. split.
@@ -215,7 +218,7 @@ Proof.
   rewrite Ho in Hc. unfold km in Hc. rewrite !get_index_map in Hc. fold (key_of d v) (key_of d t) in Hc.
   cbv zeta in Hc.
   destruct (N.ltb_spec (key_of d v) (key_of d t)) as [Hlt|_].
-  - destruct (hbq pm vt v) eqn:Eh; [|discriminate].
+  - destruct (hbq_at (tfind (nkey v) pm) vt) eqn:Eh; [|discriminate].
     destruct (hbq_sound t vt v Hvt Eh) as [->|Hh]; [contradiction|]. right. split; auto.
   - destruct (_ <? _); discriminate.
 Qed.
@@ -252,14 +255,14 @@ Lemma sweep_one vt t a E fm :
   srange_ok a = true -> tgood t vt -> finv E fm ->
   let k := blk (acc_lo a) in
   let fr := get fm ([], []) k in
-  (forall f, In f (fst fr) -> check_entry km pm vt t (get km 0 t) a f = None) ->
-  (if acc_write a then (forall f, In f (snd fr) -> check_entry km pm vt t (get km 0 t) a f = None)
+  (forall f, In f (fst fr) -> check_entry vt t (get km 0 t) a f = None) ->
+  (if acc_write a then (forall f, In f (snd fr) -> check_entry vt t (get km 0 t) a f = None)
    else True) ->
   (forall u ea x, In (u, ea) E -> u <> t -> inr_ x ea -> inr_ x a ->
      (acc_write ea = true \/ acc_write a = true) -> reach u t) /\
   finv (E ++ [(t, a)])
-    (tadd (nkey k) (if acc_write a then ((t, a) :: trim a (fst fr), trim a (snd fr))
-                    else (fst fr, (t, a) :: snd fr)) fm).
+    (tadd (nkey k) (if acc_write a then ((info t, a) :: trim a (fst fr), trim a (snd fr))
+                    else (fst fr, (info t, a) :: snd fr)) fm).
 Proof.
   intros Hr Hvt Hinv k fr Hw Hrd.
   assert (Hblk : forall x, inr_ x a -> blk x = k).
@@ -290,10 +293,10 @@ Proof.
                  --- exact (check_entry_ok vt t a _ Hvt Hrd v fa x Hi Hne Hxa Hfa (or_introl Ewa)).
               ** left. simpl. split; auto.
            ++ destruct Hcase as [[Hfw Hi]|[Hre Hi]].
-              ** destruct (trim_keeps a _ v fa x Hi Hfa Hxa) as [fa' [Hi' [Hx' Hw']]].
+              ** destruct (trim_keeps a _ (info v) fa x Hi Hfa Hxa) as [fa' [Hi' [Hx' Hw']]].
                  exists v, fa'. split; [exact Hx'|]. split; [exact Huv|].
                  left. split; [congruence|]. simpl. right. exact Hi'.
-              ** destruct (trim_keeps a _ v fa x Hi Hfa Hxa) as [fa' [Hi' [Hx' Hw']]].
+              ** destruct (trim_keeps a _ (info v) fa x Hi Hfa Hxa) as [fa' [Hi' [Hx' Hw']]].
                  exists v, fa'. split; [exact Hx'|]. split; [exact Huv|].
                  right. split; [exact Hre|]. simpl. exact Hi'.
         -- exists v, fa. split; [exact Hfa|]. split; [exact Huv|].
@@ -318,21 +321,21 @@ Qed.
 (** All accesses of task [t]. *)
 Lemma sweep_accs_ok vt t : tgood t vt -> forall l E fm fm' n n',
   (forall a, In a l -> srange_ok a = true) -> finv E fm ->
-  sweep_accs km pm vt t (get km 0 t) l fm n = inr (fm', n') ->
+  sweep_accs vt t (get km 0 t) (tfind (nkey t) pm) l fm n = inr (fm', n') ->
   finv (E ++ map (pair t) l) fm' /\
   (forall a, In a l -> forall u ea x, In (u, ea) E -> u <> t -> inr_ x ea -> inr_ x a ->
      (acc_write ea = true \/ acc_write a = true) -> reach u t).
 Proof.
   intros Hvt l. induction l as [|a l IH]; intros E fm fm' n n' Hr Hinv H; simpl in H.
   - inversion H; subst. rewrite app_nil_r. split; [exact Hinv | intros a []].
-  - destruct (scan (check_entry km pm vt t (get km 0 t) a) (fst (get fm ([], []) (blk (acc_lo a)))) n)
+  - destruct (scan (check_entry vt t (get km 0 t) a) (fst (get fm ([], []) (blk (acc_lo a)))) n)
       as [e|n1] eqn:E1; [discriminate|].
     destruct (if acc_write a then
-                scan (check_entry km pm vt t (get km 0 t) a) (snd (get fm ([], []) (blk (acc_lo a)))) n1
+                scan (check_entry vt t (get km 0 t) a) (snd (get fm ([], []) (blk (acc_lo a)))) n1
               else inr n1) as [e|n2] eqn:E2; [discriminate|].
     assert (Hrd : if acc_write a then
                     (forall f, In f (snd (get fm ([], []) (blk (acc_lo a)))) ->
-                       check_entry km pm vt t (get km 0 t) a f = None)
+                       check_entry vt t (get km 0 t) a f = None)
                   else True).
     { revert E2. destruct (acc_write a); intros E2; [eapply scan_ok; exact E2 | exact I]. }
     destruct (sweep_one vt t a E fm (Hr a (or_introl eq_refl)) Hvt Hinv (scan_ok _ _ _ _ E1) Hrd)
@@ -344,7 +347,7 @@ Proof.
       apply G2; [exact Ha'|]. apply in_or_app. left. exact Hin.
 Qed.
 
-Definition events (ts : list N) : list entry := flat_map (fun u => map (pair u) (acc_of d u)) ts.
+Definition events (ts : list N) : list (N * access) := flat_map (fun u => map (pair u) (acc_of d u)) ts.
 
 Definition ord (ts : list N) : Prop :=
   forall u t, In u ts -> In t ts -> conflict d u t ->
@@ -362,8 +365,8 @@ Lemma sweep_tasks_ok : (forall t a, In a (acc_of d t) -> srange_ok a = true) ->
 Proof.
   intros Hr order. induction order as [|t order IH]; intros done s n m Hs Hinv Hord H; simpl in H.
   - rewrite app_nil_r. exact Hord.
-  - destruct (sweep_accs km pm (clock_of wtm pm (ss_cv s) (ss_wv s) t) t (get km 0 t)
-                (get accm [] t) (ss_front s) n) as [e|[fm n']] eqn:Es; [discriminate|].
+  - destruct (sweep_accs (clock_of wtm pm (ss_cv s) (ss_wv s) t) t (get km 0 t)
+                (tfind (nkey t) pm) (get accm [] t) (ss_front s) n) as [e|[fm n']] eqn:Es; [discriminate|].
     pose proof (clock_good s t Hs) as Hvt.
     unfold accm in Es. rewrite get_index_map in Es. fold (acc_of d t) in Es.
     destruct (sweep_accs_ok _ t Hvt (acc_of d t) (events done) (ss_front s) fm n n' (Hr t) Hinv Es)
