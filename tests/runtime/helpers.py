@@ -57,6 +57,14 @@ def hf_greedy(path: Path, prompts: list[list[int]], new: int) -> list[list[int]]
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32, attn_implementation="eager"
     ).eval()
+    return model_greedy(model, prompts, new)
+
+
+def model_greedy(model: Any, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """`model`'s (a loaded transformers model, e.g. with de-quantized weights copied in)
+    greedy continuation of each prompt's ids: `new` tokens, no stop at EOS."""
+    import torch
+
     out = []
     with torch.no_grad():
         for p in prompts:

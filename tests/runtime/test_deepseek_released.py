@@ -29,6 +29,7 @@ from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
 from plow.testing.fixtures import make_tiny_deepseek_v3
+from tests.runtime.helpers import model_greedy
 
 NEW = 12
 PROFILE = CompileProfile(name="dsv3-fp8", decode_batches=(1, 4), prefill_seqs=(16,), context=64)
@@ -81,14 +82,7 @@ def test_fp8_blocks_and_an_mtp_layer_give_transformers_tokens(tmp_path: Path) ->
     bundle = tmp_path / "bundle"
     compile_bundle(path, bundle, load_target("cpu"), PROFILE, verify=True)
     ids = [[5, 17, 93, 2, 44, 8, 61, 30], [3, 250, 41, 6, 77], [120, 9, 33]]
-    refs = []
-    for p in ids:
-        with torch.no_grad():
-            g = hf.generate(
-                torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )  # fmt: skip
-        refs.append(g[0, len(p) :].tolist())
+    refs = model_greedy(hf, ids, NEW)
     reqs = [Request(tuple(p), NEW) for p in ids]
     assert generate(CpuModel.from_bundle(bundle, max_batch=4), reqs) == refs
     assert generate(open_native(bundle, max_batch=4), reqs) == refs

@@ -24,6 +24,7 @@ from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
 from plow.target import load_target
 from plow.testing import make_tiny_checkpoint
+from tests.runtime.helpers import model_greedy
 
 BLOCK = (32, 32)
 PROFILE = CompileProfile(name="fp8", decode_batches=(1, 4), prefill_seqs=(16,), context=64)
@@ -73,14 +74,7 @@ def fp8(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     bundle = root / "bundle"
     compile_bundle(path, bundle, load_target("cpu"), PROFILE, verify=True)
     ids = [ckpt.tokenizer.encode(p) for p in ("The quick brown fox.", "A counter is a small")]
-    refs = []
-    for p in ids:
-        with torch.no_grad():
-            g = hf.generate(
-                torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )  # fmt: skip
-        refs.append(g[0, len(p) :].tolist())
+    refs = model_greedy(hf, ids, NEW)
     return {"ckpt": ckpt, "hf": hf, "bundle": bundle, "ids": ids, "refs": refs, "src": src}
 
 
@@ -183,14 +177,7 @@ def test_fp8_routed_experts_give_transformers_tokens(tmp_path: Path) -> None:
     bundle = tmp_path / "bundle"
     compile_bundle(path, bundle, load_target("cpu"), PROFILE, verify=True)
     ids = [ckpt.tokenizer.encode(p) for p in ("The quick brown fox.", "A counter is a small")]
-    refs = []
-    for p in ids:
-        with torch.no_grad():
-            g = hf.generate(
-                torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )  # fmt: skip
-        refs.append(g[0, len(p) :].tolist())
+    refs = model_greedy(hf, ids, NEW)
     reqs = [Request(tuple(p), NEW) for p in ids]
     assert generate(CpuModel.from_bundle(bundle, max_batch=4), reqs) == refs
     assert generate(open_native(bundle, max_batch=4), reqs) == refs

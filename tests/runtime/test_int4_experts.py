@@ -31,6 +31,7 @@ from plow.runtime.native import open_native
 from plow.target import load_target
 from plow.testing import make_tiny_checkpoint
 from plow.testing.fixtures import make_tiny_deepseek_v3
+from tests.runtime.helpers import model_greedy
 
 PROFILE = CompileProfile(name="int4", decode_batches=(1, 4), prefill_seqs=(16,), context=64)
 NEW = 16
@@ -91,14 +92,7 @@ def _setup(src: Path, root: Path, stacked: int) -> dict[str, object]:
     bundle = root / "bundle"
     compile_bundle(path, bundle, load_target("cpu"), PROFILE, verify=True)
     ids = [ckpt.tokenizer.encode(p) for p in ("The quick brown fox.", "A counter is a small")]
-    refs = []
-    for p in ids:
-        with torch.no_grad():
-            g = hf.generate(
-                torch.tensor([p]), max_new_tokens=NEW, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )  # fmt: skip
-        refs.append(g[0, len(p) :].tolist())
+    refs = model_greedy(hf, ids, NEW)
     return {"ckpt": ckpt, "hf": hf, "bundle": bundle, "ids": ids, "refs": refs, "src": src,
             "path": path}  # fmt: skip
 
