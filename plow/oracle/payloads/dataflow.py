@@ -166,6 +166,21 @@ def _view(shape: Sequence[int]) -> tuple[int, int]:
     return (math.prod(shape[:-1]), shape[-1])
 
 
+def _qkv_writes(
+    sp: _Space, ot: OpTable, outputs: Sequence[str], r0: int, r1: int, c0: int, c1: int,
+    out: list[Access],
+) -> None:  # fmt: skip
+    """A linear_qkv's columns c0..c1 of cat3(q, k, v), rows r0..r1, written into q, k and v
+    by their widths (its tasks without a k split, and its merges)."""
+    at = 0
+    for name in outputs:
+        w = _view(ot.tensors[name].shape)[1]
+        lo, hi = max(c0, at), min(c1, at + w)
+        if lo < hi:
+            sp.box(name, r0, r1, lo - at, hi - at, True, out)
+        at += w
+
+
 def _tile_ranges(o: OpEntry, j: int) -> list[tuple[int, int, int]]:
     """(start, end, step index) per axis of tile `j` (row-major, last axis fastest)."""
     out: list[tuple[int, int, int]] = []
@@ -231,13 +246,7 @@ def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]
     if k == "linear_qkv" and not split:  # columns n of cat3(q, k, v)'s rows go to q, k, v
         (m0, m1, _), (n0, n1, _), (k0, k1, _) = ax  # by their widths
         sp.box(o.inputs[0], m0, m1, k0, k1, False, out)
-        at = 0
-        for name in o.outputs:
-            w = _view(ot.tensors[name].shape)[1]
-            lo, hi = max(n0, at), min(n1, at + w)
-            if lo < hi:
-                sp.box(name, m0, m1, lo - at, hi - at, True, out)
-            at += w
+        _qkv_writes(sp, ot, o.outputs, m0, m1, n0, n1, out)
         return
     if k in MERGED_MATMUL:
         (m0, m1, _), (n0, n1, _), (k0, k1, ks) = ax
@@ -515,13 +524,7 @@ def _merge_unit(
             sp.whole(name, False, out)
         return
     if o.kind == "linear_qkv":  # columns c0..c1 of q, k, v side by side
-        at = 0
-        for name in o.outputs:
-            w = _view(ot.tensors[name].shape)[1]
-            lo, hi = max(c0, at), min(c1, at + w)
-            if lo < hi:
-                sp.box(name, r0, r1, lo - at, hi - at, True, out)
-            at += w
+        _qkv_writes(sp, ot, o.outputs, r0, r1, c0, c1, out)
         return
     if o.kind == "add_rmsnorm":  # the sums of its box in, the norm of the same box out
         sp.box(o.outputs[0], r0, r1, c0, c1, False, out)
