@@ -70,7 +70,13 @@ class TensorEntry:
 
 # transformers-4 checkpoints (and transformers-5's `save_pretrained`, which converts back)
 # store one tensor per expert; the graph reads them stacked, as transformers-5 holds them.
-_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+# Kimi-Linear's checkpoints name them `block_sparse_moe.experts.{e}.w1` (gate), `w3` (up), `w2`
+# (down), stacked the same way (so its int4 experts stay q4_0 blocks, not de-quantized copies).
+_EXPERT = re.compile(
+    r"^(.*\.(?:mlp|block_sparse_moe)\.experts)\.(\d+)\."
+    r"(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$"
+)
+_W_KIND = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
 def stack_experts(entries: dict[str, TensorEntry], where: Path | str) -> dict[str, TensorEntry]:
@@ -81,20 +87,29 @@ def stack_experts(entries: dict[str, TensorEntry], where: Path | str) -> dict[st
     Block-quantized experts (GGML blocks, or int4 repacked by `plow.checkpoint.int4`) stack
     as blocks: the entry's `quant` is the format and the logical `[E, 2I, H]` / `[E, H, I]`."""
     found: dict[str, dict[int, dict[str, TensorEntry]]] = {}
+    label: dict[str, dict[str, str]] = {}  # prefix -> kind -> the checkpoint's own name for it
     for name, entry in entries.items():
         m = _EXPERT.match(name)
         if m:
-            found.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = entry
+            kind = _W_KIND.get(m.group(3), m.group(3))
+            found.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[kind] = entry
+            named = label.setdefault(m.group(1), {})
+            if m.group(3) in _W_KIND:
+                named.update({v: k for k, v in _W_KIND.items()})
     out = dict(entries)
     for prefix, per in found.items():
         n = len(per)
+        own = label.get(prefix, {})
         if sorted(per) != list(range(n)):
             missing = min(set(range(max(per) + 1)) - set(per))
-            raise CheckpointError(where, f"tensor '{prefix}.{missing}.gate_proj.weight' is missing")
+            gate = own.get("gate_proj", "gate_proj")
+            raise CheckpointError(where, f"tensor '{prefix}.{missing}.{gate}.weight' is missing")
         for e in range(n):
             for kind in ("gate_proj", "up_proj", "down_proj"):
                 if kind not in per[e]:
-                    raise CheckpointError(where, f"tensor '{prefix}.{e}.{kind}.weight' is missing")
+                    raise CheckpointError(
+                        where, f"tensor '{prefix}.{e}.{own.get(kind, kind)}.weight' is missing"
+                    )
         for kind in ("gate_proj", "up_proj", "down_proj"):
             ref = per[0][kind]
             for e in range(n):
@@ -102,8 +117,8 @@ def stack_experts(entries: dict[str, TensorEntry], where: Path | str) -> dict[st
                 if x.shape != ref.shape or x.dtype != ref.dtype or x.quant != ref.quant:
                     raise CheckpointError(
                         x.file,
-                        f"tensor '{prefix}.{e}.{kind}.weight' is {x.dtype} {list(x.shape)}, expert "
-                        f"0's is {ref.dtype} {list(ref.shape)}",
+                        f"tensor '{prefix}.{e}.{own.get(kind, kind)}.weight' is {x.dtype} "
+                        f"{list(x.shape)}, expert 0's is {ref.dtype} {list(ref.shape)}",
                     )
         g = per[0]["gate_proj"]
         if per[0]["up_proj"].shape != g.shape or per[0]["up_proj"].quant != g.quant:

@@ -35,7 +35,10 @@ from tests.runtime.helpers import model_greedy
 
 PROFILE = CompileProfile(name="int4", decode_batches=(1, 4), prefill_seqs=(16,), context=64)
 NEW = 16
-_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+# routed experts' projections: qwen3_moe / deepseek_v3 names, and Kimi-Linear's w1 / w3 / w2
+_EXPERT = re.compile(
+    r"\.(mlp\.experts\.\d+\.(gate|up|down)_proj|block_sparse_moe\.experts\.\d+\.w[123])\.weight$"
+)
 QCFG = {
     "quant_method": "compressed-tensors",
     "format": "pack-quantized",
@@ -71,10 +74,10 @@ def _int4_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _setup(src: Path, root: Path, stacked: int) -> dict[str, object]:
+def _setup(src: Path, root: Path, stacked: int, greedy: object = model_greedy) -> dict[str, object]:
     """`src` with int4 experts, its certified bundle, transformers on the de-quantized
     weights (the source model with the experts' stacked de-quantizations copied in) and
-    its greedy tokens."""
+    its greedy tokens (`greedy(hf, ids, NEW)`)."""
     path = _int4_copy(src, root / "int4")
     ckpt = load_checkpoint(path)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
@@ -82,7 +85,10 @@ def _setup(src: Path, root: Path, stacked: int) -> dict[str, object]:
     ).eval()
     copied = 0
     with torch.no_grad():
-        for name, p in hf.named_parameters():
+        for hf_name, p in hf.named_parameters():
+            # Kimi-Linear's checkpoint says block_sparse_moe where transformers says mlp
+            kimi = hf_name.replace(".mlp.", ".block_sparse_moe.")
+            name = hf_name if hf_name in ckpt.weights else kimi
             if name in ckpt.weights and isinstance(ckpt.weights[name], QuantTensor):
                 w = np.asarray(ckpt.weights[name], dtype=np.float32)
                 assert tuple(p.shape) == w.shape, name
@@ -92,7 +98,7 @@ def _setup(src: Path, root: Path, stacked: int) -> dict[str, object]:
     bundle = root / "bundle"
     compile_bundle(path, bundle, load_target("cpu"), PROFILE, verify=True)
     ids = [ckpt.tokenizer.encode(p) for p in ("The quick brown fox.", "A counter is a small")]
-    refs = model_greedy(hf, ids, NEW)
+    refs = greedy(hf, ids, NEW)  # type: ignore[operator]
     return {"ckpt": ckpt, "hf": hf, "bundle": bundle, "ids": ids, "refs": refs, "src": src,
             "path": path}  # fmt: skip
 
@@ -218,3 +224,112 @@ def test_deepseek_v3_int4_experts_give_transformers_tokens(tmp_path: Path) -> No
     reqs = [Request(tuple(p), NEW) for p in ds["ids"]]
     assert generate(CpuModel.from_bundle(ds["bundle"], max_batch=4), reqs) == ds["refs"]
     assert generate(open_native(ds["bundle"], max_batch=4), reqs) == ds["refs"]
+
+
+def _forward_greedy(hf: object, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """transformers' greedy tokens by one forward per new token of the whole sequence
+    (Kimi-Linear's `generate` runs the torch fallbacks' slow cached path)."""
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            seq = list(p)
+            for _ in range(new):
+                seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))  # type: ignore[operator]
+            out.append(seq[len(p) :])
+    return out
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    # Kimi-Linear (KDA / MLA / KDA, layers 1-2 MoE): groups of 32 need an expert width of 32
+    from plow.testing.fixtures import make_tiny_kimi_linear
+
+    root = tmp_path_factory.mktemp("kimi_int4")
+    src = make_tiny_kimi_linear(0, root / "src", moe_intermediate_size=32)
+    return _setup(src, root, 4, _forward_greedy)
+
+
+def test_kimi_linear_experts_stay_q4_0_blocks_in_the_bundle(kimi: dict) -> None:
+    ckpt = kimi["ckpt"]
+    assert [lay.mixer for lay in ckpt.spec.layers] == ["kda", "attention", "kda"]
+    gu = ckpt.weights["model.layers.1.block_sparse_moe.experts.gate_up_proj"]
+    assert isinstance(gu, QuantTensor) and gu.format == "q4_0" and gu.shape == (8, 64, 64)
+    assert gu.nbytes == 8 * 64 * 64 * 18 // 32  # 18 bytes per 32 weights: stacked as blocks
+    dn = ckpt.weights["model.layers.2.block_sparse_moe.experts.down_proj"]
+    assert isinstance(dn, QuantTensor) and dn.shape == (8, 64, 32)
+    raw = load_file(str(Path(kimi["path"]) / "model.safetensors"))
+    n = "model.layers.2.block_sparse_moe.experts.5.w2.weight"
+    want = dequantize_int4(raw[n + "_packed"], raw[n + "_scale"], raw[n + "_shape"])
+    assert np.array_equal(np.asarray(dn, dtype=np.float32)[5], want)
+    n = "model.layers.1.block_sparse_moe.experts.3.w3.weight"  # up: gate_up's second half
+    want = dequantize_int4(raw[n + "_packed"], raw[n + "_scale"], raw[n + "_shape"])
+    assert np.array_equal(np.asarray(gu, dtype=np.float32)[3, 32:], want)
+    header = read_header(Path(kimi["bundle"]) / "weights.safetensors")
+    for layer in (1, 2):
+        e = header[f"model.layers.{layer}.block_sparse_moe.experts.gate_up_proj"]
+        assert e.quant == ("q4_0", (8, 64, 64)) and e.nbytes == 8 * 64 * 64 * 18 // 32
+        d = header[f"model.layers.{layer}.block_sparse_moe.experts.down_proj"]
+        assert d.quant == ("q4_0", (8, 64, 32)) and d.nbytes == 8 * 64 * 32 * 18 // 32
+    kda = [n for n in header if ".self_attn." in n]
+    assert kda and all(header[n].quant is None for n in kda)  # attention and KDA stay float
+
+
+def test_kimi_linear_cpu_and_native_give_transformers_tokens_and_logits(kimi: dict) -> None:
+    from plow.runtime.reference import forward_logits
+
+    reqs = [Request(tuple(p), NEW) for p in kimi["ids"]]
+    assert generate(CpuModel.from_bundle(kimi["bundle"], max_batch=4), reqs) == kimi["refs"]
+    native = open_native(kimi["bundle"], max_batch=4)
+    assert generate(native, reqs) == kimi["refs"]
+    w = native.weights["model.layers.2.block_sparse_moe.experts.down_proj"]
+    assert isinstance(w, QuantTensor) and w.format == "q4_0"
+    ids = kimi["ids"][0]
+    with torch.no_grad():
+        want = kimi["hf"](torch.tensor([ids])).logits[0].numpy()
+    got = forward_logits(kimi["ckpt"], ids)
+    tol = 1e-4 * max(1.0, float(np.abs(want).max()))
+    assert float(np.abs(got - want).max()) <= tol
+    src = forward_logits(load_checkpoint(kimi["src"]), ids)
+    assert float(np.abs(src - want).max()) > 10 * tol  # the experts really are 4-bit
+
+
+@pytest.mark.parametrize(
+    ("q", "needle"),
+    [
+        ({"quant_method": "fp8"}, "quant_method 'fp8'"),
+        ({**QCFG, "format": "int-quantized"}, "format 'int-quantized'"),
+        (
+            {**QCFG, "config_groups": {"group_0": {"weights": {
+                **QCFG["config_groups"]["group_0"]["weights"], "group_size": 64}}}},  # type: ignore[index]
+            "weights.group_size 64",
+        ),
+    ],
+)  # fmt: skip
+def test_kimi_linear_refusals_name_the_field(kimi: dict, tmp_path: Path, q: dict, needle: str) -> None:
+    from plow.checkpoint.loader import load_spec
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    cfg = json.loads((Path(kimi["path"]) / "config.json").read_text())
+    cfg["quantization_config"] = q
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="quantization_config") as ei:
+        load_spec(bad)
+    assert needle in str(ei.value)
+
+
+def test_kimi_linear_a_missing_expert_tensor_is_named_by_its_own_name(
+    kimi: dict, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(Path(kimi["path"]), bad)
+    raw = load_file(str(bad / "model.safetensors"))
+    for suffix in ("_packed", "_scale", "_shape"):
+        del raw["model.layers.2.block_sparse_moe.experts.6.w3.weight" + suffix]
+    st = {"int32": "I32", "bfloat16": "BF16", "float32": "F32"}
+    (bad / "model.safetensors").unlink()
+    write_safetensors(
+        bad / "model.safetensors", {k: (st[v.dtype.name], v) for k, v in raw.items()}, {}
+    )
+    with pytest.raises(CheckpointError, match=r"experts\.6\.w3\.weight' is missing"):
+        load_checkpoint(bad)

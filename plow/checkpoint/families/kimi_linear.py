@@ -19,7 +19,12 @@ The weights are read as the checkpoint stores them (`block_sparse_moe.*`, per-ex
 exact copies the graph reads: the stacked experts, the concatenated q/k/v projection and
 conv weights, and the MLA layers' `self_attn.mla.*` (`deepseek_v3.derive_weights`).
 
-Refused, naming the field: quantized weights (`quantization_config`), `attention_bias`,
+4-bit experts as Kimi ships them (compressed-tensors pack-quantized int4, group 32) are
+repacked into q4_0 blocks at load (`plow.checkpoint.int4`) and stacked as blocks like the
+other families' experts (`weights.stack_experts` reads `w1` / `w3` / `w2`): never de-quantized.
+
+Refused, naming the field: quantized weights other than compressed-tensors int4
+(`quantization_config`, and the int4 scheme's own fields), `attention_bias`,
 activations other than SiLU, `num_key_value_heads` other than `num_attention_heads`, a rope
 on the MLA (`mla_use_nope` false), router activations other than sigmoid
 (`moe_router_activation_func`), `moe_layer_freq` other than 1, layer / mlp types other than
@@ -172,10 +177,13 @@ def _mlp_types(cfg: KimiLinearConfig) -> list[bool]:
 
 
 def _refuse(cfg: KimiLinearConfig) -> None:
-    if cfg.quantization_config:
+    q = cfg.quantization_config
+    if q and q.get("quant_method") != "compressed-tensors":
         raise ValueError(
-            "field 'quantization_config': quantized weights are not supported for kimi_linear"
+            f"field 'quantization_config': quant_method {q.get('quant_method')!r} is not "
+            "supported for kimi_linear (compressed-tensors: int4 experts)"
         )
+    cfg.weight_block()  # int4 pack-quantized, group 32, symmetric (`common.check_int4_pack`)
     deepseek_v3.refuse_attention(cfg, "kimi_linear")
     if not cfg.mla_use_nope:
         raise ValueError("field 'mla_use_nope': false (a rope on the MLA) is not supported (true)")
@@ -229,7 +237,8 @@ def derive_weights(
     checkpoint's (`read` by name), in its dtype:
 
     - `block_sparse_moe.experts.gate_up_proj` [E, 2I, H] (each expert's `w1` rows, then its
-      `w3` rows) and `.down_proj` [E, H, I] (`w2`);
+      `w3` rows) and `.down_proj` [E, H, I] (`w2`), where the store has not stacked them
+      already (`weights.stack_experts` does for every checkpoint it reads);
     - `self_attn.kda.qkv.weight` [3C, H]: `q_proj`, `k_proj`, `v_proj` rows in that order;
     - `self_attn.kda.conv.weight` [3C, 1, K]: `q_conv1d`, `k_conv1d`, `v_conv1d`;
     - the MLA layers' `self_attn.mla.*` (`deepseek_v3.derive_weights`).
