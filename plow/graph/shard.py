@@ -3,13 +3,17 @@ device (docs/parallel.md).
 
 Megatron-style, per decoder layer:
 
-- attention: the q/k/v projections are column-parallel (device `d` computes query heads
-  `d*H/tp ..` and key-value heads `d*KV/tp ..`: the rows of Wq, Wk, Wv for those heads); the
-  per-head q/k/v norms, the ropes and the attention run on the device's heads (its own
-  key-value cache: `cache_layer = layer * tp + d` in the paged pool); o_proj is row-parallel
-  (the columns of Wo for the device's heads) and writes a partial sum of the full width;
-- MLP: gate/up column-parallel (rows `d*I/tp ..` of Wg, Wu), the activation on the device's
-  columns, down row-parallel (the same columns of Wd), a partial sum;
+- attention: the q/k/v projections are column-parallel: device `d` computes a consecutive
+  range of whole key-value groups (`head_split(KV, tp)`: as even as it goes, larger parts
+  first, so 3 key-value heads over 2 devices are 2 + 1) and those groups' query heads (9
+  heads: 6 + 3) — the rows of Wq, Wk, Wv for those heads; the per-head q/k/v norms, the
+  ropes and the attention run on the device's heads (its own key-value cache: `cache_layer =
+  layer * tp + d` in the paged pool, whose layers hold `pool_kv_heads` heads, the largest
+  part); o_proj is row-parallel (the columns of Wo for the device's heads) and writes a
+  partial sum of the full width;
+- MLP: gate/up column-parallel (device `d`'s part of `head_split(I, tp)`: rows of Wg, Wu),
+  the activation on the device's columns, down row-parallel (the same columns of Wd), a
+  partial sum;
 - where partial sums meet: one `allreduce` op per device, reading every device's partial and
   writing that device's sum (`p_0 + p_1 + ... + p_{tp-1}` in device order on every device, so
   every replica of the residual stream is the same bits);
@@ -24,9 +28,9 @@ Megatron-style, per decoder layer:
 A sliced weight is its own tensor, `<name>@tp<d>of<tp>`, and the op that reads it records the
 slice in its attributes: `slices = [[tensor, source, axis, start, stop], ...]` (rows: axis 0,
 columns: axis 1), so a checker can recompute it from the bundle's bytes. Refused with one line:
-heads or key-value heads not divisible by tp, an MLP width not divisible by tp, a row-parallel
-linear with a bias, and op kinds this pass does not shard (experts, latent attention, SSMs,
-fused ops: shard before fusing).
+fewer key-value heads than devices (a group's query heads stay with its key-value head), a
+row-parallel linear with a bias, and op kinds this pass does not shard (experts, latent
+attention, SSMs, fused ops: shard before fusing).
 
 Fusion runs after this pass, on the sharded graph (plow/compile.py): R4 concatenates a
 device's own q/k/v slices (`linear_qkv` over `cat3(Wq@tp<d>, Wk@tp<d>, Wv@tp<d>)`: the rows
@@ -90,30 +94,36 @@ def shard_graph(graph: OpGraph, tp: int) -> OpGraph:
     kind_of = {t: o.kind for t, o in prod.items()}
     # column-parallel chains: from an attention's q/k/v (through ropes and per-head norms) or
     # a gated MLP's gate/up back to the linear that starts them
-    col: dict[str, int] = {}  # column linear -> rows per device
+    col: dict[str, list[tuple[int, int]]] = {}  # column linear -> each device's rows
+    cols: dict[str, list[tuple[int, int]]] = {}  # attention / gated_mlp -> each device's cols
     split: dict[str, Op] = {}  # ops run on the device's heads / columns
-    row: set[str] = set()
+    row: dict[str, list[tuple[int, int]]] = {}  # row linear -> each device's input columns
     for op in graph.ops:
         if op.kind is OpKind.attention:
             h, kvh, hd = (int(op.attrs[a]) for a in ("heads", "kv_heads", "head_dim"))
-            if h % tp or kvh % tp:
-                ok = [n for n in range(2, kvh + 1) if h % n == 0 and kvh % n == 0]
+            if kvh < tp or h % kvh:
+                ok = ", ".join(map(str, range(2, kvh + 1)))
                 raise GraphError(
                     op.name,
                     f"--tp {tp}: {h} attention heads and {kvh} key-value heads do not split "
-                    f"over {tp} devices (both must be multiples of tp; "
-                    f"{'tp ' + ', '.join(map(str, ok)) + ' would' if ok else 'only tp 1 fits'})",
+                    f"over {tp} devices (each device takes whole key-value groups, at least "
+                    f"one; {f'tp {ok} would' if kvh > 1 else 'only tp 1 fits'})",
                 )
-            for t, heads in zip(op.inputs[:3], (h, kvh, kvh), strict=True):
-                _chain(prod, t, heads // tp * hd, hd, col, split, tp)
+            kv = head_split(kvh, tp)  # key-value heads per device; its groups' query heads
+            grp = h // kvh
+            spans = {"q": _spans([n * grp * hd for n in kv]), "kv": _spans([n * hd for n in kv])}
+            for t, key in zip(op.inputs[:3], ("q", "kv", "kv"), strict=True):
+                _chain(prod, t, spans[key], hd, col, split, tp)
             split[op.name] = op
+            cols[op.name] = spans["q"]
         elif op.kind is OpKind.gated_mlp:
             width = graph.tensor(op.outputs[0]).shape[-1]
-            if width % tp:
-                raise GraphError(op.name, f"--tp {tp}: MLP width {width} is not a multiple of {tp}")
+            if width < tp:
+                raise GraphError(op.name, f"--tp {tp}: MLP width {width} is below {tp}")
             for t in op.inputs:
-                _chain(prod, t, width // tp, width, col, split, tp)
+                _chain(prod, t, _spans(head_split(width, tp)), width, col, split, tp)
             split[op.name] = op
+            cols[op.name] = _spans(head_split(width, tp))
     for op in graph.ops:
         if op.kind is OpKind.linear and kind_of.get(op.inputs[0]) in (
             OpKind.attention,
@@ -123,7 +133,7 @@ def shard_graph(graph: OpGraph, tp: int) -> OpGraph:
                 raise GraphError(
                     op.name, f"--tp {tp}: a row-parallel linear with a bias is not sharded"
                 )
-            row.add(op.name)
+            row[op.name] = cols[prod[op.inputs[0]].name]
     tail_start = next((i for i, o in enumerate(graph.ops) if o.kind in TAIL), len(graph.ops))
     # the final norm feeding lm_head runs on device 0 with it
     tail = {o.name for o in graph.ops[tail_start:]}
@@ -143,13 +153,14 @@ def shard_graph(graph: OpGraph, tp: int) -> OpGraph:
             tensors[name] = graph.tensor(name)
         return name
 
-    def sliced(name: str, d: int, axis: int, per: int) -> tuple[str, list[Any]]:
+    def sliced(name: str, d: int, axis: int, span: tuple[int, int]) -> tuple[str, list[Any]]:
         t = graph.tensor(name)
         shape = list(t.shape)
-        shape[axis] = per
+        lo, hi = span
+        shape[axis] = hi - lo
         new = sliced_name(name, d, tp)
         tensors[new] = Tensor(new, tuple(shape), TensorRole.weight, t.dtype)
-        return new, [new, name, axis, d * per, (d + 1) * per]
+        return new, [new, name, axis, lo, hi]
 
     def emit(op: Op, d: int, name: str, ins: list[str], attrs: dict[str, Any]) -> str:
         shapes = infer_shapes(op.kind, name, [tensors[t].shape for t in ins], attrs)
@@ -185,28 +196,31 @@ def shard_graph(graph: OpGraph, tp: int) -> OpGraph:
             attrs: dict[str, Any] = {**base, "device": d}
             slices: list[Any] = []
             if op.name in col:  # rows of the weight (and bias) for the device's heads/columns
-                per = col[op.name]
-                ins[1], s = sliced(op.inputs[1], d, 0, per)
+                span = col[op.name][d]
+                ins[1], s = sliced(op.inputs[1], d, 0, span)
                 slices.append(s)
                 if len(ins) > 2:
-                    ins[2], s = sliced(op.inputs[2], d, 0, per)
+                    ins[2], s = sliced(op.inputs[2], d, 0, span)
                     slices.append(s)
             elif op.name in row:  # columns of the weight for the device's part of the input
-                per = graph.tensor(op.inputs[1]).shape[1] // tp
-                ins[1], s = sliced(op.inputs[1], d, 1, per)
+                ins[1], s = sliced(op.inputs[1], d, 1, row[op.name][d])
                 slices.append(s)
             elif op.kind is OpKind.attention:
-                attrs["heads"] = int(op.attrs["heads"]) // tp
-                attrs["kv_heads"] = int(op.attrs["kv_heads"]) // tp
+                hd = int(op.attrs["head_dim"])
+                q0, q1 = cols[op.name][d]
+                kvh = int(op.attrs["kv_heads"])
+                attrs["heads"] = (q1 - q0) // hd
+                attrs["kv_heads"] = kvd = head_split(kvh, tp)[d]
                 attrs["cache_layer"] = int(op.layer or 0) * tp + d
                 for j in (3, 4):  # the device's key-value cache
                     c = graph.tensor(op.inputs[j])
-                    b, kvh, ctx, hd = c.shape
+                    b, _, ctx, hd = c.shape
                     name = f"{op.inputs[j]}@d{d}"
-                    tensors[name] = Tensor(name, (b, kvh // tp, ctx, hd), c.role, c.dtype)
+                    tensors[name] = Tensor(name, (b, kvd, ctx, hd), c.role, c.dtype)
                     ins[j] = name
             elif op.kind is OpKind.rope and op.name in split:
-                attrs["heads"] = int(op.attrs["heads"]) // tp
+                hd = int(op.attrs["head_dim"])
+                attrs["heads"] = tensors[ins[0]].shape[-1] // hd
             if slices:
                 attrs["slices"] = slices
             rename[d][op.outputs[0]] = emit(op, d, f"{op.name}@d{d}", ins, attrs)
@@ -260,9 +274,9 @@ def slice_layouts(graph: OpGraph) -> dict[str, tuple[str, tuple[str, ...]]]:
 def _chain(
     prod: dict[str, Op],
     t: str,
-    rows: int,
+    rows: list[tuple[int, int]],
     group: int,
-    col: dict[str, int],
+    col: dict[str, list[tuple[int, int]]],
     split: dict[str, Op],
     tp: int,
 ) -> None:
@@ -277,6 +291,30 @@ def _chain(
         raise GraphError(t, f"--tp {tp}: not the output of a linear (cannot shard its columns)")
     col[op.name] = rows
     split[op.name] = op
+
+
+def head_split(n: int, tp: int) -> list[int]:
+    """`n` units (key-value heads, MLP columns) over `tp` devices: as even as it goes, the
+    larger parts first (9 heads / 3 key-value heads over 2 devices: key-value heads 2 + 1,
+    so query heads 6 + 3; 1536 MLP columns: 768 + 768)."""
+    q, r = divmod(n, tp)
+    return [q + (d < r) for d in range(tp)]
+
+
+def pool_kv_heads(kv_heads: int, tp: int) -> int:
+    """Key-value heads of one layer of the paged pool of a `tp`-device plan: device `d`'s
+    heads of layer `n` are pool layer `n * tp + d`, its `head_split(kv_heads, tp)[d]` heads
+    (the largest part sizes the pool; a device with fewer uses its first heads)."""
+    return head_split(kv_heads, tp)[0]
+
+
+def _spans(sizes: list[int]) -> list[tuple[int, int]]:
+    """Consecutive [start, stop) ranges of the given sizes, from 0."""
+    out, at = [], 0
+    for n in sizes:
+        out.append((at, at + n))
+        at += n
+    return out
 
 
 def _device_major(ops: list[Op]) -> list[Op]:

@@ -298,6 +298,46 @@ def test_a_wrong_slice_is_rejected_by_a(tp2: Path, tiny_llama: Path, tmp_path: P
     assert "L0.o_proj@d1" in (bad[0].reason or "") and "attribute slices" in (bad[0].reason or "")
 
 
+def test_uneven_kv_groups_split_2_plus_1_and_give_transformers_tokens(tmp_path: Path) -> None:
+    """6 query heads over 3 key-value heads and an MLP of 175 columns at --tp 2 (neither a
+    multiple of 2): device 0 takes key-value heads 0-1 with their query heads 0-3 and 88
+    MLP columns, device 1 key-value head 2 with query heads 4-5 and 87 columns; the slices
+    are those rows / columns of the checkpoint's tensors, the pool's layers hold 2 heads
+    (device 1 uses 1); certified A-F; native and cpu greedy tokens equal transformers'."""
+    from plow.testing.fixtures import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(
+        "llama", 3, tmp_path / "ck", hidden_size=96, num_attention_heads=6,
+        num_key_value_heads=3, intermediate_size=175,
+    )  # fmt: skip
+    out = tmp_path / "u2"
+    prof = CompileProfile(name="tp", decode_batches=(1,), prefill_seqs=(16,), context=48)
+    compile_bundle(path, out, load_target("cpu").model_copy(update={"gpus": 2}), prof, verify=True)
+    ops = {o.name: o for o in _ops(out).ops}
+    a0, a1 = ops["L0.attn@d0"], ops["L0.attn@d1"]
+    assert (a0.attrs["heads"], a0.attrs["kv_heads"], a1.attrs["heads"], a1.attrs["kv_heads"]) == (
+        4, 2, 2, 1,
+    )  # fmt: skip
+    at, mlp = "model.layers.0.self_attn", "model.layers.0.mlp"
+    qkv = ops["L0.q_proj@d1+L0.k_proj@d1+L0.v_proj@d1"].attrs["slices"]
+    assert [s[1:] for s in qkv] == [
+        [f"{at}.q_proj.weight", 0, 64, 96],
+        [f"{at}.k_proj.weight", 0, 32, 48],
+        [f"{at}.v_proj.weight", 0, 32, 48],
+    ]
+    assert ops["L0.o_proj@d0"].attrs["slices"][0][1:] == [f"{at}.o_proj.weight", 1, 0, 64]
+    glu = ops["L0.gate_proj@d1+L0.up_proj@d1+L0.gated_mlp@d1"].attrs["slices"]
+    assert [s[3:] for s in glu] == [[88, 175], [88, 175]]
+    assert ops["L0.down_proj@d1"].attrs["slices"][0][1:] == [f"{mlp}.down_proj.weight", 1, 88, 175]
+    from plow.emit.verify_source import verify_source
+
+    assert verify_source(out, path).accepted
+    want = hf_greedy(path, PROMPTS, NEW)
+    reqs = [Request(tuple(p), NEW) for p in PROMPTS]
+    assert generate(open_native(out, max_batch=1), reqs) == want
+    assert generate(CpuModel.from_bundle(out, max_batch=1), reqs) == want
+
+
 def test_heads_that_do_not_split_are_refused_in_one_line(tiny_llama: Path, tmp_path: Path) -> None:
     out = tmp_path / "tp3"
     res = CliRunner().invoke(
@@ -320,9 +360,11 @@ SMOLLM2 = Path(os.path.expanduser("~/.cache/plow/smollm2-135m-instruct"))
     os.environ.get("PLOW_TP_SMOLLM2") != "1",
     reason="about 50 s on 2 cores (over the suite's budget): PLOW_TP_SMOLLM2=1 runs it",
 )
-def test_smollm2_tp3_tokens_equal_transformers(tmp_path: Path) -> None:
-    """SmolLM2-135M (9 heads, 3 key-value heads: tp 3 divides, tp 2 is refused) at --tp 3,
-    fused: the native executor's greedy tokens are transformers'. Opt-in (PLOW_TP_SMOLLM2=1)."""
+@pytest.mark.parametrize("tp", [2, 3])
+def test_smollm2_tp_tokens_equal_transformers(tmp_path: Path, tp: int) -> None:
+    """SmolLM2-135M (9 heads, 3 key-value heads) at --tp 2 (uneven: key-value heads 2 + 1,
+    query heads 6 + 3) and --tp 3 (even), fused: the native executor's greedy tokens are
+    transformers'. Opt-in (PLOW_TP_SMOLLM2=1)."""
     prof = CompileProfile(
         name="tp",
         decode_batches=(1,),
@@ -330,11 +372,12 @@ def test_smollm2_tp3_tokens_equal_transformers(tmp_path: Path) -> None:
         context=64,
         prefill_budget_ns_per_token=20_000_000,  # this machine's bandwidth, 2 cores shared
     )
-    out = tmp_path / "smol3"
-    compile_bundle(SMOLLM2, out, load_target("cpu").model_copy(update={"gpus": 3}), prof)
-    assert {"linear_qkv", "linear_glu", "add_rmsnorm"} <= {
-        o.kind for o in _ops(out, "decode_b1_s64").ops
-    }
+    out = tmp_path / f"smol{tp}"
+    compile_bundle(SMOLLM2, out, load_target("cpu").model_copy(update={"gpus": tp}), prof)
+    ops = _ops(out, "decode_b1_s64").ops
+    assert {"linear_qkv", "linear_glu", "add_rmsnorm"} <= {o.kind for o in ops}
+    heads = [(o.attrs["heads"], o.attrs["kv_heads"]) for o in ops if o.name.startswith("L0.attn@")]
+    assert heads == ([(6, 2), (3, 1)] if tp == 2 else [(3, 1)] * 3)
     model = transformers.AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32)
     prompt = [1, 504, 3458, 282, 4235, 314]
     with torch.no_grad():

@@ -72,6 +72,7 @@ from plow.errors import PlowError
 from plow.graph import Bucket, OpGraph, Phase, TensorRole
 from plow.graph.mla import kv_halves
 from plow.graph.ops import Op, OpKind, Tensor
+from plow.graph.shard import pool_kv_heads
 from plow.profile import CompileProfile
 from plow.runtime.cpu.arena import KVShape, Layout, LayoutBuilder, WordDType
 from plow.runtime.cpu.plan import (
@@ -266,9 +267,9 @@ class Bundle:
         rows = max(b.batch for b in self.ladder)
         s, tp = self.spec, self.tp
         n = blocks or 2 * rows * -(-ctx // block_size)
-        # tensor parallel: pool layer n * tp + d holds device d's kv_heads / tp heads
+        # tensor parallel: pool layer n * tp + d holds device d's part of the kv heads
         return KVShape(
-            s.num_layers * tp, n, s.num_kv_heads // tp, block_size, s.head_dim,
+            s.num_layers * tp, n, pool_kv_heads(s.num_kv_heads, tp), block_size, s.head_dim,
             halves=kv_halves(s),
         )  # fmt: skip
 

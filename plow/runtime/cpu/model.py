@@ -23,6 +23,7 @@ from plow.checkpoint import ModelSpec
 from plow.errors import PlowError
 from plow.graph import Bucket, Phase, TensorRole, build_graph
 from plow.graph.mla import kv_halves
+from plow.graph.shard import pool_kv_heads
 from plow.runtime.cpu.arena import Arena, KVShape, StateShape
 from plow.runtime.cpu.machine import DispatchStats, Machine, Mode
 from plow.runtime.cpu.plan import (
@@ -145,8 +146,8 @@ class CpuModel:
         self._names = names
         self.kv_dtype: KVDtype = kv_dtype
         # tensor parallel (plow/graph/shard.py): device d's heads of layer n are pool layer
-        # n * tp + d, kv_heads / tp heads each
-        layers, kv_heads = spec.num_layers * tp, spec.num_kv_heads // tp
+        # n * tp + d, its part of the key-value heads (the largest part sizes the pool)
+        layers, kv_heads = spec.num_layers * tp, pool_kv_heads(spec.num_kv_heads, tp)
         halves = kv_halves(spec)  # 1: latent attention's values are its keys, stored once
         kv = KVShape(layers, blocks, kv_heads, block_size, spec.head_dim, kv_dtype, halves)
         state = state_shape(spec, max_batch)
