@@ -94,6 +94,11 @@ class _Export:
         self.spec = spec
         self.amount_vars = dict(amount_vars)  # set variable -> "(r_vp r)" / "(r_vd r)"
         self.used: dict[str, int] = {}
+        # a drawing engine's execute (export_d): the iteration's sample, a natural, is the
+        # Gallina variable `u`; one ~exp draw, read on every iteration, is `m * u`
+        self.sample: str | None = None
+        self.draws = 0
+        self.lazy = 0  # > 0 inside a branch of ?: or an operand of && / || (read sometimes)
 
     def constant_value(self, e: A.Expr) -> int | None:
         """The value of ``e`` when it is a constant natural number (a literal or a ``let``)."""
@@ -134,15 +139,36 @@ class _Export:
             raise NotExported("negation of a number", e.loc)
         if isinstance(e, A.Binary):
             return self.binary(e, ctx, env)
+        if isinstance(e, A.Draw):
+            return self.draw(e, ctx, env)
         if isinstance(e, A.Cond):
             c = self.boolean(e.cond, ctx, env)
-            (a, ka), (b, kb) = self.tr(e.then, ctx, env), self.tr(e.orelse, ctx, env)
+            self.lazy += 1
+            try:
+                (a, ka), (b, kb) = self.tr(e.then, ctx, env), self.tr(e.orelse, ctx, env)
+            finally:
+                self.lazy -= 1
             if ka != kb:
                 raise NotExported("the branches of '?:' differ in type", e.loc)
             return f"(if {c} then {a} else {b})", ka
         if isinstance(e, A.Call):
             return self.call(e, ctx, env)
         raise NotExported(f"'{pretty.expr(e)}'", e.loc)
+
+    def draw(self, e: A.Draw, ctx: str, env: Mapping[str, Code]) -> Code:
+        """``~exp(m)`` in a drawing engine's ``execute``: ``m * u``, ``u`` the iteration's
+        sample (Step.dengine: one sample per iteration, so exactly one draw, read on every
+        iteration: the interpreter reads its stream once per iteration then too)."""
+        if self.sample is None or ctx != "engine":
+            raise NotExported(f"'{pretty.expr(e)}'", e.loc)
+        if e.dist != "exp":
+            raise NotExported(f"'{pretty.expr(e)}' (only ~exp(m) is m * the sample)", e.loc)
+        if self.lazy:
+            raise NotExported(f"'{pretty.expr(e)}' is not read on every iteration", e.loc)
+        self.draws += 1
+        if self.draws > 1:
+            raise NotExported("a second draw (one sample per iteration)", e.loc)
+        return f"({self.nat(e.args[0], ctx, env)} * {self.sample})", "nat"
 
     def name(self, e: A.Name, ctx: str, env: Mapping[str, Code]) -> Code:
         n = e.name
@@ -175,7 +201,11 @@ class _Export:
     def binary(self, e: A.Binary, ctx: str, env: Mapping[str, Code]) -> Code:
         op = e.op
         if op in ("&&", "||"):
-            a, b = self.boolean(e.left, ctx, env), self.boolean(e.right, ctx, env)
+            self.lazy += 1
+            try:
+                a, b = self.boolean(e.left, ctx, env), self.boolean(e.right, ctx, env)
+            finally:
+                self.lazy -= 1
             return f"({'andb' if op == '&&' else 'orb'} {a} {b})", "bool"
         if op == "/":
             raise NotExported("real division outside ceil(a / k) or floor(a / k)", e.loc)
@@ -322,6 +352,24 @@ def export(spec: Spec, source: str) -> Export:
         defs,
     ])  # fmt: skip
     return Export(prelude, defs, bcol, tuple(claims), reason)
+
+
+def export_d(spec: Spec) -> str:
+    """A program whose ``execute`` draws, as a ``Step.dengine`` named ``D``: the constants it
+    uses, then ``D``, its execute reading the iteration's sample ``u`` (``~exp(m)`` is ``m *
+    u``). :class:`NotExported` when the engine is outside that fragment (more than one draw,
+    a draw not read on every iteration, ``~uniform``, or anything ``export`` refuses)."""
+    x = _Export(spec, {})
+    cap = "None"
+    if spec.cap is not None:
+        cap = f"(Some (fun v : view => {x.nat(spec.cap, 'engine', {})}))"
+    adv, adm = _clause(x, spec.advance), _clause(x, spec.admit)
+    x.sample = "u"
+    exe = x.nat(spec.execute, "engine", {})
+    x.sample = None
+    consts = "\n".join(f"Definition {_ident(n)} : nat := {v}." for n, v in x.used.items())
+    return (f"{consts}\nDefinition D : dengine := mk_dengine\n  {cap}\n  {adv}\n  {adm}\n"
+            f"  (fun (v : view) (u : nat) => {exe}).")  # fmt: skip
 
 
 def _tactic(ex: Export) -> str:

@@ -8,6 +8,13 @@ through Rocq's own evaluation of ``Step.step`` (``vm_compute`` on the exported e
 the clock, the tokens served, the batch, the counts the claims read, the waiting queue, every
 request's prefill and decode progress and the number of ended requests must be equal. Time
 stays integral because gaps and costs are integers.
+
+Drawing engines (an ``execute`` with one ``~exp(m)`` read on every iteration): the program is
+exported as a ``Step.dengine`` (``serq.prove.export_d``: the draw is ``m * u``, ``u`` the
+iteration's sample) and run by ``Step.stepd`` on a draw stream ``fun i => nth i [...] 0``,
+while the interpreter reads the same numbers, in order, as execute's exponential stream (the
+amounts come from ``~uniform``, so that stream is execute's alone): the same traces. Reading
+sample ``i + 1`` at iteration ``i`` on the Rocq side makes them differ.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import pytest
 from serq import interp
 from serq.checker import check
 from serq.parser import parse
-from serq.prove import HEADER, coqc, export, library
+from serq.prove import HEADER, coqc, export, export_d, library
 
 TRACE_FN = """
 From Coq Require Import NArith.
@@ -186,3 +193,136 @@ def test_rocq_step_matches_interpreter_quick() -> None:
 def test_rocq_step_matches_interpreter() -> None:
     """1,000 traces over 50 generated programs."""
     assert _compare(50, 20, seed=2) > 4000
+
+
+# ----------------------------------------------------------------------------- drawing engines
+
+TRACE_D_FN = TRACE_FN.replace(
+    "Fixpoint trace (E : engine)", "Fixpoint traced (D : dengine) (draws : nat -> nat)"
+)
+TRACE_D_FN = TRACE_D_FN.replace("match step E st with", "match stepd D draws st with")
+TRACE_D_FN = TRACE_D_FN.replace(":: trace E f st'", ":: traced D draws f st'")
+TRACE_D_FN = TRACE_D_FN.replace("| Idle st' => trace E f st'", "| Idle st' => traced D draws f st'")
+
+# execute's one draw, read on every iteration (Step.dengine: the iteration's sample)
+DRAW_COSTS = [
+    "{a} * batch.tokens + ~exp({m}) + {c}",
+    "~exp({m}) * batch.requests + {c}",
+    "max({c}, ~exp(batch.requests) + {a} * ceil(batch.tokens / k))",
+    "(running.decoding > {k} ? {a} : {c}) + ~exp({m})",
+]
+
+
+def program_d(rng: random.Random) -> str:
+    """A random program of the exported fragment whose ``execute`` draws once an iteration;
+    the amounts come from ``~uniform`` (the exponential stream is execute's alone)."""
+    text = program(rng)
+    cost = rng.choice(DRAW_COSTS).format(a=rng.randint(0, 4), c=rng.randint(0, 3),
+                                         m=rng.randint(1, 3), k=rng.randint(0, 3))  # fmt: skip
+    text = re.sub(r"execute \(.*\);", f"execute ({cost});", text)
+    return text.replace("set vd = ~exp(1);", "set vd = ~uniform(0, 1);")
+
+
+def interp_trace_d(spec: interp.Spec, reqs: list[tuple[int, int, int]],
+                   draws: list[int]) -> list[tuple[Any, ...]]:  # fmt: skip
+    gaps = iter([float(g) for g, _, _ in reqs] + [1e30] * 4)
+    amounts = iter([float(x) for _, p, d in reqs for x in (p, d)])
+    stream = iter([float(u) for u in draws])
+    steps: list[tuple[Any, ...]] = []
+    interp.run(spec, 1e15, 0.0, gaps.__next__, amounts.__next__, stream.__next__, [math.inf],
+               steps=steps)  # fmt: skip
+    return [(int(now), served, row[3], row[4], row[5], row[6], row[7], list(waiting),
+             list(prefilling), list(decoding), ended)
+            for row, now, served, waiting, prefilling, decoding, ended, _ in steps]  # fmt: skip
+
+
+def rocq_traces_d(cases: list[tuple[interp.Spec, list[tuple[list[Any], list[int]]]]],
+                  shift: int = 0) -> list[Any]:  # fmt: skip
+    """``stepd`` in Rocq on every (program, arrivals, draw stream), one coqc run; iteration
+    ``i`` reads ``draws (i + shift)`` (``shift`` 1: a wrong stream, for the mutation test)."""
+    parts = [HEADER, "Import ListNotations.", TRACE_D_FN]
+    for i, (spec, traces) in enumerate(cases):
+        parts.append(f"Module P{i}.\n{export_d(spec)}")
+        for j, (reqs, draws) in enumerate(traces):
+            fuel = 4 * sum(p + d + 2 for _, p, d in reqs) + 10
+            stream = "[" + "; ".join(map(str, draws)) + "]"
+            parts.append(f"Definition t{j} := traced D (fun i => nth (i + {shift}) {stream} 0) "
+                         f"{fuel} (init {rocq_arrivals(reqs)}).")  # fmt: skip
+        parts.append(f"Definition all := [{'; '.join(f't{j}' for j in range(len(traces)))}].")
+        parts.append(f"End P{i}.")
+        parts.append(f"Eval vm_compute in P{i}.all.")
+    rc, out, err = coqc("\n".join(parts) + "\n", library(), "SerqStepdTrace")
+    assert rc == 0, (out + err)[-3000:]
+    results = []
+    for m in re.finditer(r"=\s*(\[.*?\])\s*:\s*list", out, re.S):
+        text = " ".join(m.group(1).split()).replace(";", ",").replace("%N", "")
+        results += ast.literal_eval(text)
+    return results
+
+
+def _compare_d(n_programs: int, n_traces: int, seed: int, shift: int = 0) -> tuple[int, int]:
+    """(iterations compared, traces that differ)."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(n_programs):
+        text = program_d(rng)
+        spec = interp.prepare(check(parse(text), "<gen>", text))
+        traces = []
+        for _ in range(n_traces):
+            reqs = trace_input(rng)
+            # one sample per iteration; more than the iterations a run can have
+            n = 4 * sum(p + d + 2 for _, p, d in reqs) + 10
+            traces.append((reqs, [rng.choice([0, 0, 1, 2, 5, 9]) for _ in range(n + 1)]))
+        cases.append((spec, traces))
+    got = rocq_traces_d(cases, shift)
+    assert len(got) == n_programs * n_traces
+    it = iter(got)
+    iterations = differ = 0
+    for spec, traces in cases:
+        for reqs, draws in traces:
+            want = interp_trace_d(spec, reqs, draws)
+            rocq = [tuple(r) for r in next(it)]
+            differ += rocq != want
+            if shift == 0:
+                assert rocq == want, (reqs, draws, rocq, want)
+            iterations += len(want)
+    return iterations, differ
+
+
+@needs_rocq
+def test_rocq_stepd_matches_interpreter_on_the_same_draws() -> None:
+    """A drawing engine: Rocq's ``stepd`` with the stream ``draws`` and the interpreter reading
+    the same numbers as execute's ``~exp`` draws give the same trace, iteration by iteration."""
+    iterations, _ = _compare_d(6, 5, seed=3)
+    assert iterations > 60
+
+
+@needs_rocq
+@pytest.mark.slow
+def test_rocq_stepd_matches_interpreter() -> None:
+    """500 traces over 50 generated drawing programs."""
+    iterations, _ = _compare_d(50, 10, seed=4)
+    assert iterations > 2000
+
+
+@needs_rocq
+def test_rocq_stepd_shifted_stream_differs() -> None:
+    """The comparison sees the stream: Rocq reading iteration i + 1's sample breaks it."""
+    _, differ = _compare_d(6, 5, seed=3, shift=1)
+    assert differ >= 5
+
+
+def test_export_d_refuses_what_one_sample_cannot_model() -> None:
+    from serq.prove import NotExported
+
+    base = ("fn main() {{ device gpu {{ }} engine E on gpu {{ tokens cap 4; schedule {{ advance "
+            "running; admit waiting; }} execute ({cost}); }} workload {{ arrive poisson(1); "
+            "init {{ set vp = ~uniform(0, 1); }} }} server {{ run E prefill (cost(E, vp)); }} "
+            "}}\n")  # fmt: skip
+    for cost, why in [("~exp(1) + ~exp(2)", "a second draw"),
+                      ("batch.tokens > 2 ? ~exp(1) : 1", "not read on every iteration"),
+                      ("~uniform(1, 3)", "only ~exp(m)")]:  # fmt: skip
+        text = base.format(cost=cost)
+        spec = interp.prepare(check(parse(text), "<gen>", text))
+        with pytest.raises(NotExported, match=re.escape(why)):
+            export_d(spec)
