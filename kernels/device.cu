@@ -809,6 +809,9 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
     switch (op.kind) {
       case PLOW_LINEAR:
       case PLOW_LM_HEAD: tile_linear_cta(c, op, r, step); break;
+      case plow::PLOW_RMSNORM_LM_HEAD:  // R19 (kernels/fused_lm.h): one thread per tile
+        if (threadIdx.x == 0) plow::tile_rmsnorm_lm_head(c, op, r, step);
+        break;
       case PLOW_RMSNORM: tile_rmsnorm_cta(c, op, r, step); break;
       case PLOW_EMBEDDING:
       case PLOW_ROPE:

@@ -146,4 +146,5 @@ PLOW_HD static void merge_linear_qkv(const Ctx& c, const PlowOp& op, const int64
     }
 }
 }  // namespace plow
+#include "fused_lm.h"  // R19: the final norm in the lm_head's prologue
 #endif

@@ -80,6 +80,7 @@ PLOW_HD static int64_t run_tile(const Ctx& c, const PlowOp& op, const Range* r, 
     case PLOW_ADD_RMSNORM: tile_add_rmsnorm(c, op, r, step); break;  // kernels/fused.h (R1)
     case PLOW_LINEAR_GLU: tile_linear_glu(c, op, r, step); break;  // kernels/fused.h (R2+R3+R13)
     case PLOW_LINEAR_QKV: tile_linear_qkv(c, op, r, step); break;  // kernels/fused.h (R4)
+    case PLOW_RMSNORM_LM_HEAD: tile_rmsnorm_lm_head(c, op, r, step); break;  // fused_lm.h (R19)
     case PLOW_ALLREDUCE: tile_allreduce(c, op, r); break;      // kernels/collective.h (tp)
     default: break;  // the loader refuses other kinds
   }
@@ -97,6 +98,7 @@ PLOW_HD static void run_merge(const Ctx& c, const PlowOp& op, const int64_t* u, 
     case PLOW_ADD_RMSNORM: merge_add_rmsnorm(c, op, u); break;  // kernels/fused.h (R1)
     case PLOW_LINEAR_GLU: merge_linear_glu(c, op, u); break;    // kernels/fused.h (R2+R3+R13)
     case PLOW_LINEAR_QKV: merge_linear_qkv(c, op, u); break;    // kernels/fused.h (R4)
+    case PLOW_RMSNORM_LM_HEAD: merge_linear(c, op, u); break;   // kernels/fused_lm.h (R19)
     default: break;
   }
 }

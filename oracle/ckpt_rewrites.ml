@@ -139,12 +139,29 @@ type layout = { lname : string; lkind : string; lsources : string list }
 let rule_of (r : string) : rule_id option =
   match r with
   | "R1" -> Some R1 | "R4" -> Some R4 | "R10" -> Some R10 | "R11" -> Some R11
-  | "R12" -> Some R12 | "R2+R3+R13" | "R23" -> Some R23 | _ -> None
+  | "R12" -> Some R12 | "R2+R3+R13" | "R23" -> Some R23
+  (* R19, the final norm in the lm_head's prologue, is R11 over an lm_head read as a linear
+     (an lm_head without a softcap is x . W^T: [lm_head_linear] below) *)
+  | "R19" -> Some R11
+  | _ -> None
 
 let fused_kind = function
   | "R1" -> "add_rmsnorm" | "R4" -> "qkv_concat" | "R10" -> "linear_residual"
   | "R11" -> "rmsnorm_linear" | "R12" -> "rmsnorm_residual" | "R2+R3+R13" | "R23" -> "linear_glu"
+  | "R19" -> "lm_head"
   | _ -> "?"
+
+(* The canonical lm_head of an R19 block as the linear it computes: x . W^T, W [m; k], when
+   it has no softcap (its attributes nothing but "softcap": null); else the generic op, which
+   no rule matches. Only an R19 block's lm_head is written so: a pass-through lm_head stays
+   [IGen], compared kind and all. *)
+let lm_head_linear (t : table) (o : rop) : instr =
+  match o.kind, o.inputs, o.outputs, shape t (List.nth_opt o.inputs 1 |> Option.value ~default:"") with
+  | "lm_head", [x; w], [d], [m; k]
+    when List.for_all (fun (a, v) -> a = "softcap" && v = `Null) o.rest
+         && (sem o = "{}" || sem o = "{\"softcap\":null}") ->
+      ILinear (wr o d, rd t o x, rd t o w, num k, num m)
+  | _ -> generic t o
 
 (* The bundle's fused op of a block of rule [r] as that rule's fused instruction; an op of
    another kind or operand shape is written as a plain op (the checker then rejects the
@@ -163,6 +180,12 @@ let fused_instr (t : table) (layouts : layout list) (r : string) (o : rop) : ins
       | [m; k] -> ILinearResidual (tw d, tn x, tn w, num k, num m, tn res)
       | _ -> instr_of t o)
   | "rmsnorm_linear", "rmsnorm_linear", [x; nw; w], [d] -> (
+      match shape t w with
+      | [m; k] -> INormLinear (tw d, tn x, tn nw, num (width nw), attr_id o, tn w, num k, num m)
+      | _ -> instr_of t o)
+  (* R19's fused op: an lm_head over x, its weight W and the norm's weight (attributes the
+     norm's), the norm-linear of R11 *)
+  | "lm_head", "lm_head", [x; w; nw], [d] -> (
       match shape t w with
       | [m; k] -> INormLinear (tw d, tn x, tn nw, num (width nw), attr_id o, tn w, num k, num m)
       | _ -> instr_of t o)
@@ -254,7 +277,12 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
     incr next
   done;
   let blocks = Array.of_list (blocks @ List.rev !rest) in
-  let cinstr = Array.map (instr_of ct) ct.ops in
+  let in_r19 = Array.make nc false in
+  List.iter (fun (_, b) -> if b.rule = "R19" then List.iter (fun c -> in_r19.(c) <- true) b.canon_ix)
+    file_blocks;
+  let cinstr =
+    Array.mapi (fun c o -> if in_r19.(c) && o.kind = "lm_head" then lm_head_linear ct o
+                 else instr_of ct o) ct.ops in
   let finstr =
     Array.mapi (fun f o ->
         match List.assoc_opt f file_blocks with
@@ -263,7 +291,10 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
       bt.ops in
   let missing = IGen (kind_id "(no op)", nid "a:", nid "o:(no op)", []) in
   let to_coq (b : blk) : block =
-    { b_rule = (if b.rule = "" then RNone else Option.value ~default:RNone (rule_of b.rule));
+    (* R19 is R11 over the final norm and the lm_head only: another pair is no instance *)
+    let r19_pair () = List.map (fun c -> ct.ops.(c).kind) b.canon_ix = ["rmsnorm"; "lm_head"] in
+    { b_rule = (if b.rule = "" || (b.rule = "R19" && not (r19_pair ())) then RNone
+                else Option.value ~default:RNone (rule_of b.rule));
       b_canon = List.map (fun c -> cinstr.(c)) b.canon_ix;
       b_fused = (match b.fused_ix with Some f -> finstr.(f) | None -> missing) } in
   (* a block of an unknown rule is an [RNone] block over its ops: not an instance *)
@@ -291,7 +322,7 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
                 Printf.sprintf "the op table has no op for the model graph's %s (the op table has %d ops, the graph %d)"
                   (canon_str { b with canon_ix = cs }) nb nc
             | r, Some f, _ when rule_of r = None ->
-                Printf.sprintf "%s: rule %S is not one the checker knows (R1, R4, R10, R11, R12, R2+R3+R13)"
+                Printf.sprintf "%s: rule %S is not one the checker knows (R1, R4, R10, R11, R12, R2+R3+R13, R19)"
                   (op_str bt f) r
             | r, Some f, _ ->
                 (* tensor parallel: the slice records the fused op's sources should have *)

@@ -11,7 +11,9 @@ Implemented today: R1 (`add_rmsnorm`: a residual add and the full-width rmsnorm 
 in one op writing both) and R2+R3+R13 (`linear_glu`: the gate and up linears of one input as
 one linear over `interleave(Wg, Wu)` — row 2i gate row i, row 2i+1 up row i, re-laid-out in
 the bundle — whose epilogue is the gated MLP's act(g) * u) and R4 (`linear_qkv`: the q, k, v
-projections of one input as one linear over `cat3(Wq, Wk, Wv)`, writing the three outputs).
+projections of one input as one linear over `cat3(Wq, Wk, Wv)`, writing the three outputs)
+and R19 (the final full-width rmsnorm in the prologue of the lm_head that alone reads it: an
+`lm_head` op with inputs x, W and the norm's weight, attributes the norm's; no softcap).
 docs/egraph.md, "Status".
 """
 
@@ -33,6 +35,9 @@ EMITTED_FUSED: dict[str, frozenset[str]] = {
     "R1": frozenset({"add_rmsnorm", "fst", "snd"}),
     "R2+R3+R13": frozenset({"linear_glu", "interleave"}),
     "R4": frozenset({"cat3", "part"}),
+    # R19: the final norm in the lm_head's prologue, emitted as an `lm_head` with the norm's
+    # weight as its third input (the fused argmax stays the lm_head's)
+    "R19": frozenset({"rmsnorm_lm_head"}),
 }
 RULES = tuple(EMITTED_FUSED)
 REWRITES_FILE = "rewrites.json"
@@ -129,11 +134,33 @@ def fuse_graph(
         chosen = extracted_instances(graph, target, rules, limits)
     norms = {name for outs in chosen.get("add_rmsnorm", ()) for name in outs}
     prod = graph.producers()
+    readers: dict[str, int] = {}
+    for op in graph.ops:
+        for t in op.inputs:
+            readers[t] = readers.get(t, 0) + 1
+    # R19: an lm_head (no softcap) over a full-width rmsnorm with a weight that only it reads;
+    # the fused op takes the lm_head's place (the norm is the op just before it, as the
+    # canonical order has it: checkpoint A's blocks are consecutive)
+    heads = {outs[0] for outs in chosen.get("rmsnorm_lm_head", ())}
+    prologue: dict[str, Op] = {}  # lm_head's name -> its norm
+    pos = {op.name: i for i, op in enumerate(graph.ops)}
+    for op in graph.ops:
+        if op.kind is not OpKind.lm_head or op.outputs[0] not in heads or len(op.inputs) != 2:
+            continue
+        n = prod.get(op.inputs[0])
+        if n is None or n.kind is not OpKind.rmsnorm or not _full_width(graph, n):
+            continue
+        if op.attrs.get("softcap") or readers[n.outputs[0]] != 1 or pos[n.name] + 1 != pos[op.name]:
+            continue
+        prologue[op.name] = n
+    in_prologue = {n.name for n in prologue.values()}
     # R1: residual_add R (two operands) read by a full-width rmsnorm N that the extraction
     # fused; the fused op takes R's place and writes R's sum and N's output
     pair: dict[str, Op] = {}  # R's name -> N
     for op in graph.ops:
         if op.kind is not OpKind.rmsnorm or op.name not in norms or not _full_width(graph, op):
+            continue
+        if op.name in in_prologue:  # one norm, two fusions: R19's lm_head keeps it
             continue
         r = prod.get(op.inputs[0])
         if r is None or r.kind is not OpKind.residual_add or len(r.inputs) != 2:
@@ -141,13 +168,9 @@ def fuse_graph(
         if r.name in pair:  # one sum, two norms: the extraction fuses at most one
             continue
         pair[r.name] = op
-    fused_away = {n.name for n in pair.values()}
+    fused_away = {n.name for n in pair.values()} | in_prologue
     # R2+R3+R13: gated_mlp G over two bias-free linears of one input, each read by G alone
     glus = {outs[0] for outs in chosen.get("linear_glu", ())}
-    readers: dict[str, int] = {}
-    for op in graph.ops:
-        for t in op.inputs:
-            readers[t] = readers.get(t, 0) + 1
     glu: dict[str, tuple[Op, Op]] = {}  # G's name -> (gate linear, up linear)
     for op in graph.ops:
         if op.kind is not OpKind.gated_mlp or op.name not in glus:
@@ -230,6 +253,20 @@ def fuse_graph(
                     (op.inputs[0], wc),
                     tuple(x.outputs[0] for x in three),
                     {},
+                    op.layer,
+                )
+            )
+            continue
+        if op.name in prologue:
+            n = prologue[op.name]
+            blocks.append(Block("R19", (index[n.name], index[op.name]), len(ops)))
+            ops.append(
+                Op(
+                    f"{n.name}+{op.name}",
+                    OpKind.lm_head,
+                    (n.inputs[0], op.inputs[1], n.inputs[1]),
+                    op.outputs,
+                    dict(n.attrs),
                     op.layer,
                 )
             )

@@ -204,7 +204,7 @@ RULES: tuple[RuleInfo, ...] = (
         "full-width norm (group 0)",
         "rmsnorm_lm_head_sound",
         ("rmsnorm_lm_head",),
-        False,
+        True,  # an lm_head with the norm's weight (plow/egraph/apply.py; no softcap)
     ),
 )
 RULE_BY_ID = {r.id: r for r in RULES}

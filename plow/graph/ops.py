@@ -43,6 +43,8 @@ class OpKind(str, Enum):
     # R4: one linear over cat3(Wq, Wk, Wv) writing q, k and v (its rows split by the widths of
     # its three outputs, so it has no attributes: `OpGraph.validate` checks the outputs)
     linear_qkv = "linear_qkv"
+    # R19 is no kind of its own: an `lm_head` with a third input, the final norm's weight
+    # (inputs x, W, norm weight; attrs the norm's), normalises x in its prologue
     # tensor parallel (plow/graph/shard.py): the sum of every device's partial [.., N] in
     # device order, written on one device (one op per device: each reads all the partials)
     allreduce = "allreduce"
@@ -168,8 +170,15 @@ def infer_shapes(
     if kind is OpKind.linear_qkv:
         raise GraphError(name, "linear_qkv's output widths are its outputs' (OpGraph.validate)")
     if kind is OpKind.lm_head:
-        x, w = ins
+        x, w = ins[0], ins[1]
         _need(name, len(w) == 2 and x[-1] == w[1], f"lm_head input {x} does not match weight {w}")
+        # R19 (plow/egraph): a third input is the final norm's weight, the norm (its attrs
+        # eps, offset) in the lm_head's prologue: full width, no softcap
+        _need(
+            name,
+            len(ins) == 2 or (ins[2] == (x[-1],) and not attrs.get("softcap")),
+            f"lm_head norm weight {ins[2:]} does not match input {x} (full-width, no softcap)",
+        )
         return [(*x[:-1], w[0])]
     if kind is OpKind.sample:
         logits, idx = ins

@@ -218,8 +218,11 @@ class _Tiler:
         n_out, k_in = self.shape(wname)
         m = _numel(self.shape(x)) // k_in
         a, w, W = self.a, self.w, self.target.workers
-        bias = n_out * w if len(op.inputs) == 3 else 0
-        weight = n_out * k_in * w + bias
+        # R19 (plow/egraph/apply.py): an lm_head's third input is its prologue norm's weight
+        # [k]; each tile normalises whole input rows (and multiplies its k slice of them)
+        prologue = op.kind is OpKind.lm_head and len(op.inputs) == 3
+        bias = n_out * w if len(op.inputs) == 3 and not prologue else 0
+        weight = n_out * k_in * w + bias + (k_in * w if prologue else 0)
         # linear_glu (R2+R3+R13): output column n reads weight rows 2n and 2n + 1
         glu = 2 if op.kind is OpKind.linear_glu else 1
         n_out //= glu
@@ -242,7 +245,8 @@ class _Tiler:
             mt, nt, kt = t
             # a split reduction writes fp32 partials (linear_glu: a gate's and an up's)
             out = a if s[2] == 1 else 4 * glu
-            return mt * kt * a + glu * nt * kt * w + mt * nt * out + (nt * w if bias else 0)
+            ext = (k_in - kt) * mt * a if prologue else 0  # the rest of its rows, for the norm
+            return mt * kt * a + glu * nt * kt * w + mt * nt * out + (nt * w if bias else 0) + ext
 
         def merge_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             if s[2] == 1:

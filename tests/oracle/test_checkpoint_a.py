@@ -405,3 +405,39 @@ def test_blocks_out_of_the_graphs_order_are_rejected(
     why = a_files_rejection(b)
     assert "do not keep the model graph's op order" in why, why
     assert f"put op {i + 2} (L0.gate_proj) where op {i} (L0.attn_residual) is" in why, why
+
+
+@pytest.mark.parametrize(
+    "edit", [None, "eps", "weight", "order", "softcap", "pair"],
+    ids=["accepted", "edited_epsilon", "another_norm_weight", "swapped_operands", "softcap",
+         "not_the_lm_head"],
+)  # fmt: skip
+def test_final_norm_in_the_lm_head_block_r19(
+    bundles: dict[str, Path], tmp_path: Path, edit: str | None
+) -> None:
+    """R19 (plow/egraph/apply.py): final_norm + lm_head as one lm_head over the norm's input,
+    the lm_head's weight and the norm's weight, with the norm's attributes — checked as R11
+    over the lm_head read as a linear. Each edit is rejected naming the op and the rule."""
+    b = copy_bundle(bundles["llama"], tmp_path / "b")
+    ops = json.loads((b / first_rung(b)["ops"]).read_text())["ops"]
+    first = "L1.attn_norm" if edit == "pair" else "final_norm"
+    norm = next(o for o in ops if o["name"] == first)
+    lm = next(o for o in ops if o["name"] == ("L1.q_proj" if edit == "pair" else "lm_head"))
+    attrs = dict(norm["attrs"])
+    inputs = [norm["inputs"][0], lm["inputs"][1], norm["inputs"][1]]
+    if edit == "eps":
+        attrs["eps"] = 1e-3
+    if edit == "weight":  # the residual stream normalised by another norm's weight
+        inputs[2] = "model.layers.1.post_attention_layernorm.weight"
+    if edit == "order":
+        inputs[1], inputs[2] = inputs[2], inputs[1]
+    if edit == "softcap":
+        attrs["softcap"] = 30.0
+    fused = {"kind": "lm_head", "attrs": attrs, "inputs": inputs, "outputs": lm["outputs"]}
+    i = _fused_rungs(b, lambda d: _fuse(d, first, 2, fused))
+    _with_rewrites(b, [{"rule": "R19", "canonical": [i, i + 1], "fused": i}])
+    if edit is None:
+        assert all(isinstance(c, Certificate) and c.accepted for c in a_on_files(b))
+        return
+    why = a_files_rejection(b)
+    assert f"op {i} ({first}+1) (lm_head) is not an instance of rule R19" in why, why

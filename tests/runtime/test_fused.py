@@ -91,24 +91,32 @@ def bundles(
 @pytest.fixture(scope="module")
 def k_split_bundles(
     tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> dict[tuple[str, bool], Path]:
+) -> dict[tuple[str, bool | str], Path]:
     """64 workers and k split at most in two (`TilingOptions.k_splits`): every linear, fused
     or not, splits its k in two steps of the same width, so a fused linear_glu / linear_qkv
-    reduces each weight row as the unfused gate / up / q / k / v linear does."""
+    reduces each weight row as the unfused gate / up / q / k / v linear does. `"no19"`: fused
+    without R19 (on this target the unfused final norm splits its columns, whose sum of squares
+    R19's prologue, normalising whole rows, does not reproduce bit for bit)."""
     import plow.compile
+    import plow.egraph.apply
     from plow.tiles.tiler import TilingOptions
 
     root = tmp_path_factory.mktemp("fused-ksplit")
     wide = load_target("cpu").model_copy(update={"workers": 64, "tile_overhead_ns": 50})
-    out: dict[tuple[str, bool], Path] = {}
+    out: dict[tuple[str, bool | str], Path] = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plow.compile, "TilingOptions", functools.partial(TilingOptions, k_splits=(1, 2)))
         for fam in FAMILIES:
-            for fuse in (False, True):
+            for fuse in (False, True, "no19"):
                 out[fam, fuse] = root / f"{fam}-{fuse}"
-                compile_bundle(
-                    tiny_checkpoints[fam], out[fam, fuse], wide, _profile(fuse), verify=fuse
-                )
+                with pytest.MonkeyPatch.context() as m2:
+                    if fuse == "no19":
+                        rules = tuple(r for r in plow.egraph.apply.RULES if r != "R19")
+                        m2.setattr(plow.egraph.apply, "RULES", rules)
+                    compile_bundle(
+                        tiny_checkpoints[fam], out[fam, fuse], wide, _profile(fuse is not False),
+                        verify=fuse is not False,
+                    )
     return out
 
 
@@ -148,8 +156,14 @@ def test_split_k_fused_matmuls_keep_the_unfused_split_bits_and_transformers_toke
     """A fused linear_glu / linear_qkv whose k is split (partials, then merges: the ordered
     sums, then act(gate) * up for glu, the q, k, v routing for qkv) gives the unfused split
     plan's prefill logits bit for bit on the native and numpy executors, and transformers'
-    greedy tokens; the bundle is certified A-F (compiled with verify, opened verified)."""
-    fused, plain = k_split_bundles[family, True], k_split_bundles[family, False]
+    greedy tokens; the bundle is certified A-F (compiled with verify, opened verified).
+    With R19 as well (the final norm in the lm_head's prologue, whole rows, where the unfused
+    norm split its columns here) the logits are the unfused plan's within 2e-6 x max|logit|
+    and the tokens transformers'."""
+    fused, plain = k_split_bundles[family, "no19"], k_split_bundles[family, False]
+    r19 = k_split_bundles[family, True]
+    assert any(o.kind == "lm_head" and len(o.inputs) == 3 for o in _ops(r19, "decode_b1_s48").ops)
+    assert not any(len(o.inputs) == 3 for o in _ops(fused, "decode_b1_s48").ops if o.kind == "lm_head")
     for rung in ("decode_b1_s48", "decode_b4_s48", "prefill_b1_s16_c48"):
         for kind in ("linear_glu", "linear_qkv"):
             ops = [o for o in _ops(fused, rung).ops if o.kind == kind]
@@ -160,7 +174,12 @@ def test_split_k_fused_matmuls_keep_the_unfused_split_bits_and_transformers_toke
     assert generate(open_native(fused, max_batch=4), reqs) == want
     for open_ in (CpuModel.from_bundle, open_native):
         got = prefill_logits(open_(fused, verify=False), PROMPTS[0])
-        assert np.array_equal(got, prefill_logits(open_(plain, verify=False), PROMPTS[0]))
+        base = prefill_logits(open_(plain, verify=False), PROMPTS[0])
+        assert np.array_equal(got, base)
+        near = prefill_logits(open_(r19, verify=False), PROMPTS[0])
+        assert np.abs(near - base).max() <= 2e-6 * np.abs(base).max()
+    assert generate(CpuModel.from_bundle(r19, max_batch=4), reqs) == want  # opened verified
+    assert generate(open_native(r19, max_batch=4), reqs) == want
 
 
 @pytest.mark.parametrize(
@@ -194,7 +213,7 @@ def test_fused_decode_plan_has_fewer_ops_edges_and_packets(bundles: dict) -> Non
             CliRunner().invoke(app, ["inspect", str(bundles["llama", fuse]), "--json"]).stdout
         )
         res[fuse] = next(b for b in info["buckets"] if b["bucket"] == "decode_b1_s48")
-    # tiny llama, 2 layers: 4 R1 blocks (2 ops -> 1), 2 R2+R3+R13 and 2 R4 (3 ops -> 1)
+    # tiny llama, 2 layers: 3 R1 blocks and R19 (2 ops -> 1), 2 R2+R3+R13 and 2 R4 (3 -> 1)
     assert res[False]["ops"] - res[True]["ops"] == 4 * 1 + 2 * 2 + 2 * 2
     for key in ("op_edges", "op_edges_after_reduction", "packets", "tasks"):
         assert res[True][key] < res[False][key], key
@@ -210,12 +229,15 @@ def test_rewrites_json_blocks_are_rule_instances_of_the_model_graph(
         "R1": ["residual_add", "rmsnorm"],
         "R2+R3+R13": ["linear", "linear", "gated_mlp"],
         "R4": ["linear", "linear", "linear"],
+        "R19": ["rmsnorm", "lm_head"],
     }
     fused_kind = {"R1": "add_rmsnorm", "R2+R3+R13": "linear_glu", "R4": "linear_qkv"}
+    fused_kind["R19"] = "lm_head"  # with the final norm's weight as its third input
     for rung in ("decode_b1_s48", "decode_b4_s48", "prefill_b1_s16_c48"):
         ot = _ops(path, rung)
         canon = build_graph(spec, Bucket.decode(1, CONTEXT)).ops  # every rung: the same ops
-        assert len(doc["blocks"]) == 2 * 2 + 2 + 2  # llama fixture: 2 layers
+        # llama fixture, 2 layers: 3 R1 (the last residual's norm is R19's), 2 + 2, 1 R19
+        assert len(doc["blocks"]) == 3 + 2 + 2 + 1
         for b in doc["blocks"]:
             ops = [canon[i] for i in b["canonical"]]
             assert [o.kind.value for o in ops] == pattern[b["rule"]]
@@ -229,6 +251,9 @@ def test_rewrites_json_blocks_are_rule_instances_of_the_model_graph(
             if b["rule"] == "R4":  # q, k, v, each what its projection wrote
                 assert fused.outputs == [o.outputs[0] for o in ops]
                 assert len({o.inputs[0] for o in ops}) == 1 == len({fused.inputs[0]})
+            if b["rule"] == "R19":  # the norm's input, the lm_head's weight, the norm's weight
+                assert fused.inputs == [ops[0].inputs[0], ops[1].inputs[1], ops[0].inputs[1]]
+                assert fused.attrs == ops[0].attrs and not ops[1].attrs.get("softcap")
     # the re-laid-out weights: interleave (row 2i gate row i, row 2i + 1 up row i of the
     # checkpoint's), cat3 (q, k, v rows stacked)
     assert sorted(x["layout"] for x in doc["layouts"]) == ["cat3"] * 2 + ["interleave"] * 2
@@ -254,7 +279,8 @@ def test_fusion_is_opted_out_and_inspect_lists_the_applied_rules(bundles: dict) 
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     rules = [b["rule"] for b in out["applied"]["blocks"]]
-    assert [rules.count(r) for r in ("R1", "R2+R3+R13", "R4")] == [6, 3, 3]  # 3 layers
+    # 3 layers; the last residual's norm is the final norm, in the lm_head's prologue (R19)
+    assert [rules.count(r) for r in ("R1", "R2+R3+R13", "R4", "R19")] == [5, 3, 3, 1]
     # the report's emitter extraction is what the packets hold
     plan = json.loads(
         CliRunner().invoke(app, ["inspect", str(bundles["gemma3", True]), "--json"]).stdout

@@ -76,6 +76,8 @@ def test_fused_linears_run_on_emulated_tensor_cores_within_the_scalar_paths_tole
     kinds = [o.kind for o in ops]
     assert set(kinds) >= FUSED_LINEARS
     linears = sum(k in FUSED_LINEARS | {"linear", "lm_head"} for k in kinds)
+    # R19's lm_head (the final norm in its prologue) runs kernels/fused_lm.h's tile instead
+    linears -= sum(o.kind == "lm_head" and len(o.inputs) == 3 for o in ops)
     assert tc.cuda._rung(tc.plan(bucket)).tensor_core_ops == linears
     np.testing.assert_allclose(got_logits, want_logits, rtol=1e-3, atol=1e-3)
     assert not np.array_equal(got_logits, want_logits)  # it did run the other path

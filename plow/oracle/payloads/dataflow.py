@@ -17,7 +17,8 @@ of `plow/runtime/cpu/kernels.py`, written again here from the op table alone). A
 ranges are row-major over the op's axes; views are `rows x cols` with `cols` the last dim:
 
 - linear, lm_head: reads `x[m0:m1, k0:k1]`; writes `out[m0:m1, n0:n1]` (split: the partial
-  `[k step, m, n]`);
+  `[k step, m, n]`); an lm_head with a third input (R19: its prologue norm's weight) reads
+  whole rows `x[m0:m1, :]`;
 - rmsnorm: reads groups `a..b`, cols `c0..c1` of `x` seen as `(numel / g) x g`; writes the
   same of `out` (split: the partial `[step, rows]`);
 - rope: reads the rows of `x` with columns widened to whole heads, and `positions`; writes
@@ -250,6 +251,8 @@ def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]
         return
     if k in MERGED_MATMUL:
         (m0, m1, _), (n0, n1, _), (k0, k1, ks) = ax
+        if k == "lm_head" and len(o.inputs) == 3:  # R19: the prologue norm reads whole rows
+            k0, k1 = 0, ot.tensors[o.inputs[0]].shape[-1]
         sp.box(o.inputs[0], m0, m1, k0, k1, False, out)
         if split:
             per, ncols = _partial_row(o, ot), _partial_cols(o, ot)

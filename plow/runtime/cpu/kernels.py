@@ -15,6 +15,7 @@ sub-blocks; split reductions combine per-tile fp32 partials:
 | rmsnorm | whole groups of rows | sum of squares of its cols | normalise the rows |
 | rope | rows x cols (reads whole heads) | - | - |
 | linear, lm_head | x[m, k] @ w[n, k]^T (+ bias, cap) | its k-slice product | sum, bias, cap |
+| lm_head + norm (R19) | rmsnorm(x[m, :])[:, k] @ w[n, k]^T | its k-slice product | sum |
 | linear_glu (R2+R3+R13) | act(x w[2n]^T) * (x w[2n+1]^T) | gate, up | sums, act(g) * u |
 | linear_qkv (R4) | x @ cat3(wq, wk, wv)^T, columns to q, k, v | its product | sum, to q, k, v |
 | attention | rows (by kv head) over a key range | (o, max, sum) over its keys | rescale, sum |
@@ -214,6 +215,12 @@ def _add_rmsnorm_merge(
 # -- matmul ----------------------------------------------------------------------------------
 
 
+def _norm_prologue(op: OpEntry) -> bool:
+    """R19 (plow/egraph/apply.py): an lm_head whose third input is the final norm's weight
+    normalises its input rows in its prologue (attrs the norm's: eps, offset)."""
+    return op.kind == "lm_head" and len(op.inputs) == 3
+
+
 def _softcap(y: np.ndarray, op: OpEntry) -> np.ndarray:
     cap = op.attrs.get("softcap") if op.kind == "lm_head" else None
     if cap:
@@ -224,13 +231,17 @@ def _softcap(y: np.ndarray, op: OpEntry) -> np.ndarray:
 def _linear(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
     (m0, m1), (n0, n1), (k0, k1) = r
     M, N, Kd = op.extents
-    x = acc.get(op.inputs[0], (M, Kd), np.s_[m0:m1, k0:k1])
+    if _norm_prologue(op):  # R19: the final norm of the tile's whole rows, then its k slice
+        x = acc.get(op.inputs[0], (M, Kd), np.s_[m0:m1, 0:Kd])
+        x = K.rmsnorm(x, acc.weight(op.inputs[2]), op.attrs)[:, k0:k1]
+    else:
+        x = acc.get(op.inputs[0], (M, Kd), np.s_[m0:m1, k0:k1])
     w = acc.weight(op.inputs[1])[n0:n1, k0:k1]
     y = np.matmul(x, w.T).astype(F32)
     if step is not None:
         acc.put(partial_name(op.name), (op.steps[2], M, N), np.s_[step, m0:m1, n0:n1], y)
         return
-    if len(op.inputs) == 3:
+    if len(op.inputs) == 3 and not _norm_prologue(op):
         y = y + acc.weight(op.inputs[2])[n0:n1]
     y = _softcap(y, op)
     acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], y)
@@ -328,7 +339,7 @@ def _summed_partials(
 def _linear_merge(plan: Plan, op: OpEntry, r: Ranges, cols: tuple[int, int], acc: Access) -> None:
     y, m0, m1, n0, n1 = _summed_partials(op, r, cols, acc)
     M, N, _k = op.extents
-    if len(op.inputs) == 3:
+    if len(op.inputs) == 3 and not _norm_prologue(op):
         y = y + acc.weight(op.inputs[2])[n0:n1]
     y = _softcap(y.astype(F32), op)
     acc.put(op.outputs[0], (M, N), np.s_[m0:m1, n0:n1], y)

@@ -51,6 +51,8 @@ KDA_KINDS = {"kda": 60}
 GROUPED_ROUTER_KIND = 40
 # Fused kinds of plow/egraph (kernels/fused.h `PlowFusedKind`).
 FUSED_KINDS = {"add_rmsnorm": 30, "linear_glu": 31, "linear_qkv": 32}
+# R19 (kernels/fused_lm.h): an lm_head with its prologue norm's weight as a third input
+RMSNORM_LM_HEAD_KIND = 33
 # Tensor parallel (kernels/collective.h `PlowCollectiveKind`).
 COLLECTIVE_KINDS = {"allreduce": 50}
 # Every kind number the kernels know, to name one in an error.
@@ -270,6 +272,8 @@ def _lower_op(
         ),
     )
     kind = KDA_KINDS.get(op.kind) if kind is None else kind
+    if op.kind == "lm_head" and len(op.inputs) == 3:
+        kind = RMSNORM_LM_HEAD_KIND
     if kind is None:
         raise PlowError(op.name, f"op kind {op.kind!r} is not supported by the native executor")
     o.kind = kind
@@ -324,7 +328,14 @@ def _lower_op(
         o.d[3] = op.steps[2]
         o.f[0] = float(op.attrs.get("softcap") or 0.0) if k == "lm_head" else 0.0
         o.w0, o.w0_dtype = weight(op.inputs[1])
-        if len(op.inputs) == 3:
+        if len(op.inputs) == 3 and k == "lm_head":  # R19: the norm's weight, widened to fp32
+            nw = np.ascontiguousarray(
+                np.asarray(stored(weights[op.inputs[2]]), dtype=np.float32).reshape(-1)
+            )
+            low.keep.append(nw)
+            o.table = nw.ctypes.data
+            o.f[1], o.f[2] = float(op.attrs["eps"]), float(op.attrs.get("offset", 0.0))
+        elif len(op.inputs) == 3:
             o.w1, o.w1_dtype = weight(op.inputs[2])
     elif k == "attention":
         q = shape(op.inputs[0]).shape
