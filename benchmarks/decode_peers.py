@@ -170,9 +170,10 @@ def prompt_ids(ctx: int, row: int) -> list[int]:
 
 
 def plow_bundle(ckpt: Path, out: Path, context: int) -> Path:
+    from plow.bundle.open import is_bundle
     from plow.emit.bundle import compile_bundle
     from plow.profile import CompileProfile
-    from plow.runtime.cpu.bundle import NO_BUDGET_NS, is_bundle
+    from plow.runtime.cpu.bundle import NO_BUDGET_NS
     from plow.target import load_target
 
     if is_bundle(out) and (out / "certificates" / "F.json").is_file():

@@ -37,12 +37,13 @@ def main() -> None:
     import torch
     import transformers
 
+    from plow.bundle.open import is_bundle
     from plow.checkpoint.gguf import import_gguf
     from plow.default_model import cache_dir, ensure_default_model, gguf_path
     from plow.emit.bundle import compile_bundle
     from plow.profile import CompileProfile
     from plow.runtime.cpu import Request, RowDevice, RowInput, generate
-    from plow.runtime.cpu.bundle import NO_BUDGET_NS, is_bundle
+    from plow.runtime.cpu.bundle import NO_BUDGET_NS
     from plow.runtime.native import open_native
     from plow.runtime.sampler import SamplingParams
     from plow.target import load_target

@@ -542,7 +542,8 @@ def _serve_load() -> Any:
 def native_engine(model: Path) -> Any:
     """The raw engine of the bundle `plow serve --executor native` runs for `model` (a bundle,
     or a checkpoint's cached bundle: same target, same slots)."""
-    from plow.runtime.cpu.bundle import Bundle, compile_cached, is_bundle
+    from plow.bundle.open import is_bundle
+    from plow.runtime.cpu.bundle import Bundle, compile_cached
     from plow.runtime.executors import EXECUTORS, checkpoint_target
 
     path = (

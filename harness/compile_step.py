@@ -269,7 +269,8 @@ def compile_study(
     `kv_contexts` — the gate's runner — when larger; prefill rungs: `prefill_rungs`).
     Raises `CompileRejected` (report attached) when a bound or a checkpoint rejects a bucket."""
     try:
-        from plow.emit.bundle import compile_bundle, sha256_file
+        from plow.bundle.manifest import sha256_file
+        from plow.emit.bundle import compile_bundle
         from plow.emit.verify import verify_bundle, write_certificates
         from plow.profile import CompileProfile
     except ImportError as e:  # pragma: no cover - the pipeline ships with plow

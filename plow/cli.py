@@ -68,10 +68,11 @@ def _check_runnable(path: Path) -> None:
     """What `--no-verify` cannot skip: a bundle whose config or weights do not fit its plan
     cannot run at all (the packet streams would index past the tensors). Raises a one-line
     `PlowError` that says so, and suggests no flag."""
+    from plow.bundle.manifest import WEIGHTS, read_manifest
+    from plow.bundle.open import BundleRefused
     from plow.checkpoint.loader import spec_from_config
     from plow.checkpoint.weights import WeightStore
-    from plow.emit.bundle import WEIGHTS
-    from plow.runtime.cpu.bundle import BundleRefused, _check_weights, read_manifest
+    from plow.runtime.cpu.bundle import _check_weights
 
     m = read_manifest(path)
     cfg_path = path / "config.json"
@@ -178,13 +179,8 @@ def generate(
             raise PlowError(
                 "--temperature", "stochastic sampling runs on --executor native, cpu or cuda"
             )
-        from plow.runtime.cpu.bundle import (
-            NO_VERIFY_HINT,
-            Bundle,
-            BundleRefused,
-            compile_cached,
-            is_bundle,
-        )
+        from plow.bundle.open import NO_VERIFY_HINT, BundleRefused, is_bundle
+        from plow.runtime.cpu.bundle import Bundle, compile_cached
         from plow.runtime.executors import checkpoint_target, get_executor
 
         kind = get_executor(executor.value)

@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from pydantic import BaseModel, ConfigDict
-
+from plow.bundle.manifest import CheckpointCertificates
 from plow.checkpoint import ModelSpec, load_spec
 from plow.errors import PlanRejected, PlowError
 from plow.graph import Bucket, OpGraph, build_graph
@@ -148,15 +147,6 @@ class CompileResult:
     @property
     def certified(self) -> bool:
         return all(b.certificate is not None and b.certificate.accepted for b in self.buckets)
-
-
-class CheckpointCertificates(BaseModel):
-    """`OUT/certificates/<checkpoint>.json`: one certificate per bucket."""
-
-    model_config = ConfigDict(frozen=True)
-    checkpoint: str
-    accepted: bool
-    buckets: dict[str, Certificate]
 
 
 def compile_plan(

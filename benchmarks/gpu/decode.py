@@ -182,9 +182,9 @@ def step_bytes(
     """(parameters, stored weight bytes, mean HBM bytes per decode step over `positions`,
     workers, records) from the bundle's decode plan: each weight a step reads once (an
     embedding lookup reads one row), plus attention's key / value rows (fp32 pool)."""
-    from plow.emit.files import OpTable
-    from plow.emit.wire import read_plan
-    from plow.runtime.cpu.bundle import read_manifest
+    from plow.bundle.files import OpTable
+    from plow.bundle.manifest import read_manifest
+    from plow.bundle.wire import read_plan
 
     m = read_manifest(bundle)
     rung = next(r for r in m.ladder if r.phase == "decode" and r.batch == 1)

@@ -1,1 +1,1 @@
-"""Emit: schedules to packet streams (wire format: plow.emit.wire, docs/wire.md)."""
+"""Emit: schedules to packet streams (wire format: plow.bundle.wire, docs/wire.md)."""

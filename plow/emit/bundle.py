@@ -8,8 +8,8 @@ BUNDLE/
   weights.safetensors         every weight the plans read (absent with --plan-only)
   tokenizer.json, tokenizer_config.json, generation_config.json   (when the source has them)
   plan/<bucket>.bin           wire v1 plan file (docs/wire.md)
-  plan/<bucket>.ops.json      op table (plow.emit.files.OpTable)
-  plan/<bucket>.schedule.json schedule file (plow.emit.files.ScheduleFile)
+  plan/<bucket>.ops.json      op table (plow.bundle.files.OpTable)
+  plan/<bucket>.schedule.json schedule file (plow.bundle.files.ScheduleFile)
   certificates/<ckpt>.json    written by --verify / `plow verify` (not hashed)
 ```
 
@@ -23,8 +23,6 @@ never writes over its source, and replaces an existing `BUNDLE` only when it is 
 
 from __future__ import annotations
 
-import gc
-import hashlib
 import os
 import re
 import shutil
@@ -39,95 +37,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-import plow
+from plow.bundle.manifest import (
+    MANIFEST,
+    TOKENIZER_FILES,
+    WEIGHTS,
+    CostSummary,
+    LadderRung,
+    Manifest,
+    ModelInfo,
+    WeightsInfo,
+    gc_paused,
+    sha256_file,
+)
+from plow.bundle.wire import Phase, encode_plan
 from plow.compile import CompileResult, StageCallback, Timer, transf_program
 from plow.emit.emit import EmittedBucket
-from plow.emit.wire import WIRE_VERSION, Phase, encode_plan
 from plow.errors import PlowError
 from plow.profile import CompileProfile
 from plow.target import Target
 
-MANIFEST = "manifest.json"
-WEIGHTS = "weights.safetensors"
-MANIFEST_FORMAT = 1
-ORACLE_VERSION = "plow-oracle 0.1.0"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
-
 # Re-layouts applied to weights when copied into the bundle (none in emitter v1: the graph
 # keeps gate and up as two linears, so no fused op wants an interleaved layout yet).
 RELAYOUT: tuple[str, ...] = ()
-
-
-class ModelInfo(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    family: str
-    source: str
-    config_sha256: str
-    layers: int
-    hidden_size: int
-    vocab_size: int
-    parameters: int
-
-
-class CostSummary(BaseModel):
-    """The cost model's numbers for one bucket (ns)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    budget_ns: int
-    bandwidth_bound_ns: float
-    compute_bound_ns: float
-    estimated_ns: float
-    makespan_ns: float
-
-
-class LadderRung(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str
-    phase: str
-    batch: int
-    seq: int
-    context: int
-    plan: str
-    ops: str
-    schedule: str
-    packets: int
-    tasks: int
-    counters: int
-    arena_bytes: int
-    cost: CostSummary
-
-
-class Versions(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    manifest: int = MANIFEST_FORMAT
-    plow: str = plow.__version__
-    wire: int = WIRE_VERSION
-    oracle: str = ORACLE_VERSION
-
-
-class WeightsInfo(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    file: str
-    tensors: int
-    bytes: int
-    relayout: list[str] = Field(default_factory=list)
-
-
-class Manifest(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    format: int = MANIFEST_FORMAT
-    model: ModelInfo
-    target: dict[str, Any]
-    profile: dict[str, Any]
-    ladder: list[LadderRung]
-    versions: Versions = Field(default_factory=Versions)
-    plan_only: bool
-    weights: WeightsInfo | None = None
-    files: dict[str, str]  # relative path -> sha256 of every file but this one and certificates/
-    compiled_at: str = ""
-    stage_seconds: dict[str, float] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,29 +69,6 @@ class BundleResult:
     emitted: tuple[EmittedBucket, ...]
     report: Any = None  # plow.emit.verify.VerifyReport when verified
     stage_seconds: dict[str, float] = field(default_factory=dict)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector for a compile or a verify: its full passes over
-    the hundreds of thousands of small objects a large plan builds (tasks, boxes, columns)
-    cost about a third of the schedule stage, and those objects are not cyclic garbage
-    (reference counting still frees them). Restored on exit; nests."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 _ST_DTYPE = {

@@ -25,9 +25,10 @@ def counter_decisions_of_bundle(bundle: Path) -> dict[str, Any]:
     """Per bucket of the ladder: edges, fine edges, and each routed edge's verdict and
     reason. The plan is rebuilt and must have the bundle's task count (else the bundle was
     not compiled by this plow, and the report says nothing about it)."""
+    from plow.bundle.files import ScheduleFile
+    from plow.bundle.manifest import MalformedBundle, load_json, read_manifest
     from plow.compile import compile_plan
-    from plow.emit.files import ScheduleFile
-    from plow.emit.verify import MalformedBundle, _load_json, read_manifest, verify_bundle
+    from plow.emit.verify import verify_bundle
     from plow.profile import CompileProfile
     from plow.target import Target
 
@@ -39,7 +40,7 @@ def counter_decisions_of_bundle(bundle: Path) -> dict[str, Any]:
     res = compile_plan(bundle, Target.model_validate(m.target), CompileProfile(**m.profile))
     buckets = []
     for rung, bp in zip(m.ladder, res.buckets, strict=True):
-        sf: ScheduleFile = _load_json(bundle / rung.schedule, ScheduleFile)
+        sf: ScheduleFile = load_json(bundle / rung.schedule, ScheduleFile)
         assert bp.schedule is not None
         if len(sf.tasks.name) != len(bp.schedule.tasks):
             raise MalformedBundle(

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from plow.emit.argmax import argmax_bounds, argmax_name, argmax_rows, fused_pair, index_name
-from plow.emit.files import (
+from plow.bundle.argmax import argmax_bounds, argmax_name, argmax_rows, fused_pair, index_name
+from plow.bundle.files import (
     FORMAT,
     ArenaBuffer,
     ArenaMap,
@@ -46,7 +46,7 @@ from plow.emit.files import (
     TensorEntry,
     TilingInfo,
 )
-from plow.emit.wire import NO_COUNTER, PACKET_DTYPE, Flag, Opcode, PacketArray
+from plow.bundle.wire import NO_COUNTER, PACKET_DTYPE, Flag, Opcode, PacketArray
 from plow.errors import PlowError
 from plow.graph import Bucket, OpGraph
 from plow.memory.arena import Arena, partial_numel, split_steps
@@ -416,7 +416,7 @@ def _up(x: int, a: int) -> int:
 
 
 def fuse_argmax(ot: OpTable, sf: ScheduleFile) -> tuple[OpTable, ScheduleFile]:
-    """The compiler's decision to fuse greedy sampling into lm_head (plow/emit/argmax.py):
+    """The compiler's decision to fuse greedy sampling into lm_head (plow/bundle/argmax.py):
     when a sample op reads an lm_head's logits, both ops name `<lm_head>#argmax`, and the
     values and index buffers `[chunks, M]` are placed after every other buffer of the arena
     (their own bytes: no planner reuse to certify); `emit_packets` then sets FUSED_ARGMAX on

@@ -17,9 +17,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from plow.emit.files import OpTable, ScheduleFile
-from plow.emit.verify import MalformedBundle, _load_json, read_manifest, verify_bundle
-from plow.emit.wire import NO_COUNTER, read_plan
+from plow.bundle.files import OpTable, ScheduleFile
+from plow.bundle.manifest import MalformedBundle, load_json, read_manifest
+from plow.bundle.wire import NO_COUNTER, read_plan
+from plow.emit.verify import verify_bundle
 from plow.memory.arena import Buffer, region_bytes
 from plow.memory.onchip import TaskPages, page_windows, peak_pages
 
@@ -90,8 +91,8 @@ def inspect_bundle(bundle: Path) -> dict[str, Any]:
         "buckets": [],
     }
     for rung in m.ladder:
-        ot: OpTable = _load_json(bundle / rung.ops, OpTable)
-        sf: ScheduleFile = _load_json(bundle / rung.schedule, ScheduleFile)
+        ot: OpTable = load_json(bundle / rung.ops, OpTable)
+        sf: ScheduleFile = load_json(bundle / rung.schedule, ScheduleFile)
         _, arr = read_plan(bundle / rung.plan)
         waited = set(arr["wait_counter"].tolist()) - {NO_COUNTER}
         signalled = set(arr["signal_counter"].tolist()) - {NO_COUNTER}
@@ -178,8 +179,8 @@ def applied_rewrites(bundle: Path) -> dict[str, Any]:
     table; the re-laid-out weights. `{"blocks": [], "layouts": []}` for an unfused bundle."""
     import json
 
+    from plow.bundle.files import OpTable
     from plow.checkpoint import load_spec
-    from plow.emit.files import OpTable
     from plow.graph import Bucket, Phase, build_graph
 
     bundle = Path(bundle)

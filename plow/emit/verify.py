@@ -42,7 +42,6 @@ digest (`bundle_digest`), which the runtime's loader compares.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import threading
@@ -54,12 +53,27 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from plow.emit.argmax import argmax_problem
-from plow.emit.bundle import MANIFEST, WEIGHTS, LadderRung, Manifest, gc_paused, sha256_file
-from plow.emit.files import OpEntry, OpTable, ScheduleFile, TensorEntry
-from plow.emit.wire import (
+from plow.bundle.argmax import argmax_problem
+from plow.bundle.files import OpEntry, OpTable, ScheduleFile, TensorEntry
+from plow.bundle.manifest import (
+    CERTIFICATES,
+    CHECKPOINTS,
+    MANIFEST,
+    WEIGHTS,
+    LadderRung,
+    MalformedBundle,
+    Manifest,
+    bundle_digest,
+    certificate_file_problems,
+    gc_paused,
+    load_json,
+    read_manifest,
+    sha256_file,
+)
+from plow.bundle.stream import Grouped, group_tasks
+from plow.bundle.wire import (
     HEADER_SIZE,
     NO_COUNTER,
     RECORD_SIZE,
@@ -101,13 +115,8 @@ from plow.profile import CompileProfile
 from plow.target import Target, load_target, shipped_targets
 from plow.target.model import dtype_bytes, rate_class
 
-CHECKPOINTS = ("A", "B", "C", "D", "E", "F")
 _T = TypeVar("_T")
 SCOPE_NAMES = ("cta", "device", "system")  # wire scope codes 0, 1, 2
-
-
-class MalformedBundle(PlowError):
-    """A bundle whose files cannot be read as a bundle (exit 2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,113 +157,7 @@ class VerifyReport:
             raise PlanRejected(where, r.reason or "rejected")
 
 
-def _load_json(path: Path, model: type[BaseModel]) -> Any:
-    if not path.is_file():
-        raise MalformedBundle(path, "missing")
-    try:
-        return model.model_validate_json(path.read_bytes())
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "document"
-        raise MalformedBundle(path, f"field {loc!r}: {err['msg']}") from e
-
-
-# Manifest fields that change with every compile of the same inputs (not what runs).
-VOLATILE = ("compiled_at", "stage_seconds")
-CERTIFICATES = "certificates/"
-
-
-def bundle_digest(bundle: Path) -> str:
-    """The digest every certificate of a bundle carries: sha256 of the manifest as JSON
-    (sorted keys, compact) without its volatile fields and without the certificates' own
-    entries of `files`. The manifest holds the sha256 of every other file, so the digest
-    covers the plan files, op tables, schedule files, weights, tokenizer, config and the
-    manifest's ladder, target (a calibration included) and profile."""
-    p = bundle / MANIFEST
-    try:
-        doc = json.loads(p.read_bytes())
-    except (OSError, json.JSONDecodeError) as e:
-        raise MalformedBundle(p, f"unreadable: {e}") from e
-    if not isinstance(doc, dict):
-        raise MalformedBundle(p, "not a JSON object")
-    for k in VOLATILE:
-        doc.pop(k, None)
-    files = doc.get("files")
-    if isinstance(files, dict):
-        doc["files"] = {k: v for k, v in files.items() if not k.startswith(CERTIFICATES)}
-    data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(data).hexdigest()
-
-
-def certificate_file_problems(bundle: Path, m: Manifest) -> list[str]:
-    """The certificate files the manifest lists that are missing or edited since `plow
-    verify` wrote them (one line each)."""
-    out = []
-    for rel, digest in m.files.items():
-        if rel.startswith(CERTIFICATES):
-            p = bundle / rel
-            if not p.is_file():
-                out.append(f"{rel}: missing (listed in the manifest)")
-            elif sha256_file(p) != digest:
-                out.append(f"{rel}: sha256 differs from the manifest (edited after verification)")
-    return out
-
-
-def read_manifest(bundle: Path) -> Manifest:
-    if not bundle.is_dir():
-        raise MalformedBundle(bundle, "not a bundle directory")
-    m: Manifest = _load_json(bundle / MANIFEST, Manifest)
-    return m
-
-
 # ----------------------------------------------------------------- D from the packets
-
-
-@dataclass(frozen=True, slots=True)
-class Grouped:
-    """Tasks parsed from a packet stream: `tasks[g]` = packet indices of task g (stream order
-    of the task packets); `queues[w]` task indices per worker."""
-
-    tasks: tuple[tuple[int, ...], ...]
-    main: tuple[int, ...]
-    queues: dict[int, list[int]]
-
-
-def group_tasks(arr: PacketArray) -> Grouped | str:
-    """Parse a stream into tasks (see the module doc); a string names the first violation."""
-    op = arr["opcode"].tolist()
-    wc = arr["wait_counter"].tolist()
-    sc = arr["signal_counter"].tolist()
-    wk = arr["worker"].tolist()
-    pending: dict[int, list[int]] = {}  # worker -> leading nops
-    last: dict[int, list[int]] = {}  # worker -> the group of its last task packet
-    groups: list[list[int]] = []
-    for i in range(len(op)):
-        w = wk[i]
-        if op[i] == Opcode.NOP:
-            has_w, has_s = wc[i] != NO_COUNTER, sc[i] != NO_COUNTER
-            if has_w and has_s:
-                return f"packet {i}: a nop both waits and signals (not an emitter v1 stream)"
-            if has_w:
-                pending.setdefault(w, []).append(i)
-            elif w in last and not pending.get(w):
-                last[w].append(i)
-            elif has_s:
-                return f"packet {i}: a signal-only nop on worker {w} follows no task packet"
-            continue
-        g = [*pending.pop(w, []), i]
-        groups.append(g)
-        last[w] = g
-    left = [w for w, p in pending.items() if p]
-    if left:
-        return f"worker {left[0]}: wait-only nop packets at the end of the queue"
-    mains = tuple(
-        g[len([x for x in g if op[x] == Opcode.NOP and wc[x] != NO_COUNTER])] for g in groups
-    )
-    queues: dict[int, list[int]] = {}
-    for k, g in enumerate(groups):
-        queues.setdefault(wk[g[-1]], []).append(k)
-    return Grouped(tuple(tuple(g) for g in groups), mains, queues)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1095,7 +998,7 @@ def alloc_payload_from_files(sf: ScheduleFile, ot: OpTable, align: int | None = 
         if o.partial:
             scratch[o.partial] = o.index
     live = live_ranges([(o.inputs, o.outputs) for o in ot.ops], roles, scratch)
-    # greedy fused into lm_head (plow/emit/argmax.py): its values and index buffers live
+    # greedy fused into lm_head (plow/bundle/argmax.py): its values and index buffers live
     # from the first op naming them (the lm_head, which writes them) to the last (the sample)
     fused = [o.index for o in ot.ops if o.argmax is not None]
     for o in ot.ops:
@@ -1235,8 +1138,8 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
         problems.append(f"{MANIFEST}: rung {dup!r} listed twice")
     jobs: list[tuple[str, str, Callable[[], Row]]] = []
     for rung in m.ladder:
-        ot: OpTable = _load_json(bundle / rung.ops, OpTable)
-        sf: ScheduleFile = _load_json(bundle / rung.schedule, ScheduleFile)
+        ot: OpTable = load_json(bundle / rung.ops, OpTable)
+        sf: ScheduleFile = load_json(bundle / rung.schedule, ScheduleFile)
         plan_path = bundle / rung.plan
         if not plan_path.is_file():
             raise MalformedBundle(plan_path, "missing")
@@ -1408,7 +1311,7 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
         except PlowError as e:
             raise MalformedBundle(bundle / WEIGHTS, e.problem) from e
         for rung in m.ladder:
-            ot = _load_json(bundle / rung.ops, OpTable)
+            ot = load_json(bundle / rung.ops, OpTable)
             for tname, t in ot.tensors.items():
                 if t.role == "weight":
                     he = have.get(tname)
@@ -1445,7 +1348,7 @@ def write_certificates(report: VerifyReport) -> list[str]:
     re-checkable with `run_checkpoint`), then list the certificate files' sha256 in the
     manifest's `files` (outside the digest: the digest is what they certify). Returns notes
     about previous certificates whose payload hash differs (the bundle changed since)."""
-    from plow.compile import CheckpointCertificates
+    from plow.bundle.manifest import CheckpointCertificates
 
     d = report.bundle / "certificates"
     d.mkdir(exist_ok=True)
@@ -1479,10 +1382,13 @@ def write_certificates(report: VerifyReport) -> list[str]:
                         )
             except (ValidationError, json.JSONDecodeError):
                 notes.append(f"certificates/{ck}.json: unreadable, replaced")
+        # the bundle-level checks too: an executor trusts an accepted file alone
+        rows = [r for r in report.rows if r.checkpoint in (ck, "bundle")]
         doc = CheckpointCertificates(
             checkpoint=ck,
             accepted=all(x.accepted for x in certs.values() if x is not None)
-            and not any(r.rejected for r in report.rows if r.checkpoint == ck),
+            and not any(r.rejected for r in rows),
+            reason=next((r.reason for r in rows if r.rejected), None),
             buckets={b: x for b, x in certs.items() if x is not None},
         )
         p.write_text(doc.model_dump_json(indent=2))

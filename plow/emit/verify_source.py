@@ -282,10 +282,9 @@ def verify_source(
 ) -> SourceReport:
     """Check `bundle` against checkpoint directory `source` (see the module doc). Raises
     `PlowError` (one line) when either cannot be read; a mismatch is the report's `problem`."""
+    from plow.bundle.manifest import WEIGHTS, MalformedBundle
     from plow.checkpoint.loader import weight_files
     from plow.checkpoint.weights import WeightStore, read_header
-    from plow.emit.bundle import WEIGHTS
-    from plow.emit.verify import MalformedBundle
     from plow.oracle.payloads.rewrites import read_rewrites
 
     bundle, source = Path(bundle), Path(source)

@@ -28,7 +28,7 @@ class Certificate(BaseModel):
     theorems: list[str]
     payload_sha256: str
     oracle_version: str
-    # The bundle the payload was derived from (`plow.emit.verify.bundle_digest`); None for a
+    # The bundle the payload was derived from (`plow.bundle.manifest.bundle_digest`); None for a
     # payload checked outside a bundle (the compiler's in-memory checks, tests).
     bundle_sha256: str | None = None
     # Counts the checker reports beside its verdict (D's sweep: `accesses`, `comparisons`,

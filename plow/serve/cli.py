@@ -25,7 +25,8 @@ def _slots(path: Path, requested: int | None) -> int:
     """The slots `path` is served with: `--max-num-seqs`, or by default 8 for a checkpoint (its
     engine runs any batch) and the largest decode batch of a bundle's ladder. A bundle whose
     ladder cannot run the requested batch is an error, never a silent shrink."""
-    from plow.runtime.cpu.bundle import is_bundle, read_manifest
+    from plow.bundle.manifest import read_manifest
+    from plow.bundle.open import is_bundle
 
     if not is_bundle(path):
         return DEFAULT_MAX_NUM_SEQS if requested is None else requested
@@ -47,7 +48,7 @@ def _slots(path: Path, requested: int | None) -> int:
 
 def verified_only(e: PlowError) -> PlowError:
     """A refused bundle's error without the --no-verify hint: plow serve has no such flag."""
-    from plow.runtime.cpu.bundle import NO_VERIFY_HINT, BundleRefused
+    from plow.bundle.open import NO_VERIFY_HINT, BundleRefused
 
     problem = e.problem.replace(f" {NO_VERIFY_HINT}", "")
     return BundleRefused(e.where, problem + " (plow serve runs verified bundles only)")
@@ -152,7 +153,7 @@ def _serve_cmd(fail: Fail) -> Callable[..., None]:
 
         from rich.console import Console
 
-        from plow.runtime.cpu.bundle import BundleRefused
+        from plow.bundle.open import BundleRefused
         from plow.serve.http import Server, load_served_model, run_server
 
         console = Console(stderr=True)

@@ -418,7 +418,8 @@ def build_app(
     )
     from ray.serve.config import RequestRouterConfig
 
-    from plow.runtime.cpu.bundle import check_bundle, is_bundle, read_manifest
+    from plow.bundle.manifest import read_manifest
+    from plow.bundle.open import check_bundle, is_bundle
 
     if is_bundle(Path(model)):  # refused here in one line, not in every replica's log
         check_bundle(Path(model), read_manifest(Path(model)))

@@ -548,7 +548,7 @@ class _Tiler:
         col_sizes = axis_sizes(cols, self.cmin, self.opt.max_tile_elementwise, (one_wave,))
         if k is OpKind.sample and any(
             o.kind is OpKind.lm_head and op.inputs[0] in o.outputs for o in self.graph.ops
-        ):  # greedy fused into lm_head (plow/emit/argmax.py): lm_head reduces the columns
+        ):  # greedy fused into lm_head (plow/bundle/argmax.py): lm_head reduces the columns
             col_sizes = (round_up(max(cols, 1), self.cmin),)  # one tile: no sample partials
         axes = (
             _AxisSpec("rows", rows, axis_sizes(rows, self.rmin, self.opt.max_tile_rows)),

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from plow.bundle.manifest import MANIFEST, WEIGHTS, sha256_file
 from plow.cli import app
-from plow.emit.bundle import MANIFEST, WEIGHTS, compile_bundle, sha256_file
+from plow.emit.bundle import compile_bundle
 from plow.profile import CompileProfile
 from plow.target import load_target
 

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from plow.emit.bundle import MANIFEST, sha256_file
+from plow.bundle.manifest import MANIFEST, sha256_file
 
 
 def copy_bundle(src: Path, dst: Path) -> Path:
@@ -54,9 +54,9 @@ def edit_rung(
     """Edit a rung's op table and/or schedule file, then (with `reemit`) rewrite its plan file
     from them with the emitter, so the packets, the schedule file and the op table agree (E and
     D see nothing), and re-forge the manifest hashes: only a semantic check can notice."""
+    from plow.bundle.files import OpTable, ScheduleFile
+    from plow.bundle.wire import read_plan, write_plan
     from plow.emit.emit import emit_packets
-    from plow.emit.files import OpTable, ScheduleFile
-    from plow.emit.wire import read_plan, write_plan
 
     if ops is not None:
         edit_json(bundle / rung["ops"], ops)

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from plow.bundle.manifest import MANIFEST, WEIGHTS, Manifest
+from plow.bundle.wire import HEADER_SIZE, NO_COUNTER, read_plan
 from plow.checkpoint.weights import read_header
 from plow.cli import app
-from plow.emit.bundle import MANIFEST, WEIGHTS, Manifest, compile_bundle
+from plow.emit.bundle import compile_bundle
 from plow.emit.verify import verify_bundle
-from plow.emit.wire import HEADER_SIZE, NO_COUNTER, read_plan
 from plow.errors import PlowError
 from plow.profile import CompileProfile
 from plow.target import load_target

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from plow.bundle.manifest import MANIFEST
 from plow.cli import app
-from plow.emit.bundle import MANIFEST, compile_bundle, remove_stale_siblings, side_prefix
+from plow.emit.bundle import compile_bundle, remove_stale_siblings, side_prefix
 from plow.errors import PlowError
 from plow.profile import CompileProfile
 from plow.target import load_target

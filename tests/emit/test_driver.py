@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from plow.bundle.manifest import MANIFEST
 from plow.cli import app
 from plow.compile import PIPELINE, Timer, progress_stages
-from plow.emit.bundle import MANIFEST, compile_bundle
+from plow.emit.bundle import compile_bundle
 from plow.profile import CompileProfile
 from plow.target import load_target
 

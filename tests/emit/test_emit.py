@@ -9,10 +9,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from plow.bundle.files import OpTable, ScheduleFile
+from plow.bundle.stream import group_tasks
+from plow.bundle.wire import NO_COUNTER, PACKET_DTYPE, decode, encode, read_plan
 from plow.emit.emit import emit_packets
-from plow.emit.files import OpTable, ScheduleFile
-from plow.emit.verify import counter_graph_from_packets, group_tasks
-from plow.emit.wire import NO_COUNTER, PACKET_DTYPE, decode, encode, read_plan
+from plow.emit.verify import counter_graph_from_packets
 from tests.emit.bundle_edit import first_rung
 
 

@@ -13,16 +13,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from plow.bundle.argmax import argmax_bounds
+from plow.bundle.files import OpTable, ScheduleFile
+from plow.bundle.open import BundleRefused
+from plow.bundle.wire import Flag, Opcode, read_plan, write_plan
 from plow.checkpoint import load_checkpoint
-from plow.emit.argmax import argmax_bounds
 from plow.emit.bundle import compile_bundle
-from plow.emit.files import OpTable, ScheduleFile
 from plow.emit.verify import verify_bundle
-from plow.emit.wire import Flag, Opcode, read_plan, write_plan
 from plow.oracle.payloads.dataflow import COMPUTE, MERGE, TaskUnits, task_accesses
 from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, generate
-from plow.runtime.cpu.bundle import Bundle, BundleRefused
+from plow.runtime.cpu.bundle import Bundle
 from plow.target import load_target
 from tests.emit.bundle_edit import copy_bundle, reforge, rungs
 

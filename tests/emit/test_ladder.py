@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plow.emit.ladder import Ladder, LadderError, ladder_from_profile, round_up
+from plow.bundle.ladder import Ladder, LadderError, ladder_from_profile, round_up
 from plow.graph import Bucket, Phase
 from plow.profile import CompileProfile
 

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from plow.emit.bundle import MANIFEST, compile_bundle
-from plow.emit.files import OpTable, ScheduleFile
+from plow.bundle.files import OpTable, ScheduleFile
+from plow.bundle.manifest import MANIFEST
+from plow.bundle.wire import HEADER_SIZE
+from plow.emit.bundle import compile_bundle
 from plow.emit.verify import VerifyReport, merge_unit_count, verify_bundle
-from plow.emit.wire import HEADER_SIZE
 from plow.profile import CompileProfile
 from plow.target import load_target
 from tests.emit.bundle_edit import (
@@ -494,7 +495,8 @@ def test_mutants_are_refused_by_the_loader(
 ) -> None:
     """The mutant keeps the certificates of the bundle it was made from: the loader refuses
     them (another bundle digest) and names what `plow verify` rejects."""
-    from plow.runtime.cpu.bundle import Bundle, BundleRefused
+    from plow.bundle.open import BundleRefused
+    from plow.runtime.cpu.bundle import Bundle
 
     b = mutant(tiny_bundles["llama"], tmp_path)
     why = mutate(b)
@@ -508,7 +510,8 @@ def test_mutants_are_refused_by_the_loader(
 def test_certificates_carry_the_bundle_digest(
     tiny_bundles: dict[str, Path], tmp_path: Path
 ) -> None:
-    from plow.emit.verify import bundle_digest, write_certificates
+    from plow.bundle.manifest import bundle_digest
+    from plow.emit.verify import write_certificates
 
     b = mutant(tiny_bundles["qwen3"], tmp_path)
     digest = bundle_digest(b)
@@ -534,7 +537,8 @@ def test_certificates_carry_the_bundle_digest(
 def test_stale_or_foreign_or_edited_certificates_are_refused(
     tiny_bundles: dict[str, Path], tmp_path: Path
 ) -> None:
-    from plow.runtime.cpu.bundle import Bundle, BundleRefused
+    from plow.bundle.open import BundleRefused
+    from plow.runtime.cpu.bundle import Bundle
 
     # a benign manifest edit verify accepts: the certificates still name the old bundle
     b = mutant(tiny_bundles["llama"], tmp_path)
@@ -573,7 +577,7 @@ def test_stale_or_foreign_or_edited_certificates_are_refused(
 def _compute_record(b: Path, rung: dict[str, Any]) -> tuple[int, int, Any]:
     """(record index, op index, op row) of the first compute packet (not a nop, load or
     merge) of an op with two inputs and no partial."""
-    from plow.emit.wire import Flag, Opcode, decode_plan
+    from plow.bundle.wire import Flag, Opcode, decode_plan
 
     ot = _ops(b, rung)
     _, arr = decode_plan((b / rung["plan"]).read_bytes())

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from plow.bundle.manifest import WEIGHTS
 from plow.checkpoint.weights import read_header
 from plow.cli import app
-from plow.emit.bundle import WEIGHTS, compile_bundle
+from plow.emit.bundle import compile_bundle
 from plow.emit.verify import verify_bundle
 from plow.emit.verify_source import config_difference, verify_source
 from plow.profile import CompileProfile

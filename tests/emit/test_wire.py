@@ -1,4 +1,4 @@
-"""Wire format (plow.emit.wire): byte-exact round trips and a decoder that rejects broken
+"""Wire format (plow.bundle.wire): byte-exact round trips and a decoder that rejects broken
 records with the record, byte offset and field of the first violation."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plow.emit.wire import (
+from plow.bundle.wire import (
     FIELD_OFFSETS,
     HEADER_SIZE,
     NO_COUNTER,

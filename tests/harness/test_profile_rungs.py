@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plow.emit.ladder import LadderError, ladder_from_profile, round_up
+from plow.bundle.ladder import LadderError, ladder_from_profile, round_up
 from plow.errors import ConfigError
 from plow.graph import Bucket
 from plow.profile import CompileProfile, load_profile

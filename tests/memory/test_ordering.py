@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from plow.bundle.files import OpTable, ScheduleFile
+from plow.bundle.manifest import sha256_file
+from plow.bundle.wire import read_plan, write_plan
 from plow.checkpoint import load_spec
 from plow.cli import app
-from plow.emit.bundle import compile_bundle, sha256_file
+from plow.emit.bundle import compile_bundle
 from plow.emit.emit import emit_packets
-from plow.emit.files import OpTable, ScheduleFile
 from plow.emit.verify import verify_bundle
-from plow.emit.wire import read_plan, write_plan
 from plow.graph import Bucket, build_graph
 from plow.memory import plan_arena
 from plow.memory.ordering import (
@@ -205,8 +206,8 @@ def test_unordered_shared_bytes_are_rejected_by_verify(llama_bundle: Path, tmp_p
     _forge(b, sched, ops, plan)
     # the executor refuses to load it: its certificates are stale, and re-checking F the
     # way `plow verify` does (oracle + ordering side condition) rejects it
-    from plow.emit.verify import read_manifest
-    from plow.runtime.cpu.bundle import BundleRefused, check_bundle
+    from plow.bundle.manifest import read_manifest
+    from plow.bundle.open import BundleRefused, check_bundle
 
     # (D derives the same dependency from data flow and names it first, issue 14; the sweep
     # meets either reader of L0.attn_norm first, k_proj or v_proj)

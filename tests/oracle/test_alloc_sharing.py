@@ -17,11 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from plow.emit.bundle import compile_bundle, sha256_file
+from plow.bundle.files import OpTable, ScheduleFile
+from plow.bundle.manifest import read_manifest, sha256_file
+from plow.bundle.wire import read_plan, write_plan
+from plow.emit.bundle import compile_bundle
 from plow.emit.emit import emit_packets
-from plow.emit.files import OpTable, ScheduleFile
-from plow.emit.verify import read_manifest, verify_bundle
-from plow.emit.wire import read_plan, write_plan
+from plow.emit.verify import verify_bundle
 from plow.oracle import Certificate, run_checkpoint
 from plow.oracle.payloads.alloc import AllocPayload, BufferPlacement, SharingProtocol
 from plow.oracle.payloads.dataflow import sweep_order
@@ -252,7 +253,7 @@ def test_concurrent_buffers_sharing_bytes_are_rejected(bundle: Path, tmp_path: P
     assert "does not happen before" in row.reason
     assert "(L0.q_rope#" in row.reason and "(L0.k_rope#" in row.reason
 
-    from plow.runtime.cpu.bundle import BundleRefused, check_bundle
+    from plow.bundle.open import BundleRefused, check_bundle
 
     with pytest.raises(BundleRefused):
         check_bundle(b, read_manifest(b))

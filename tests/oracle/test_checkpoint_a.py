@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from plow.bundle.manifest import LadderRung
 from plow.cli import app
-from plow.emit.bundle import LadderRung, compile_bundle
+from plow.emit.bundle import compile_bundle
 from plow.emit.verify import rung_bucket, verify_bundle
 from plow.oracle.models import Certificate
 from plow.oracle.payloads.rewrites import REWRITES_FILE

@@ -18,17 +18,12 @@ from typing import Any
 
 import pytest
 
-from plow.emit.bundle import MANIFEST, compile_bundle
-from plow.emit.files import OpTable, ScheduleFile
-from plow.emit.verify import (
-    VOLATILE,
-    bundle_digest,
-    counter_graph_from_packets,
-    dataflow_from_packets,
-    group_tasks,
-    verify_bundle,
-)
-from plow.emit.wire import decode_plan
+from plow.bundle.files import OpTable, ScheduleFile
+from plow.bundle.manifest import MANIFEST, VOLATILE, bundle_digest
+from plow.bundle.stream import group_tasks
+from plow.bundle.wire import decode_plan
+from plow.emit.bundle import compile_bundle
+from plow.emit.verify import counter_graph_from_packets, dataflow_from_packets, verify_bundle
 from plow.errors import PlowError
 from plow.oracle import run_checkpoint
 from plow.oracle.payloads.dataflow import BLOCK, dataflow_payload, sweep_order

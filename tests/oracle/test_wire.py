@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from plow.emit.wire import (
+from plow.bundle.wire import (
     FIELD_OFFSETS,
     PACKET_DTYPE,
     RECORD_SIZE,

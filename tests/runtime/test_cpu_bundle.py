@@ -14,14 +14,16 @@ import torch
 import transformers
 from typer.testing import CliRunner
 
+from plow.bundle.files import ScheduleFile
+from plow.bundle.manifest import sha256_file
+from plow.bundle.open import BundleRefused
+from plow.bundle.wire import HEADER_SIZE, NO_COUNTER, Opcode, read_plan
 from plow.checkpoint import load_checkpoint
 from plow.cli import app
-from plow.emit.bundle import compile_bundle, sha256_file
-from plow.emit.files import ScheduleFile
-from plow.emit.wire import HEADER_SIZE, NO_COUNTER, Opcode, read_plan
+from plow.emit.bundle import compile_bundle
 from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, GenerationStats, RaceError, Request, RowInput, generate
-from plow.runtime.cpu.bundle import Bundle, BundleRefused
+from plow.runtime.cpu.bundle import Bundle
 from plow.target import load_target
 
 NEW = 16

@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from plow.bundle.open import BundleRefused
 from plow.checkpoint import load_checkpoint
 from plow.emit.bundle import compile_bundle
 from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, generate
-from plow.runtime.cpu.bundle import Bundle, BundleRefused, load_bundle_plan
+from plow.runtime.cpu.bundle import Bundle, load_bundle_plan
 from plow.target import load_target
 
 CONTEXT = 96

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from plow.bundle.wire import HEADER_SIZE, read_plan
 from plow.emit.bundle import compile_bundle
-from plow.emit.wire import HEADER_SIZE, read_plan
 from plow.errors import PlowError
 from plow.profile import CompileProfile
 from plow.runtime.cpu import Request, RowDevice, RowInput, generate
@@ -1010,7 +1010,7 @@ def test_the_page_table_follows_the_plans_page_timeline(small_h200_bundles: dict
     """Each record's shared-memory windows come from its task's page columns: sizes are the
     timeline's pages, every window lies inside the budget, and windows live at the same time
     on one worker never share a byte."""
-    from plow.emit.files import ScheduleFile
+    from plow.bundle.files import ScheduleFile
     from plow.runtime.cuda.image import assign_pages
 
     m = NativeModel.from_bundle(small_h200_bundles["llama-split"], max_batch=4, verify=False)

@@ -38,10 +38,10 @@ import pytest
 from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
+from plow.bundle.files import OpTable
 from plow.checkpoint import load_checkpoint
 from plow.cli import app
 from plow.emit.bundle import compile_bundle
-from plow.emit.files import OpTable
 from plow.graph import Bucket, build_graph
 from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, generate

@@ -61,7 +61,7 @@ def test_fused_linears_run_on_emulated_tensor_cores_within_the_scalar_paths_tole
 ) -> None:
     """Every bf16 linear_qkv and linear_glu is marked for tensor cores, and the result is the
     scalar path's within 1e-3 (another summation order: not its bits) with the same tokens."""
-    from plow.emit.files import OpTable
+    from plow.bundle.files import OpTable
     from plow.runtime.cuda import open_cuda
     from tests.runtime.test_cuda import _tokens_and_logits
 
@@ -90,7 +90,7 @@ def test_a_split_fused_plan_on_the_warp_dots_gives_the_native_bits(
 ) -> None:
     """Cheap tiles on 16 SMs split add_rmsnorm's row (partial sums of squares + a merge):
     the warp-per-row tile writes the partials fused.h writes, bit for bit."""
-    from plow.emit.files import OpTable
+    from plow.bundle.files import OpTable
     from plow.runtime.cuda import open_cuda
     from plow.runtime.native import NativeModel
     from tests.runtime.test_cuda import EMU_WORKERS, PROFILE, _tokens_and_logits
@@ -133,7 +133,7 @@ def test_split_k_fused_bf16_linears_on_tensor_cores_and_warp_dots(
     the warp dots write fused.h's partials (the native bits), and the tensor-core tiles'
     partials (gate and up rows kept apart, not shuffled into act(gate) * up) merge to the
     scalar path's logits within 1e-3 with the same tokens."""
-    from plow.emit.files import OpTable
+    from plow.bundle.files import OpTable
     from plow.runtime.cuda import open_cuda
     from plow.runtime.native import NativeModel
     from tests.runtime.test_cuda import _tokens_and_logits

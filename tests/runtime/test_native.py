@@ -24,9 +24,9 @@ import pytest
 import torch
 import transformers
 
+from plow.bundle.wire import HEADER_SIZE, Opcode, read_plan
 from plow.checkpoint import load_checkpoint
 from plow.emit.bundle import compile_bundle
-from plow.emit.wire import HEADER_SIZE, Opcode, read_plan
 from plow.errors import PlowError
 from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, RowInput, generate

@@ -95,7 +95,7 @@ def test_default_fusion_keeps_weights_it_cannot_relay_canonical(
     """Fused by default, the quantized checkpoint's q/k/v (q4_1, q4_0, q8_0) and gate/up
     (q4_1, q4_0) have no common block format to concatenate or interleave: those linears stay
     canonical, the residual add + rmsnorm (no weight re-laid) is still fused."""
-    from plow.emit.files import OpTable
+    from plow.bundle.files import OpTable
 
     out = tmp_path / "b"
     prof = CompileProfile(decode_batches=(1,), context=32)

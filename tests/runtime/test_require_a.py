@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from plow.bundle.manifest import MANIFEST
+from plow.bundle.open import BundleRefused
 from plow.cli import app
-from plow.emit.bundle import MANIFEST, compile_bundle
+from plow.emit.bundle import compile_bundle
 from plow.profile import CompileProfile
-from plow.runtime.cpu.bundle import Bundle, BundleRefused
+from plow.runtime.cpu.bundle import Bundle
 from plow.target import load_target
 from tests.emit.bundle_edit import copy_bundle
 

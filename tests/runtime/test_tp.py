@@ -19,9 +19,9 @@ import transformers
 from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
+from plow.bundle.files import OpTable
 from plow.cli import app
 from plow.emit.bundle import compile_bundle
-from plow.emit.files import OpTable
 from plow.profile import CompileProfile
 from plow.runtime.cpu import CpuModel, Request, generate
 from plow.runtime.native import open_native
@@ -174,7 +174,7 @@ def test_the_activation_pool_is_partitioned_per_device(tp2: Path) -> None:
         writer = {t: o.name for o in ot.ops for t in o.outputs}
         spans: dict[int, list[int]] = {}
         for b in _schedule(tp2, rung)["arena"]["buffers"]:
-            # lm_head's fused-argmax buffers (`lm_head#argmax...`, plow/emit/argmax.py) are
+            # lm_head's fused-argmax buffers (`lm_head#argmax...`, plow/bundle/argmax.py) are
             # placed after the arena's other buffers, outside the per-device pool
             if b["region"] in ("activations", "scratch") and "#argmax" not in b["name"]:
                 # a partial: `<op>#partial...`
@@ -254,8 +254,8 @@ def test_a_wrong_slice_is_rejected_by_a(tp2: Path, tiny_llama: Path, tmp_path: P
     re-emitted, hashes re-forged: checkpoint A rejects, as the sharded graph of the model
     records rows 16:32 there, naming the op and the slice. The same for an unfused op: device
     1's o_proj recording device 0's columns."""
+    from plow.bundle.manifest import WEIGHTS
     from plow.checkpoint.weights import read_header
-    from plow.emit.bundle import WEIGHTS
     from plow.emit.verify import verify_bundle
     from plow.emit.verify_source import verify_source
     from tests.emit.bundle_edit import copy_bundle, edit_rung, reforge, rungs
@@ -421,8 +421,8 @@ def test_verify_source_checks_each_slice_against_the_checkpoint(
     source tensor: the tp2 bundle equals its checkpoint; device 1's o_proj columns swapped for
     device 0's (same shape and dtype, hashes re-forged, certificates still accepting: the op
     table is untouched) is caught, naming the weight, the element and the source's."""
+    from plow.bundle.manifest import WEIGHTS
     from plow.checkpoint.weights import read_header
-    from plow.emit.bundle import WEIGHTS
     from plow.emit.verify_source import verify_source
     from tests.emit.bundle_edit import copy_bundle, reforge
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from plow.bundle.manifest import CheckpointCertificates
 from plow.checkpoint import load_spec
 from plow.cli import app
-from plow.compile import CheckpointCertificates, compile_plan
+from plow.compile import compile_plan
 from plow.errors import PlanRejected
 from plow.graph import Bucket, build_graph
 from plow.oracle import run_checkpoint

@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from plow.emit.files import OpTable
+from plow.bundle.files import OpTable
 from plow.oracle.payloads.dataflow import LOAD, TaskUnits, sweep_order
 
 Region = Literal["weights", "activations", "kv", "scratch", "io"]

@@ -60,7 +60,7 @@ disjoint from them), the key-value cache (read and written only inside its layer
 op: a tile writes this step's key/value rows and reads older positions, so no tile of the op
 depends on another's cache write; F keeps the cache disjoint from everything live), and the
 buffers the runtime adds at load time (the attention partial's `.ml` rows, the page table).
-The fused argmax buffers (`OpEntry.argmax`, plow/emit/argmax.py) are in the byte model:
+The fused argmax buffers (`OpEntry.argmax`, plow/bundle/argmax.py) are in the byte model:
 `_argmax_unit`.
 """
 
@@ -71,7 +71,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from plow.emit.files import OpEntry, OpTable
+from plow.bundle.files import OpEntry, OpTable
 from plow.target.model import dtype_bytes
 
 LOAD, COMPUTE, MERGE = 0, 1, 2
@@ -608,9 +608,9 @@ def task_accesses(
 
 
 def _argmax_space(ot: OpTable, name: str, workers: int) -> tuple[tuple[int, ...], int] | None:
-    """(chunk bounds, rows M) of the fused argmax buffer `name` (plow/emit/argmax.py); None
+    """(chunk bounds, rows M) of the fused argmax buffer `name` (plow/bundle/argmax.py); None
     when no lm_head names it."""
-    from plow.emit.argmax import argmax_bounds, argmax_rows
+    from plow.bundle.argmax import argmax_bounds, argmax_rows
 
     lm = next((o for o in ot.ops if o.kind == "lm_head" and o.argmax == name), None)
     if lm is None or len(lm.axes) < 3:

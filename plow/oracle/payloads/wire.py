@@ -21,7 +21,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from plow.emit.wire import (
+from plow.bundle.wire import (
     RECORD_SIZE,
     VALUE_FIELDS,
     WIRE_VERSION,
@@ -86,7 +86,7 @@ class WirePayload(BaseModel):
 
 
 class OpOperands(Protocol):
-    """What `emit_ops` reads of an op-table row (`plow.emit.files.OpRow`)."""
+    """What `emit_ops` reads of an op-table row (`plow.bundle.files.OpRow`)."""
 
     @property
     def name(self) -> str: ...
@@ -128,7 +128,7 @@ def wire_payload(packets: PacketArray | Sequence[Packet], data: bytes | None = N
     """Payload for structured `packets` and their bytes.
 
     `data`: the record bytes to check (e.g. read back from a plan file, header stripped);
-    default: the packets encoded by `plow.emit.wire` (no validation, so broken packets
+    default: the packets encoded by `plow.bundle.wire` (no validation, so broken packets
     reach the oracle as they are).
     """
     arr = as_packet_array(packets)

@@ -3,20 +3,9 @@ from the bundle's files alone, and the machine runs the plan file's packet strea
 
 `Bundle.open(path)` reads the manifest, the model config, the tokenizer and the weights
 (`weights.safetensors`, memory-mapped), and — unless `verify=False` — refuses a bundle that
-is not what was verified:
-
-1. every file hash in the manifest matches (`plow verify`'s own hash and cross-reference
-   check, `verify_bundle(..., checkpoints=())`); a mismatch names the file;
-2. `certificates/<ckpt>.json` exists for A..F (a bundle verified before checkpoint A existed
-   is refused in one line that says to recompile it), and every rung has an accepted
-   certificate (checkpoint D above the oracle's size limit is re-checked in Python, as
-   `plow verify` does); a rejected one names the checkpoint, the bucket and the oracle's reason;
-3. each certificate is bound to what runs: it carries the bundle digest
-   (`plow.emit.verify.bundle_digest`: the manifest, with every file's sha256, less its
-   volatile fields) and a certificate of another digest is refused; the certificate files
-   themselves must match their sha256 in the manifest. A stale certificate (files edited,
-   manifest hashes re-forged) is refused; `plow verify` is run once to name what is wrong
-   with the bundle (the checkpoint and the oracle's reason), if anything.
+is not what was verified (`plow.bundle.open.check_bundle`: every file hash matches, the
+certificates A..F are accepted and carry the bundle digest; a stale certificate is refused
+and `plow verify` is run once to name what is wrong with the bundle, if anything).
 
 A `--plan-only` bundle has no weights file: `Bundle.open(path, weights=ckpt.weights)` (and
 `load_bundle_plan(..., weights=...)`) opens it with the caller's weights (the checkpoint the
@@ -26,8 +15,8 @@ for a full bundle are checked the same way and used instead of its own file.
 
 `Bundle.plan(bucket)` (and `load_bundle_plan`) decodes one rung:
 
-- the packets: the plan file, memory-mapped, decoded by `plow.emit.wire.decode_plan`; tasks
-  are grouped by `plow.emit.verify.group_tasks` (leading wait-only nops, the task packet,
+- the packets: the plan file, memory-mapped, decoded by `plow.bundle.wire.decode_plan`; tasks
+  are grouped by `plow.bundle.stream.group_tasks` (leading wait-only nops, the task packet,
   trailing signal-only nops). Every record is a queue entry of the machine (`Stream`): nops
   run as real entries that only wait or only signal, with the threshold the record carries;
 - what a task packet computes: the op table's op `op_index`, the unit range `row_start,
@@ -61,13 +50,14 @@ from typing import Any, Literal
 
 import numpy as np
 
+from plow.bundle.files import OpTable, ScheduleFile
+from plow.bundle.manifest import WEIGHTS, LadderRung, Manifest, read_manifest
+from plow.bundle.open import BundleRefused, check_bundle, is_bundle
+from plow.bundle.wire import NO_COUNTER, Flag, Opcode, PacketArray, WireError, decode_plan
 from plow.checkpoint import ModelSpec
 from plow.checkpoint.loader import spec_from_config
 from plow.checkpoint.tokenizer import Tokenizer
 from plow.checkpoint.weights import WeightStore
-from plow.emit.bundle import WEIGHTS, LadderRung, Manifest
-from plow.emit.files import OpTable, ScheduleFile
-from plow.emit.wire import NO_COUNTER, Flag, Opcode, PacketArray, WireError, decode_plan
 from plow.errors import PlowError
 from plow.graph import Bucket, OpGraph, Phase, TensorRole
 from plow.graph.mla import kv_halves
@@ -92,105 +82,19 @@ from plow.schedule.regions import REDUCTION_AXIS, partial_name
 from plow.target.model import dtype_bytes
 from plow.tiles.ir import Axis, Tile, TiledOp
 
-CHECKPOINTS = ("A", "B", "C", "D", "E", "F")
 ArenaMode = Literal["bundle", "private"]
-
-
-class BundleRefused(PlowError):
-    """The bundle is not what was verified (hash, certificate) or cannot run here."""
-
-    exit_code = 1
-
-
-NO_VERIFY_HINT = "(pass --no-verify to run it anyway)"
-
-
-# ----------------------------------------------------------------------------- verification
-
-
-def check_bundle(bundle: Path, m: Manifest) -> list[str]:
-    """Steps 1-3 of the module docstring; raises `BundleRefused` (one line, naming the file or
-    the checkpoint); returns notes."""
-    from plow.compile import CheckpointCertificates
-    from plow.emit.verify import (
-        bundle_digest,
-        certificate_file_problems,
-        verify_bundle,
-    )
-
-    row = verify_bundle(bundle, checkpoints=()).rows[0]
-    if row.rejected:
-        raise BundleRefused(bundle, f"{row.reason} {NO_VERIFY_HINT}")
-    edited = certificate_file_problems(bundle, m)
-    if edited:
-        raise BundleRefused(bundle, f"{edited[0]} {NO_VERIFY_HINT}")
-    digest = bundle_digest(bundle)
-    stale: list[str] = []
-    for ck in CHECKPOINTS:
-        rel = f"certificates/{ck}.json"
-        p = bundle / rel
-        # verified before checkpoint A existed (its other certificates are there)
-        if ck == "A" and not p.is_file() and (bundle / "certificates" / "B.json").is_file():
-            raise BundleRefused(
-                bundle,
-                f"no checkpoint A certificate ({rel} missing: nothing certifies that its op "
-                "table is the model's graph); recompile it with `plow compile --verify` "
-                f"{NO_VERIFY_HINT}",
-            )
-        if not p.is_file():
-            raise BundleRefused(
-                p,
-                "missing: the bundle was not verified (compile with --verify or run "
-                f"`plow verify {bundle}`) {NO_VERIFY_HINT}",
-            )
-        try:
-            doc = CheckpointCertificates.model_validate_json(p.read_bytes())
-        except ValueError as e:
-            raise BundleRefused(p, f"unreadable certificate file: {e}") from e
-        for rung in m.ladder:
-            cert = doc.buckets.get(rung.name)
-            if cert is None:
-                raise BundleRefused(p, f"no certificate for bucket {rung.name} {NO_VERIFY_HINT}")
-            if cert.checkpoint != ck:
-                raise BundleRefused(p, f"bucket {rung.name}: a checkpoint {cert.checkpoint} "
-                                       f"certificate {NO_VERIFY_HINT}")  # fmt: skip
-            if not cert.accepted:
-                raise BundleRefused(
-                    p,
-                    f"checkpoint {ck} rejected bucket {rung.name}: {cert.reason} {NO_VERIFY_HINT}",
-                )
-            if cert.bundle_sha256 != digest:
-                stale.append(f"{rel}: bucket {rung.name}")
-    if stale:
-        # The certificates were issued for another bundle (files edited, hashes re-forged):
-        # refused. Verify once to say what is wrong with this one, if anything.
-        again = verify_bundle(bundle).first_rejection()
-        if again is not None:
-            raise BundleRefused(
-                bundle / "certificates",
-                f"checkpoint {again.checkpoint} rejects bucket {again.bucket} (its certificate "
-                f"is stale: the files changed since verification): {again.reason} "
-                f"{NO_VERIFY_HINT}",
-            )
-        raise BundleRefused(
-            bundle / "certificates",
-            f"{stale[0]}: certified another bundle (the files or the manifest changed since "
-            f"verification; run `plow verify {bundle}`) {NO_VERIFY_HINT}",
-        )
-    return []
 
 
 # ----------------------------------------------------------------------------- the bundle
 
 
-def read_manifest(path: Path) -> Manifest:
-    from plow.emit.verify import read_manifest as _read
+def diagnose(bundle: Path) -> tuple[str, str, str] | None:
+    """`plow verify`'s first rejection of `bundle` (checkpoint, bucket, reason), or None: what
+    the loader says about a bundle whose certificates are stale."""
+    from plow.emit.verify import verify_bundle
 
-    return _read(path)
-
-
-def is_bundle(path: Path) -> bool:
-    return (Path(path) / "manifest.json").is_file()
+    r = verify_bundle(bundle).first_rejection()
+    return None if r is None else (r.checkpoint, r.bucket, r.reason)
 
 
 def _bucket(r: LadderRung) -> Bucket:
@@ -228,7 +132,7 @@ class Bundle:
                 "a --plan-only bundle has no weights: it cannot run without the checkpoint's "
                 "weights",
             )
-        notes = check_bundle(path, m) if verify else []
+        notes = check_bundle(path, m, diagnose=diagnose) if verify else []
         cfg_path = path / "config.json"
         try:
             config = json.loads(cfg_path.read_text())
@@ -554,7 +458,7 @@ def _layout(
 def _load_plan(
     bundle: Path, rung: LadderRung, kv: KVShape, ring: int, arena: ArenaMode = "bundle"
 ) -> Plan:
-    from plow.emit.verify import Grouped, group_tasks
+    from plow.bundle.stream import Grouped, group_tasks
 
     ops_path, plan_path = bundle / rung.ops, bundle / rung.plan
     try:
@@ -719,11 +623,11 @@ def _lm_rows(ops: tuple[OpEntry, ...], f: FusedArgmax) -> int:
 def _fused_argmax(
     ot: OpTable, sf: ScheduleFile, cols: dict[str, list[int]], main: Any, where: Path
 ) -> FusedArgmax | None:
-    """Greedy fused into lm_head as the compiler decided it (plow/emit/argmax.py): the op
+    """Greedy fused into lm_head as the compiler decided it (plow/bundle/argmax.py): the op
     table's `argmax` on the lm_head and sample ops, every non-load packet of both carrying
     FUSED_ARGMAX (checkpoint E's rule, checked again here), the chunk bounds by the same rule
     from the same op table. Nothing is fused that the bundle does not say."""
-    from plow.emit.argmax import argmax_bounds, argmax_problem, fused_pair
+    from plow.bundle.argmax import argmax_bounds, argmax_problem, fused_pair
 
     named = [i for i, o in enumerate(ot.ops) if o.argmax is not None]
     for m in main:
@@ -789,7 +693,7 @@ def _weights_index(src: Path) -> bytes:
 
 def cache_key(src: Path, target: Any, profile: CompileProfile) -> str:
     import plow
-    from plow.emit.wire import WIRE_VERSION
+    from plow.bundle.wire import WIRE_VERSION
 
     h = hashlib.sha256()
     h.update((src / "config.json").read_bytes())

@@ -105,7 +105,7 @@ class CpuModel:
     lossy); `fuse_argmax` fuses greedy sampling into the lm_head tasks of the plans compiled
     here in memory (`plan.fuse_argmax`; the same tokens, bit for bit, without the sample op's
     scan of the logits). A bundle's plans run as the compiler fused them (its op table's
-    `argmax` and packets' FUSED_ARGMAX, plow/emit/argmax.py); `fuse_argmax` does not apply."""
+    `argmax` and packets' FUSED_ARGMAX, plow/bundle/argmax.py); `fuse_argmax` does not apply."""
 
     executor_name = "cpu"  # the executor this model is (engines and runners report it)
 
@@ -186,7 +186,7 @@ class CpuModel:
         `plow.runtime.cpu.bundle`). `verify=False` skips the hash and certificate checks;
         `arena="private"` gives every tensor its own words (diagnosis; default: the bundle's
         offsets)."""
-        from plow.emit.ladder import round_up as rung_for
+        from plow.bundle.ladder import round_up as rung_for
         from plow.runtime.cpu.bundle import Bundle as _Bundle
 
         b = bundle if isinstance(bundle, _Bundle) else _Bundle.open(bundle, verify=verify)
@@ -249,7 +249,7 @@ class CpuModel:
 
     def decode_bucket(self, rows: int) -> Bucket:
         if self.bundle is not None:
-            from plow.emit.ladder import round_up as rung_for
+            from plow.bundle.ladder import round_up as rung_for
 
             return rung_for(self.bundle.ladder, Phase.decode, rows, self.context)
         return Bucket.decode(round_up(rows, self.decode_batches), self.context)
@@ -259,7 +259,7 @@ class CpuModel:
         to `tokens` tokens (at most `max_prefill_tokens`). A bundle without prefill rungs
         prefills through its decode rungs, one token per row and launch."""
         if self.bundle is not None:
-            from plow.emit.ladder import round_up as rung_for
+            from plow.bundle.ladder import round_up as rung_for
 
             if not self._bundle_prefill:
                 return self.decode_bucket(rows)

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from plow.bundle.files import ScheduleFile
 from plow.checkpoint.quant import QuantTensor
-from plow.emit.files import ScheduleFile
 from plow.errors import PlowError
 from plow.runtime.cpu.bundle import Bundle
 from plow.runtime.cpu.engine import generate_request

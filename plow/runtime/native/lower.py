@@ -21,9 +21,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from plow.bundle.files import OpTable
+from plow.bundle.wire import read_plan
 from plow.checkpoint.quant import FORMATS, QuantTensor
-from plow.emit.files import OpTable
-from plow.emit.wire import read_plan
 from plow.errors import PlowError
 from plow.graph.mla import values_are_keys
 from plow.runtime.cpu.arena import Arena

@@ -49,7 +49,7 @@ class OpEntry(BaseModel):
     axes: list[AxisEntry]
     cost: OpCost
     partial: str | None = None  # the op's fp32 partials buffer when its reduction is split
-    # greedy fused into lm_head (plow/emit/argmax.py): `<lm_head>#argmax` on the lm_head op
+    # greedy fused into lm_head (plow/bundle/argmax.py): `<lm_head>#argmax` on the lm_head op
     # (it writes it) and on the sample op (it reads it); every non-load packet of both ops
     # carries FUSED_ARGMAX
     argmax: str | None = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from plow.emit.files import OpEntry, OpTable
+from plow.bundle.files import OpEntry, OpTable
 
 
 class _Op(Protocol):
