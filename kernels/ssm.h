@@ -7,12 +7,17 @@
 // [slots, ...] (plow.runtime.cpu.arena.StateShape); row b uses slot state_slot[b], read and
 // rewritten by the one tile covering its channels / heads. A row whose first valid position
 // is 0 starts from zeros (a new sequence); padded tokens (position -1) output 0 and leave the
-// state alone. Prefill runs the recurrence token by token (the chunked form is not here).
+// state alone. Prefill (a row of more than one token) runs the chunked scan on the host builds
+// (ssm_chunked_head), the recurrence on the device builds and for decode.
 // Shared by the host and device builds (only PLOW_HD helpers of tiles.h are used).
 #ifndef PLOW_SSM_H
 #define PLOW_SSM_H
 
 #include "tiles.h"
+
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+#include <vector>
+#endif
 
 namespace plow {
 
@@ -71,6 +76,73 @@ PLOW_HD static void tile_ssm_conv(const Ctx& c, const PlowOp& op, const Range* r
   }
 }
 
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+// Prefill on the host: a row of more than one token runs the chunked (SSD) scan of
+// plow.runtime.numpy_ops._ssm_chunk (transformers' mamba2_chunk_scan), PLOW_SSM_CHUNK tokens
+// at a time; the device builds run the recurrence (one thread per tile, no scratch).
+constexpr int64_t PLOW_SSM_CHUNK = 64;
+
+// Head h of batch row b over its valid tokens idx[0 .. nv): state s [hd, N] updated in place;
+// y [T, H * hd] the row's output. G the running sum of dt * a over the chunk:
+// y_l = exp(G_l) S c_l + sum_{s <= l} (c_l . b_s) exp(G_l - G_s) dt_s x_s + D x_l;
+// S' = exp(G_last) S + sum_s exp(G_last - G_s) dt_s x_s b_s^T.
+static void ssm_chunked_head(const Ctx& c, const PlowOp& op, int64_t b, int64_t h,
+                             const int64_t* idx, int64_t nv, float* s, float* y) {
+  const int64_t T = op.d[1], C = op.d[2], Pw = op.d[3], H = op.d[4], hd = op.d[5], N = op.d[6];
+  const int64_t G = op.d[7], inner = H * hd, dt_off = inner + C, g = h / (H / G);
+  const int64_t L = PLOW_SSM_CHUNK;
+  const float a = -expf(op.table[H + h]);
+  std::vector<float> buf(static_cast<size_t>(2 * L + L * L));
+  float* dt = buf.data();
+  float* gc = dt + L;
+  float* cb = gc + L;  // [L, L]: (c_l . b_s) exp(G_l - G_s) dt_s, s <= l
+  for (int64_t c0 = 0; c0 < nv; c0 += L) {
+    const int64_t m = nv - c0 < L ? nv - c0 : L;
+    for (int64_t i = 0; i < m; ++i) {
+      float v = c.A[op.t[1] + (b * T + idx[c0 + i]) * Pw + dt_off + h] + op.table[h];
+      v = v > 20.0f ? v : log1pf(expf(v));  // torch's softplus
+      dt[i] = v < op.f[0] ? op.f[0] : (v > op.f[1] ? op.f[1] : v);
+      gc[i] = (i ? gc[i - 1] : 0.0f) + dt[i] * a;
+    }
+    for (int64_t l = 0; l < m; ++l) {
+      const float* cm = c.A + op.t[0] + (b * T + idx[c0 + l]) * C + inner + G * N + g * N;
+      for (int64_t j = 0; j <= l; ++j) {
+        const float* bm = c.A + op.t[0] + (b * T + idx[c0 + j]) * C + inner + g * N;
+        float acc = 0.0f;
+        for (int64_t n = 0; n < N; ++n) acc += cm[n] * bm[n];
+        cb[l * L + j] = acc * expf(gc[l] - gc[j]) * dt[j];
+      }
+    }
+    for (int64_t l = 0; l < m; ++l) {
+      const float* row = c.A + op.t[0] + (b * T + idx[c0 + l]) * C;
+      const float* cm = row + inner + G * N + g * N;
+      const float e = expf(gc[l]);
+      float* yl = y + idx[c0 + l] * inner + h * hd;
+      for (int64_t p = 0; p < hd; ++p) {
+        float acc = 0.0f;
+        for (int64_t n = 0; n < N; ++n) acc += s[p * N + n] * cm[n];
+        float intra = 0.0f;
+        for (int64_t j = 0; j <= l; ++j)
+          intra += cb[l * L + j] * c.A[op.t[0] + (b * T + idx[c0 + j]) * C + h * hd + p];
+        yl[p] = acc * e + intra + op.table[2 * H + h] * row[h * hd + p];
+      }
+    }
+    const float last = gc[m - 1];
+    const float el = expf(last);
+    for (int64_t i = 0; i < hd * N; ++i) s[i] *= el;
+    for (int64_t j = 0; j < m; ++j) {
+      const float* row = c.A + op.t[0] + (b * T + idx[c0 + j]) * C;
+      const float* bm = row + inner + g * N;
+      const float wgt = expf(last - gc[j]) * dt[j];
+      for (int64_t p = 0; p < hd; ++p) {
+        const float xd = wgt * row[h * hd + p];
+        for (int64_t n = 0; n < N; ++n) s[p * N + n] += xd * bm[n];
+      }
+    }
+  }
+}
+#endif
+
 // -- ssm_scan: rows [b0, b1) x heads [h0, h1) ---------------------------------------------------
 // t0 xBC [B, T, C], t1 proj [B, T, Pw], t2 ssm state [slots, H, hd, N], t3 positions,
 // t4 state_slot, t5 out [B, T, H * hd]; d0 B, d1 T, d2 C, d3 Pw, d4 H, d5 hd, d6 N, d7 G;
@@ -93,10 +165,21 @@ PLOW_HD static void tile_ssm_scan(const Ctx& c, const PlowOp& op, const Range* r
     bool fresh = false;
     if (ssm_first(pos, T, &fresh) == T) continue;
     float* st_row = c.A + op.t[2] + static_cast<int64_t>(slots[b]) * H * hd * N;
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+    std::vector<int64_t> idx;
+    for (int64_t t = 0; t < T; ++t)
+      if (pos[t] >= 0) idx.push_back(t);
+#endif
     for (int64_t h = r[1].a; h < h1; ++h) {
       float* s = st_row + h * hd * N;
       if (fresh)
         for (int64_t i = 0; i < hd * N; ++i) s[i] = 0.0f;
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+      if (idx.size() > 1) {
+        ssm_chunked_head(c, op, b, h, idx.data(), static_cast<int64_t>(idx.size()), s, out);
+        continue;
+      }
+#endif
       const int64_t g = h / per_group;
       const float a = -expf(a_log[h]);
       for (int64_t t = 0; t < T; ++t) {

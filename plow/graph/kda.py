@@ -16,8 +16,9 @@ as recurrent state) and one op of its own, `kda`, over C = heads * head_dim colu
 g = -exp(A_log) * softplus(f + dt_bias); S = S * exp(g) (row k scaled by g_k);
 S += k (beta (v - S^T k))^T; y = S^T q; out = rmsnorm(y) * w * sigmoid(gate). The state S
 [B, H, D, D] is `TensorRole.state`: one block per row's slot, read and rewritten by the op
-(a row whose first position is 0 starts from zeros). Prefill runs the same recurrence token
-by token (not the chunked form).
+(a row whose first position is 0 starts from zeros). A row of more than one token (prefill)
+runs the chunked form of the same recurrence on the cpu and native host executors
+(`plow.runtime.numpy_ops._kda_chunk`, `kernels/kda.h`); the op and its tiles are the same.
 """
 
 from __future__ import annotations

@@ -279,7 +279,13 @@ def experts_down(x: np.ndarray, route: np.ndarray, w: np.ndarray) -> np.ndarray:
 # A row's tokens are its positions >= 0 (a contiguous prefix of the step's tokens); a row whose
 # first such position is 0 starts from a zero state (a new sequence), any other continues the
 # state it holds. Padded tokens (position -1) read nothing, leave the state alone, output 0.
-# Prefill runs the recurrence token by token (fp32 state), the same arithmetic as decode.
+# Prefill (a row of more than one token) runs the chunked scan (`_ssm_chunk`, CHUNK tokens at
+# a time), a decode step the recurrence; both fp32, equal up to rounding.
+
+
+# Tokens of a row per chunk of the chunked forms (Mamba-2's scan, KDA): fla's and
+# transformers' torch fallbacks' default.
+CHUNK = 64
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -314,10 +320,13 @@ def ssm_scan_row(
     state: np.ndarray,
     fresh: bool,
     attrs: Mapping[str, Any],
+    chunk: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One row's heads: xbc [n, inner + 2GN] (conv output), dt_raw [n, H'] (in_proj's dt
     columns of the heads in `state`), state [H', P, N]. `attrs["head0"]` (default 0) is the
-    first head of the slice, so a tile over heads picks its group of B and C."""
+    first head of the slice, so a tile over heads picks its group of B and C. A row of more
+    than one token runs the chunked scan over `chunk` tokens at a time (default CHUNK; 1:
+    the recurrence), a decode step the recurrence."""
     hh, p, nn, g = (
         state.shape[0],
         int(attrs["head_dim"]),
@@ -331,19 +340,53 @@ def ssm_scan_row(
     grp = (np.arange(h0, h0 + hh) // per_group).astype(np.int64)
     a = -np.exp(a_log.astype(F32))
     s = np.zeros_like(state) if fresh else state.astype(F32).copy()
-    ys = np.zeros((xbc.shape[0], hh * p), dtype=F32)
-    for i in range(xbc.shape[0]):
-        x = xbc[i, h0 * p : (h0 + hh) * p].reshape(hh, p)
-        bm = xbc[i, inner : inner + g * nn].reshape(g, nn)[grp]  # [H', N]
-        cm = xbc[i, inner + g * nn : inner + 2 * g * nn].reshape(g, nn)[grp]
-        dt = softplus(dt_raw[i] + dt_bias.astype(F32))
-        hi = attrs.get("dt_max")  # None: no upper limit (JSON has no infinity)
-        dt = np.clip(dt, F32(attrs["dt_min"]), F32("inf" if hi is None else hi)).astype(F32)
-        da = np.exp(dt * a).astype(F32)  # [H']
-        s = (s * da[:, None, None] + (dt[:, None] * x)[:, :, None] * bm[:, None, :]).astype(F32)
-        y = np.einsum("hpn,hn->hp", s, cm, dtype=F32) + d.astype(F32)[:, None] * x
-        ys[i] = y.reshape(-1)
-    return ys, s
+    n = xbc.shape[0]
+    x = xbc[:, h0 * p : (h0 + hh) * p].astype(F32).reshape(n, hh, p)
+    bm = xbc[:, inner : inner + g * nn].astype(F32).reshape(n, g, nn)[:, grp]  # [n, H', N]
+    cm = xbc[:, inner + g * nn : inner + 2 * g * nn].astype(F32).reshape(n, g, nn)[:, grp]
+    dt = softplus((dt_raw + dt_bias.astype(F32)).astype(F32))
+    hi = attrs.get("dt_max")  # None: no upper limit (JSON has no infinity)
+    dt = np.clip(dt, F32(attrs["dt_min"]), F32("inf" if hi is None else hi)).astype(F32)
+    step = CHUNK if chunk is None else chunk
+    ys = np.zeros((n, hh, p), dtype=F32)
+    if n > 1 and step > 1:
+        for t0 in range(0, n, step):
+            part = np.s_[t0 : t0 + step]
+            ys[part], s = _ssm_chunk(x[part], bm[part], cm[part], dt[part], a, s)
+    else:
+        for i in range(n):
+            da = np.exp(dt[i] * a).astype(F32)  # [H']
+            s = (
+                s * da[:, None, None] + (dt[i][:, None] * x[i])[:, :, None] * bm[i][:, None, :]
+            ).astype(F32)
+            ys[i] = np.einsum("hpn,hn->hp", s, cm[i], dtype=F32)
+    ys = (ys + d.astype(F32)[None, :, None] * x).astype(F32)
+    return ys.reshape(n, hh * p), s
+
+
+def _ssm_chunk(
+    x: np.ndarray, bm: np.ndarray, cm: np.ndarray, dt: np.ndarray, a: np.ndarray, s: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One chunk of L tokens of Mamba-2's scan in the chunked (SSD) form of transformers'
+    `mamba2_chunk_scan`: x [L, H', P], bm / cm [L, H', N], dt [L, H'], a [H'], s [H', P, N]
+    the state before the chunk. With G the running sum of dt * a over the chunk:
+    y_l = exp(G_l) S c_l + sum_{s <= l} (c_l . b_s) exp(G_l - G_s) dt_s x_s (no D term);
+    S' = exp(G_L) S + sum_s exp(G_L - G_s) dt_s x_s b_s^T."""
+    n = x.shape[0]
+    gc = np.cumsum((dt * a[None, :]).astype(F32), axis=0, dtype=F32)  # [L, H']
+    low = np.tril(np.ones((n, n), dtype=bool))
+    diff = gc[:, None, :] - gc[None, :, :]  # [l, s, H']
+    lm = np.exp(np.where(low[:, :, None], diff, F32(-np.inf))).astype(F32)
+    xd = (x * dt[:, :, None]).astype(F32)  # [L, H', P]
+    m = (np.einsum("lhn,shn->lsh", cm, bm, dtype=F32) * lm).astype(F32)
+    y = np.einsum("lsh,shp->lhp", m, xd, dtype=F32)
+    y = y + np.einsum("hpn,lhn->lhp", s, cm, dtype=F32) * np.exp(gc)[:, :, None]
+    dec = np.exp(gc[-1][None, :] - gc).astype(F32)  # [L, H']
+    s = (
+        s * np.exp(gc[-1])[:, None, None]
+        + np.einsum("lhp,lhn->hpn", xd * dec[:, :, None], bm, dtype=F32)
+    ).astype(F32)
+    return y.astype(F32), s
 
 
 def ssm_norm(y: np.ndarray, z: np.ndarray, w: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
@@ -407,7 +450,14 @@ def ssm_scan(
 
 
 # -- Kimi Delta Attention (plow/graph/kda.py) ---------------------------------------------------
-# The same row / slot / fresh rules as Mamba-2's ops above; fp32 throughout, per token.
+# The same row / slot / fresh rules as Mamba-2's ops above; fp32 throughout.
+
+
+# Prefill (a row with more than one token) runs the chunked form (transformers'
+# `chunk_kimi_delta_attention`, fla's chunk_kda) over chunks of CHUNK tokens of the row; a
+# decode step (one token) the recurrence. Both are exact rewrites of the same recurrence in
+# fp32: they differ by rounding only (the tests hold both to transformers' 1e-4). CHUNK is
+# the Mamba-2 section's.
 
 
 def kda_row(
@@ -421,36 +471,83 @@ def kda_row(
     state: np.ndarray,
     fresh: bool,
     attrs: Mapping[str, Any],
+    chunk: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One row's heads h0 .. h0 + H' (`attrs["head0"]`, default 0): x [n, 3C] (the conv
     output q | k | v of all heads), f / gate [n, H'*D], beta [n, H'] (this slice's columns),
-    dt_bias [H'*D], a_log [H'], w [D], state [H', D, D]. Returns (out [n, H'*D], state)."""
+    dt_bias [H'*D], a_log [H'], w [D], state [H', D, D]. Returns (out [n, H'*D], state).
+    `chunk` tokens at a time (default CHUNK) in the chunked form when n > 1 (1: the
+    recurrence)."""
     hh, d = state.shape[0], int(attrs["head_dim"])
     c = int(attrs["heads"]) * d
     h0 = int(attrs.get("head0", 0))
     lo, hi = h0 * d, (h0 + hh) * d
+    n = x.shape[0]
     decay = np.exp(a_log.astype(F32)).astype(F32)[:, None]  # [H', 1]
     s = np.zeros_like(state, dtype=F32) if fresh else state.astype(F32).copy()
-    out = np.zeros((x.shape[0], hh * d), dtype=F32)
     eps, scale = F32(attrs["eps"]), F32(d**-0.5)
-    for i in range(x.shape[0]):
-        q0 = x[i, lo:hi].astype(F32).reshape(hh, d)
-        k0 = x[i, c + lo : c + hi].astype(F32).reshape(hh, d)
-        v = x[i, 2 * c + lo : 2 * c + hi].astype(F32).reshape(hh, d)
-        q = q0 / np.sqrt(np.sum(q0 * q0, axis=-1, keepdims=True, dtype=F32) + F32(1e-6)) * scale
-        k = k0 / np.sqrt(np.sum(k0 * k0, axis=-1, keepdims=True, dtype=F32) + F32(1e-6))
-        g = -decay * softplus((f[i] + dt_bias.astype(F32)).astype(F32).reshape(hh, d))
-        b = (F32(1) / (F32(1) + np.exp(-beta[i].astype(F32)))).astype(F32)  # [H']
-        s = (s * np.exp(g.astype(F32))[:, :, None]).astype(F32)
-        mem = np.einsum("hkv,hk->hv", s, k, dtype=F32)
-        delta = ((v - mem) * b[:, None]).astype(F32)
-        s = (s + k[:, :, None] * delta[:, None, :]).astype(F32)
-        y = np.einsum("hkv,hk->hv", s, q, dtype=F32)
-        var = np.mean(y * y, axis=-1, keepdims=True, dtype=F32)
-        y = y / np.sqrt(var + eps) * w.astype(F32)
-        gt = gate[i].astype(F32).reshape(hh, d)
-        out[i] = (y * (F32(1) / (F32(1) + np.exp(-gt)))).reshape(-1)
+    q0 = x[:, lo:hi].astype(F32).reshape(n, hh, d)
+    k0 = x[:, c + lo : c + hi].astype(F32).reshape(n, hh, d)
+    v = x[:, 2 * c + lo : 2 * c + hi].astype(F32).reshape(n, hh, d)
+    q = q0 / np.sqrt(np.sum(q0 * q0, axis=-1, keepdims=True, dtype=F32) + F32(1e-6)) * scale
+    k = k0 / np.sqrt(np.sum(k0 * k0, axis=-1, keepdims=True, dtype=F32) + F32(1e-6))
+    g = -decay * softplus((f + dt_bias.astype(F32)).astype(F32).reshape(n, hh, d))
+    b = (F32(1) / (F32(1) + np.exp(-beta.astype(F32)))).astype(F32)  # [n, H']
+    step = CHUNK if chunk is None else chunk
+    if n > 1 and step > 1:
+        ys = np.zeros((n, hh, d), dtype=F32)
+        for t0 in range(0, n, step):
+            part = np.s_[t0 : t0 + step]
+            ys[part], s = _kda_chunk(q[part], k[part], v[part], g[part], b[part], s)
+    else:
+        ys = np.zeros((n, hh, d), dtype=F32)
+        for i in range(n):
+            s = (s * np.exp(g[i].astype(F32))[:, :, None]).astype(F32)
+            mem = np.einsum("hkv,hk->hv", s, k[i], dtype=F32)
+            delta = ((v[i] - mem) * b[i][:, None]).astype(F32)
+            s = (s + k[i][:, :, None] * delta[:, None, :]).astype(F32)
+            ys[i] = np.einsum("hkv,hk->hv", s, q[i], dtype=F32)
+    var = np.mean(ys * ys, axis=-1, keepdims=True, dtype=F32)
+    y = ys / np.sqrt(var + eps) * w.astype(F32)
+    gt = gate.astype(F32).reshape(n, hh, d)
+    out = (y * (F32(1) / (F32(1) + np.exp(-gt)))).reshape(n, hh * d).astype(F32)
     return out, s
+
+
+def _kda_chunk(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, b: np.ndarray, s: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One chunk of L tokens in the chunked (WY) form: q, k, v, g [L, H', D] (q l2-normed and
+    scaled, k l2-normed, g the log decays), b [L, H'] (beta after its sigmoid), s [H', D, D]
+    the state before the chunk. Returns (y [L, H', D] = S_t^T q_t, the state after it).
+
+    With G the decays' running sum over the chunk, the chunk's updates are the rank-L
+    correction (I + A)^-1 of the strictly lower A[i, j] = beta_i k_i . (k_j exp(G_i - G_j)),
+    solved by forward substitution: u = T (beta v), w = T (beta k exp(G)); the new values
+    v' = u - w S; y_i = (q_i exp(G_i)) S + sum_{j <= i} (q_i . k_j exp(G_i - G_j)) v'_j;
+    S' = exp(G_L) S + sum_j (k_j exp(G_L - G_j)) v'_j^T."""
+    q, k, v, g = (np.swapaxes(a, 0, 1).astype(F32) for a in (q, k, v, g))  # [H', L, D]
+    bt = np.swapaxes(b, 0, 1).astype(F32)[..., None]  # [H', L, 1]
+    n = q.shape[1]
+    gc = np.cumsum(g, axis=1, dtype=F32)
+    low = np.tril(np.ones((n, n), dtype=bool))  # j <= i
+    diff = gc[:, :, None, :] - gc[:, None, :, :]  # [H', i, j, D]
+    dm = np.exp(np.where(low[None, :, :, None], diff, F32(-np.inf))).astype(F32)
+    kb = (k * bt).astype(F32)
+    a = -np.einsum("hid,hjd,hijd->hij", kb, k, dm, dtype=F32)
+    a = np.where(np.tril(low, -1)[None], a, F32(0)).astype(F32)
+    for i in range(1, n):
+        a[:, i, :i] = a[:, i, :i] + np.einsum("hm,hmj->hj", a[:, i, :i], a[:, :i, :i], dtype=F32)
+    t = (a + np.eye(n, dtype=F32)[None]).astype(F32)
+    u = np.matmul(t, (v * bt).astype(F32)).astype(F32)
+    wk = np.matmul(t, (kb * np.exp(gc)).astype(F32)).astype(F32)
+    vn = (u - np.matmul(wk, s)).astype(F32)
+    intra = np.einsum("hid,hjd,hijd->hij", q, k, dm, dtype=F32)
+    y = (np.matmul((q * np.exp(gc)).astype(F32), s) + np.matmul(intra, vn)).astype(F32)
+    last = gc[:, -1, :]  # [H', D]
+    kd = (k * np.exp(last[:, None, :] - gc)).astype(F32)
+    s = (s * np.exp(last)[:, :, None] + np.matmul(np.swapaxes(kd, 1, 2), vn)).astype(F32)
+    return np.swapaxes(y, 0, 1), s
 
 
 def kda(

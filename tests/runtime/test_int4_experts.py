@@ -305,7 +305,9 @@ def test_kimi_linear_cpu_and_native_give_transformers_tokens_and_logits(kimi: di
         ),
     ],
 )  # fmt: skip
-def test_kimi_linear_refusals_name_the_field(kimi: dict, tmp_path: Path, q: dict, needle: str) -> None:
+def test_kimi_linear_refusals_name_the_field(
+    kimi: dict, tmp_path: Path, q: dict, needle: str
+) -> None:
     from plow.checkpoint.loader import load_spec
 
     bad = tmp_path / "bad"
