@@ -195,7 +195,10 @@ async def one_request(
             if not line.startswith("data: {"):
                 continue
             now = time.perf_counter()
-            obj = json.loads(line[6:])
+            try:
+                obj = json.loads(line[6:])
+            except json.JSONDecodeError:  # aiter_lines splits at U+2028 & co. inside a string
+                continue
             res.id = obj["id"]
             if obj.get("usage"):
                 res.prompt_tokens = obj["usage"]["prompt_tokens"]

@@ -300,6 +300,7 @@ class Request:
     decode: int  # decode tokens left
     tbt_gaps: int  # decode tokens after the first output token
     first_token: float | None = None
+    first_iter: int = -1  # the iteration that made the first output token (-1: none)
 
 
 @dataclass(slots=True)
@@ -495,6 +496,7 @@ def finish_iteration(spec: Spec, st: State, b: Batch, end: float, m: Measures) -
 
 def first_token(spec: Spec, st: State, r: Request, t: float, m: Measures) -> None:
     r.first_token = t
+    r.first_iter = st.iteration
     if r.arrival >= m.warmup and t <= m.horizon:
         m.ttft.append(t - r.arrival)
         observe(spec, r, "first", t, m)
@@ -583,9 +585,12 @@ def run(
     trace: bool = False,
     steps: list[tuple[Any, ...]] | None = None,
     limits: Limits | None = None,
+    final: list[State] | None = None,
 ) -> dict[str, Any]:
     """Simulate ``spec`` until ``horizon``, reading the three random streams as the generated
     simulator does; return the same record as ``Model.simulate`` (``raw`` in :mod:`serq.sim`).
+    ``final``, when given, gets the run's last state appended (every request, with the
+    iteration of its first token: ``benchmarks/serq_predict.py`` reads it).
     """
     limits = limits or Limits()
     st = State()
@@ -634,6 +639,8 @@ def run(
     while sample_times[si] <= horizon:
         m.samples.append((sample_times[si], st.residents, len(st.waiting), len(st.decoding)))
         si += 1
+    if final is not None:
+        final.append(st)
     return record(spec, st, m)
 
 

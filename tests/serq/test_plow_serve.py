@@ -73,3 +73,11 @@ def test_prove_cli_without_the_library(rad_path: Path) -> None:
     assert res.stderr.strip().splitlines() == [
         f"{rad_path}: the Rocq library is not built at /nonexistent (run make proofs)"
     ]
+
+
+def test_plow_serve_prefill_priced_per_prompt_token() -> None:
+    # tok_us prices the prompt tokens a launch carries (unpadded): 20-token prompts, 10 µs each
+    over = {"rate": 0.00000005, "tok_us": 10, "plo": 20, "phi": 20}
+    s = simulate(load(PROGRAM, overrides=over), 1e9, 0.0, 5).stats
+    assert s["ttft_us"]["p50"] == 3000 + 40 * 64 + 10 * 20
+    assert s["tbt_us"]["p50"] == 8000 + 600  # the decode tick carries no prompt tokens
