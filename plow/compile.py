@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -210,7 +210,10 @@ def transf_program(
             applied = stage("fuse", name, fuse_graph, graph, target, RULES, None, chosen, relayable)
             applied = place_fused(graph, applied)  # a fused op's device and slices
             graph = applied.graph
-        tg = stage("tile", name, tile_graph, graph, target, options)
+        # weights priced at the bytes the bundle stores them in (plow/tiles/storage.py)
+        stored = _stored_bytes(Path(source), graph, applied)
+        opts = options if stored is None else replace(options, weight_bytes=stored)
+        tg = stage("tile", name, tile_graph, graph, target, opts)
         bounds = stage("bounds", name, bounds_stage, tg, budget)
         payload: TilePayload | None = None
         cert: Certificate | None = None
@@ -264,6 +267,19 @@ def transf_emit(bp: BucketPlan, target: Target, timer: Timer) -> EmittedBucket:
         target,
         bp.budget_ns,
     )
+
+
+def _stored_bytes(source: Path, graph: OpGraph, applied: Any) -> dict[str, int] | None:
+    """The bytes the bundle will store per weight of `graph` (block-quantized weights as
+    blocks, fp8 with its scales; fused and tensor-parallel re-layouts resolved as the bundle
+    writer does), None without weights to ask (a config.json)."""
+    from plow.tiles.storage import stored_weight_bytes
+
+    layouts = dict(slice_layouts(graph))
+    if applied is not None:
+        layouts.update({x.weight: (x.layout, x.sources) for x in applied.layouts})
+    names = [n for n, t in graph.tensors.items() if t.role.value == "weight"]
+    return stored_weight_bytes(source, names, layouts)
 
 
 def _relayable(

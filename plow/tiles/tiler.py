@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from plow.errors import GraphError
@@ -38,6 +38,7 @@ from plow.graph.ops import Op, OpGraph, OpKind, TensorRole
 from plow.target.model import Target, dtype_bytes, rate_class
 from plow.tiles.cost import CostModel, busy_probability, cdiv, round_up
 from plow.tiles.ir import Axis, Candidate, Tile, TiledOp, TileGraph
+from plow.tiles.storage import box_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,9 @@ class TilingOptions:
     max_tile_kv: int = 4096
     max_tile_elementwise: int = 16384
     k_splits: tuple[int, ...] = (1, 2, 4)
+    # the bytes the bundle stores per weight (plow.tiles.storage.stored_weight_bytes: q4_1
+    # blocks 20 per 32 weights, fp8 1 + scales); a weight not named is priced at its dtype
+    weight_bytes: Mapping[str, int] | None = None
     # every rung of a bundle reduces a row in the same order: an op's reduction axis takes the
     # steps the tiler picks for one row (`_Tiler.reference_steps`), whatever the bucket
     rung_invariant: bool = True
@@ -148,6 +152,17 @@ class _Tiler:
             raise GraphError(graph.bucket_name or "graph", str(e)) from e
         self.rmin = target.min_tile.rows
         self.cmin = target.min_tile.cols
+        self.stored = dict(options.weight_bytes or {})
+
+    def wtotal(self, name: str) -> int:
+        """Bytes of weight `name` as stored (plow.tiles.storage), else at the weights' dtype."""
+        s = self.stored.get(name)
+        return s if s is not None else _numel(self.shape(name)) * self.w
+
+    def wbox(self, name: str, elems: int) -> int:
+        """Bytes a tile reading `elems` elements of weight `name` moves."""
+        s = self.stored.get(name)
+        return box_bytes(s, _numel(self.shape(name)), elems) if s is not None else elems * self.w
 
     def shape(self, name: str) -> tuple[int, ...]:
         t = self.graph.tensor(name)
@@ -233,6 +248,8 @@ class _Tiler:
                 t = round_up(cdiv(k_in, s), self.cmin)
                 if cdiv(k_in, t) > 1:
                     k_sizes.add(t)
+        # the weight as the bundle stores it (plow.tiles.storage: blocks, fp8 and its scales)
+        weight += self.wtotal(wname) - glu * n_out * k_in * w
         axes = (
             _AxisSpec("m", m, axis_sizes(m, self.rmin, self.opt.max_tile_rows)),
             _AxisSpec(
@@ -246,7 +263,8 @@ class _Tiler:
             # a split reduction writes fp32 partials (linear_glu: a gate's and an up's)
             out = a if s[2] == 1 else 4 * glu
             ext = (k_in - kt) * mt * a if prologue else 0  # the rest of its rows, for the norm
-            return mt * kt * a + glu * nt * kt * w + mt * nt * out + (nt * w if bias else 0) + ext
+            wt = self.wbox(wname, glu * nt * kt)
+            return mt * kt * a + wt + mt * nt * out + (nt * w if bias else 0) + ext
 
         def merge_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             if s[2] == 1:
@@ -304,7 +322,7 @@ class _Tiler:
         n_out = n_exp * (wn // 2) if gate_up else wn
         m = _numel(self.shape(x)) // self.shape(x)[-1]
         a, w, W = self.a, self.w, self.target.workers
-        weight = n_exp * wn * k_in * w
+        weight = self.wtotal(wname)
         if gate_up:
             n_sizes = self.expert_sizes(op, wn // 2, "width")
             k_ext, k_sizes = k_in, (round_up(k_in, self.cmin),)
@@ -322,7 +340,7 @@ class _Tiler:
         def tile_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             mt, nt, kt = t
             out = a if s[2] == 1 else 4
-            return mt * kt * a + products * nt * kt * w + mt * nt * out + mt * 4
+            return mt * kt * a + self.wbox(wname, products * nt * kt) + mt * nt * out + mt * 4
 
         def merge_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             if s[2] == 1:
@@ -511,9 +529,10 @@ class _Tiler:
         a, w, k = self.a, self.w, op.kind
         per_row = 0  # extra bytes per row (ids, positions, sampled index)
         weight = 0
+        gather: str | None = None  # embedding: the table whose rows it reads, as stored
         if k is OpKind.embedding:
             rows, cols = _numel(self.shape(op.inputs[0])), self.shape(op.inputs[1])[1]
-            fpp, per_point, per_row = 1, w + a, 4
+            fpp, per_point, per_row, gather = 1, a, 4, op.inputs[1]
         elif k is OpKind.rmsnorm:
             x = self.shape(op.inputs[0])
             cols = int(op.attrs.get("group", x[-1]))
@@ -561,7 +580,8 @@ class _Tiler:
 
         def tile_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             pp = per_point + (reread if s[1] > 1 else 0)
-            return t[0] * t[1] * pp + t[0] * per_row + (t[1] * w if weight else 0)
+            table = self.wbox(gather, t[0] * t[1]) if gather else 0
+            return t[0] * t[1] * pp + t[0] * per_row + (t[1] * w if weight else 0) + table
 
         def merge_bytes(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             return 2 * s[1] * t[0] * s[0] * 8 if reduces and s[1] > 1 else 0
@@ -569,11 +589,12 @@ class _Tiler:
         def zero(t: tuple[int, ...], s: tuple[int, ...]) -> int:
             return 0
 
+        gathered = self.wbox(gather, rows * cols) if gather else 0
         return _Space(
             axes=axes,
             flops_per_point=fpp,
             rate="fp32",
-            bytes=rows * cols * per_point + rows * per_row + weight,
+            bytes=rows * cols * per_point + rows * per_row + weight + gathered,
             weight_bytes=weight,
             tile_bytes=tile_bytes,
             merge_bytes=merge_bytes,
