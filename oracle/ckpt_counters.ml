@@ -85,9 +85,13 @@ let read_chain j =
   | `List [ u; t; xs ] -> ((Jnum.to_n "chains" u, Jnum.to_n "chains" t), nl (ints "chains" xs))
   | _ -> Verdict.bad "field \"chains\": a chain is [from, to, [tasks in between]]"
 
-let read_dataflow j =
+(* [acc]: the accesses already read by [Dread] (the same values), else from [j]. *)
+let read_dataflow ?acc j =
   { df_keys = map (n_shared "keys") (Jnum.list_field "keys" j);
-    df_acc = map (fun l -> map read_access (Jnum.to_list "accesses" l)) (Jnum.list_field "accesses" j);
+    df_acc =
+      (match acc with
+       | Some a -> a
+       | None -> map (fun l -> map read_access (Jnum.to_list "accesses" l)) (Jnum.list_field "accesses" j));
     df_block = Jnum.n_field "block" j;
     df_chains =
       (match j with
@@ -104,11 +108,17 @@ let read_order j =
       | Some o -> Some (map (n_shared "order") (Jnum.to_list "order" o)))
   | _ -> None
 
-let check (payload : Yojson.Safe.t) : Verdict.t =
+(* [acc], [edges]: the accesses and edges already read by [Dread] (oracle/dread.ml), which
+   puts null in their place in [payload]; absent, they are read from [payload]. *)
+let check_pre ?acc ?edges (payload : Yojson.Safe.t) : Verdict.t =
   let tasks = Array.of_list (map read_task (Jnum.list_field "tasks" payload)) in
   let queues = map (ints "queues") (Jnum.list_field "queues" payload) in
   let counters = Array.of_list (map read_counter (Jnum.list_field "counters" payload)) in
-  let edges = Array.of_list (map read_edge (Jnum.list_field "edges" payload)) in
+  let edges =
+    match edges with
+    | Some e -> Array.of_list e
+    | None -> Array.of_list (map read_edge (Jnum.list_field "edges" payload))
+  in
   let ranks =
     match Jnum.field "ranks" payload with
     | `Null -> Verdict.bad "field \"ranks\" is null: fill it with plow.oracle.payloads.counters.with_ranks"
@@ -151,7 +161,7 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
     | `Assoc kv -> (
         match List.assoc_opt "dataflow" kv with
         | None | Some `Null -> None
-        | Some j -> Some (read_dataflow j, read_order j))
+        | Some j -> Some (read_dataflow ?acc j, read_order j))
     | _ -> None
   in
   let proto_reason e =
@@ -233,3 +243,5 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
       | Accept -> { accepted = true; reason = None; theorems = theorems_flow }
       | Reject (DProto e) -> { accepted = false; reason = Some (proto_reason e); theorems = [] }
       | Reject (DFlow e) -> { accepted = false; reason = Some (flow_reason e); theorems = [] })
+
+let check (payload : Yojson.Safe.t) : Verdict.t = check_pre payload

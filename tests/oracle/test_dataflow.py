@@ -432,3 +432,55 @@ def test_certificates_reproducible_across_processes(
     assert not (tmp_path / "e").exists()
     ot = OpTable.model_validate_json((a / rungs(a)[0]["ops"]).read_bytes())
     assert ot.ops  # the bundle holds a real plan
+
+
+# -- the streaming reader (oracle/dread.ml) ------------------------------------------------
+
+
+def _oracle_raw(data: bytes) -> tuple[int, bytes]:
+    from plow.oracle.runner import oracle_binary
+
+    proc = subprocess.run([str(oracle_binary())], input=data, capture_output=True, check=False)
+    return proc.returncode, proc.stdout
+
+
+def test_streaming_reader_gives_the_tree_readers_answer() -> None:
+    """A D payload in `plow verify`'s shape (compact, sorted: the streaming reader) and the
+    same payload with "payload" before "checkpoint" (yojson's tree, the fallback) give the
+    same bytes out, accepted, rejected and malformed; shapes the streaming reader does not
+    read (a quoted number, a negative, an edge with another field) are the tree's answer."""
+    ok = swept(plan([0, 1], [[], [0]], [[0], []], [1], [5, 9], [[[0, 16, 1]], [[8, 12, 0]]]))
+    ok["edges"] = [{"producer": 0, "consumer": 1}]
+    bad = json.loads(json.dumps(ok))
+    bad["tasks"][1]["waits"] = []
+    bad["edges"] = []
+
+    def both(p: dict[str, Any]) -> tuple[tuple[int, bytes], tuple[int, bytes]]:
+        fast = json.dumps({"checkpoint": "D", "payload": p}, separators=(",", ":"), sort_keys=True)
+        tree = json.dumps({"payload": p, "checkpoint": "D"}, separators=(",", ":"))
+        return _oracle_raw(fast.encode()), _oracle_raw(tree.encode())
+
+    for p, rc in ((ok, 0), (bad, 1)):
+        fast, tree = both(p)
+        assert fast == tree and fast[0] == rc
+    assert b"comparisons" in both(ok)[0][1]
+    # a write flag 2 and an edge without its consumer: malformed, in the tree's words
+    for edit in (
+        lambda p: p["dataflow"]["accesses"][0][0].__setitem__(2, 2),
+        lambda p: p["edges"][0].pop("consumer"),
+    ):
+        p = json.loads(json.dumps(ok))
+        edit(p)
+        fast, tree = both(p)
+        assert fast == tree and fast[0] == 2
+    # a quoted number (yojson's own low-level int reader would take it) is malformed
+    text = json.dumps({"checkpoint": "D", "payload": ok}, separators=(",", ":"), sort_keys=True)
+    quoted = text.replace('"accesses":[[[0,16,1]]', '"accesses":[[["0",16,1]]', 1)
+    assert quoted != text
+    rc, out = _oracle_raw(quoted.encode())
+    assert rc == 2 and b"expected an integer" in out
+    # an edge object with another field: the tree reader ignores it, so the answer is the same
+    p = json.loads(json.dumps(ok))
+    p["edges"][0]["note"] = 1
+    fast, tree = both(p)
+    assert fast == tree and fast[0] == 0
