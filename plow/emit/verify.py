@@ -68,6 +68,7 @@ from plow.bundle.manifest import (
     bundle_digest,
     certificate_file_problems,
     gc_paused,
+    hash_problems,
     load_json,
     read_manifest,
     sha256_file,
@@ -435,8 +436,9 @@ CPU_CALIBRATED = frozenset(
 )
 
 
-def bundle_target(m: Manifest) -> tuple[Target, list[str], list[str]]:
-    """The target the checks compare against, with (problems, notes).
+def bundle_target(m: Manifest) -> tuple[Target | None, list[str], list[str]]:
+    """The target the checks compare against, with (problems, notes); None (and the
+    problem) when the manifest's target is not a target.
 
     A shipped target name (`h200`, ...) means the shipped spec (`plow/target/specs/`), with
     the manifest's `gpus` (the tensor-parallel degree); a manifest whose target differs from
@@ -449,7 +451,7 @@ def bundle_target(m: Manifest) -> tuple[Target, list[str], list[str]]:
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"]) or "target"
-        raise MalformedBundle(MANIFEST, f"target field {loc!r}: {err['msg']}") from e
+        return None, [f"{MANIFEST}: target field {loc!r}: {err['msg']}"], []
     if declared.name not in shipped_targets():
         note = (
             f"target {declared.name!r} is not shipped: B, C and F compare against the "
@@ -1098,8 +1100,25 @@ def _bound(row: Row, digest: str) -> Row:
     return replace(row, certificate=row.certificate.model_copy(update={"bundle_sha256": digest}))
 
 
+def rung_file_problem(bundle: Path, rung: LadderRung) -> str | None:
+    """What is wrong with the files a rung names (missing, or outside the bundle), or
+    None."""
+    inside = bundle.resolve()
+    for rel in (rung.ops, rung.schedule, rung.plan):
+        p = bundle / rel
+        if not p.resolve().is_relative_to(inside):
+            return f"{MANIFEST}: rung {rung.name} names {rel!r}, outside the bundle"
+        if not p.is_file():
+            return f"{rel}: missing (rung {rung.name} names it)"
+    return None
+
+
 def verify_bundle(bundle: Path, *, checkpoints: tuple[str, ...] = CHECKPOINTS) -> VerifyReport:
-    """Verify a bundle directory; raises `MalformedBundle` (exit 2) when it cannot be read."""
+    """Verify a bundle directory. Every check that fails is a rejected row naming the file
+    (a cross-reference, a hash, a rung's missing file, a weights file that cannot be read);
+    `MalformedBundle` (exit 2) only when a file cannot be read as what it is: no bundle
+    directory or manifest, a manifest, op table or schedule file that is not JSON of its
+    schema."""
     with gc_paused():
         return _verify_bundle(Path(bundle), checkpoints)
 
@@ -1124,28 +1143,12 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
     report = VerifyReport(bundle, bundle_sha256=bundle_digest(bundle))
     # -- hashes (the certificates' are the loader's business: verify writes new ones)
     report.notes += certificate_file_problems(bundle, m)
-    bad: list[str] = []
-    for rel, digest in m.files.items():
-        if rel.startswith(CERTIFICATES):
-            continue
-        p = bundle / rel
-        if not p.is_file():
-            raise MalformedBundle(p, "listed in the manifest but missing")
-        if sha256_file(p) != digest:
-            bad.append(rel)
-    extra = sorted(
-        str(p.relative_to(bundle))
-        for p in bundle.rglob("*")
-        if p.is_file()
-        and p.name != MANIFEST
-        and not {"certificates", "payloads"} & set(p.relative_to(bundle).parts)
-        and str(p.relative_to(bundle)) not in m.files
-    )
-    problems = [
-        f"{rel}: sha256 differs from the manifest (edited after compilation)" for rel in bad
-    ]
-    problems += [f"{rel}: not listed in the manifest" for rel in extra]
-    target, tproblems, tnotes = bundle_target(m)
+    problems = hash_problems(bundle, m)
+    declared, tproblems, tnotes = bundle_target(m)
+    # a manifest target that is not a target: B, C and F have nothing to compare against
+    # (their rows are rejected; the cpu spec only stands in for the sizes computed here)
+    no_target = None if declared else f"cannot check against the target: {tproblems[0]}"
+    target = declared or load_target("cpu")
     problems += tproblems
     report.notes += tnotes
     problems += profile_ladder_problems(bundle, m)
@@ -1159,13 +1162,21 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
         problems.append(f"{MANIFEST}: rung {dup!r} listed twice")
     jobs: list[tuple[str, str, Callable[[], Row]]] = []
     stored = _stored_weight_bytes(bundle, m)
+    tables: dict[str, OpTable] = {}
     for rung in m.ladder:
+        gone = rung_file_problem(bundle, rung)
+        if gone is not None:
+            problems.append(gone)
+            jobs += [
+                (ck, rung.name, partial(Row, ck, rung.name, "reject", (), gone))
+                for ck in CHECKPOINTS
+                if ck in checkpoints
+            ]
+            continue
         ot: OpTable = load_json(bundle / rung.ops, OpTable)
+        tables[rung.name] = ot
         sf: ScheduleFile = load_json(bundle / rung.schedule, ScheduleFile)
-        plan_path = bundle / rung.plan
-        if not plan_path.is_file():
-            raise MalformedBundle(plan_path, "missing")
-        data = plan_path.read_bytes()
+        data = (bundle / rung.plan).read_bytes()
         amap = {b.name: b.offset for b in sf.arena.buffers}
         for name, t in ot.tensors.items():
             if amap.get(name, t.offset) != t.offset:
@@ -1177,12 +1188,12 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
         fa = argmax_problem(ot, sf.workers_per_gpu)  # greedy fused into lm_head: who names it
         if fa is not None:
             problems.append(f"{rung.ops}: {fa}")
+        e_ops: list[dict[str, object]] | str
         try:
             e_ops = emit_ops(ot.ops, amap)
         except KeyError as e:
-            raise MalformedBundle(
-                bundle / rung.schedule, f"tensor {e.args[0]!r} has no arena offset"
-            ) from e
+            e_ops = f"{rung.schedule}: tensor {e.args[0]!r} has no arena offset"
+            problems.append(e_ops)
         body = data[HEADER_SIZE:]
         header: PlanHeader | None = None
         try:
@@ -1219,6 +1230,8 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             grouped: Grouped | str = grouped,
             name: str = name,
         ) -> Row:
+            if no_target is not None:
+                return Row("B", name, "reject", (), no_target)
             if isinstance(decoded, str) or isinstance(grouped, str):
                 why = decoded if isinstance(decoded, str) else grouped
                 return Row("B", name, "reject", (), f"cannot read the tasks: {why}")
@@ -1234,10 +1247,16 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             ex: Expected = ex,
             name: str = name,
             counts: list[tuple[int, int]] | str | None = counts,
+            where: str = rung.schedule,
         ) -> Row:
+            if no_target is not None:
+                return Row("C", name, "reject", (), no_target)
             if isinstance(counts, str):
                 return Row("C", name, "reject", (), f"cannot size the tasks' pages: {counts}")
-            payload = page_payload_from_file(sf, budget_pages=ex.budget_pages, counts=counts)
+            try:
+                payload = page_payload_from_file(sf, budget_pages=ex.budget_pages, counts=counts)
+            except MalformedBundle as e:  # page columns that do not fit the task list
+                return Row("C", name, "reject", (), f"{where}: {e.problem}")
             return _row("C", name, run_checkpoint("C", payload))
 
         def job_d(
@@ -1276,9 +1295,11 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
         def job_e(
             body: bytes = body,
             decoded: PacketArray | str = decoded,
-            e_ops: list[dict[str, object]] = e_ops,
+            e_ops: list[dict[str, object]] | str = e_ops,
             name: str = name,
         ) -> Row:
+            if isinstance(e_ops, str):
+                return Row("E", name, "reject", (), f"cannot read the operands: {e_ops}")
             # the decoded records (none when the Python decoder failed: the oracle's own
             # decoder then names the broken record) and the op table's offsets
             pk = decoded if not isinstance(decoded, str) else None
@@ -1293,7 +1314,14 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
             ex: Expected = ex,
             name: str = name,
             flow_in: _Once[FlowInputs] = flow_in,
+            where: str = rung.schedule,
         ) -> Row:
+            if no_target is not None:
+                return Row("F", name, "reject", (), no_target)
+            try:  # an arena map that does not fit the op table
+                alloc = alloc_payload_from_files(sf, ot, ex.align)
+            except MalformedBundle as e:
+                return Row("F", name, "reject", (), f"{where}: {e.problem}")
             # shared bytes need their accessors ordered by D's protocol (docs/oracle.md, F)
             g, fi = graph.get(), flow_in.get()
             if isinstance(g, str) or isinstance(fi, str):
@@ -1301,7 +1329,7 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
                 return Row("F", name, "reject", (), f"cannot order the shared arena bytes: {why}")
             units, order = fi
             payload = with_sharing(
-                alloc_payload_from_files(sf, ot, ex.align),
+                alloc,
                 ot,
                 units,
                 g.names,
@@ -1325,16 +1353,18 @@ def _verify_bundle(bundle: Path, checkpoints: tuple[str, ...]) -> VerifyReport:
                 jobs.append((ck, name, fn))
     # weights
     if not m.plan_only:
-        if m.weights is None or not (bundle / WEIGHTS).is_file():
-            raise MalformedBundle(bundle / WEIGHTS, "missing in a full bundle")
         from plow.checkpoint.weights import read_header
 
-        try:
-            have = read_header(bundle / WEIGHTS)
-        except PlowError as e:
-            raise MalformedBundle(bundle / WEIGHTS, e.problem) from e
-        for rung in m.ladder:
-            ot = load_json(bundle / rung.ops, OpTable)
+        have: dict[str, Any] = {}
+        header_read = False
+        if m.weights is None or not (bundle / WEIGHTS).is_file():
+            problems.append(f"{WEIGHTS}: missing in a full bundle")
+        else:
+            try:
+                have, header_read = read_header(bundle / WEIGHTS), True
+            except PlowError as e:
+                problems.append(f"{WEIGHTS}: {e.problem}")
+        for ot in tables.values() if header_read else ():
             for tname, t in ot.tensors.items():
                 if t.role == "weight":
                     he = have.get(tname)
