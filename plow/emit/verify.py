@@ -535,8 +535,9 @@ def expected_numbers(
     read_whole = {n for o in ot.ops if o.kind != "embedding" for n in o.inputs if n in weights}
     return Expected(
         budget_ns=profile.budget_ns(bucket),
-        bandwidth_bytes_per_s=target.bandwidth_bytes_per_s,
-        peak_flops_per_s=max(target.peak_flops_per_s[r] for r in rates),  # type: ignore[index]
+        # tensor parallel: the group's (plow.tiles.tiler.tile_graph: gpus x one device's)
+        bandwidth_bytes_per_s=target.gpus * target.bandwidth_bytes_per_s,
+        peak_flops_per_s=target.gpus * max(target.peak_flops_per_s[r] for r in rates),  # type: ignore[index]
         min_tile=target.min_tile_any_axis,
         weight_bytes=sum(
             (stored or {}).get(n, math.prod(weights[n].shape) * dtype_bytes(weights[n].dtype))

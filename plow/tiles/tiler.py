@@ -731,6 +731,9 @@ def tile_graph(graph: OpGraph, target: Target, options: TilingOptions | None = N
     t = _Tiler(graph, target, options or TilingOptions())
     ops = tuple(t.tile_op(op) for op in graph.ops)
     rates = {o.rate for o in ops} or {t.mm_rate}
+    # tensor parallel: `gpus` devices, each with the target's bandwidth and peak, so a step
+    # takes at least the plan's bytes over the group's bandwidth (flops: its peak)
+    n = target.gpus
     return TileGraph(
         bucket=graph.bucket_name,
         target=target.name,
@@ -740,6 +743,6 @@ def tile_graph(graph: OpGraph, target: Target, options: TilingOptions | None = N
         weight_dtype=t.weight_dtype,
         activation_dtype=t.act_dtype,
         cache_dtype=t.cache_dtype,
-        peak_flops_per_s=max(target.peak_flops_per_s[r] for r in rates),  # type: ignore[index]
-        bandwidth_bytes_per_s=target.bandwidth_bytes_per_s,
+        peak_flops_per_s=n * max(target.peak_flops_per_s[r] for r in rates),  # type: ignore[index]
+        bandwidth_bytes_per_s=n * target.bandwidth_bytes_per_s,
     )

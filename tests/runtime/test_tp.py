@@ -206,6 +206,26 @@ def test_system_scope_counters_are_the_allreduce_partials(tp2: Path) -> None:
     assert "system" in res.output and "allreduce" in res.output
 
 
+def test_b_bounds_a_tp_plan_by_the_groups_bandwidth(tp2: Path) -> None:
+    """Each of the 2 devices has the target's bandwidth and peak, so the plan's declared
+    bounds (and B's payload, derived from the manifest's target) are over the group's: twice
+    one device's. A step of the plan's bytes over one device's bandwidth is not a lower
+    bound of a 2-device step; over the group's it is (T4)."""
+    from plow.bundle.manifest import read_manifest
+    from plow.emit.verify import expected_numbers
+    from plow.graph import Bucket
+
+    target = load_target("cpu").model_copy(update={"gpus": 2})
+    prof = CompileProfile.model_validate(read_manifest(tp2).profile)
+    for rung, bucket in ((RUNG, Bucket.decode(1, 48)), ("prefill_b1_s16_c48", None)):
+        t = _ops(tp2, rung).tiling
+        assert t.bandwidth_bytes_per_s == 2 * target.bandwidth_bytes_per_s
+        assert t.peak_flops_per_s == 2 * target.peak_flops_per_s["fp32"]
+        if bucket is not None:
+            ex = expected_numbers(_ops(tp2, rung), target, prof, bucket)
+            assert ex.bandwidth_bytes_per_s == t.bandwidth_bytes_per_s
+
+
 # Device 1's allreduce waits on an earlier counter of its own device instead of device 0's
 # o_proj partial (the system counter); the edges from the partial's tasks are gone.
 _drop_wait = rewire_wait("L0.o_proj.allreduce@d1", "L0.o_proj@d0.done", "L0.attn_norm@d1.done")
