@@ -246,15 +246,6 @@ def prefill_rungs(wl: Workload, study_ctx: int | None, kv: int) -> tuple[tuple[i
     return tuple(sorted({1, *wl.batch_sizes})), min(PREFILL_CHUNK, study_ctx)
 
 
-def _estimate_ns(bucket: Bucket, spec_source: Path, target: Target) -> float:
-    from plow.checkpoint import load_spec
-    from plow.graph import build_graph
-    from plow.tiles import plan_bounds, tile_graph
-
-    tg = tile_graph(build_graph(load_spec(spec_source), bucket), target)
-    return float(plan_bounds(tg, 1, target.launch_overhead_ns).estimated_ns)
-
-
 def compile_study(
     model_dir: Path,
     wl: Workload,
@@ -270,6 +261,7 @@ def compile_study(
     Raises `CompileRejected` (report attached) when a bound or a checkpoint rejects a bucket."""
     try:
         from plow.bundle.manifest import sha256_file
+        from plow.compile import bucket_estimates_ns
         from plow.emit.bundle import compile_bundle
         from plow.emit.verify import verify_bundle, write_certificates
         from plow.profile import CompileProfile
@@ -317,24 +309,30 @@ def compile_study(
 
     for kv in sorted(by_kv):
         study_ctx = by_kv[kv]
-        buckets = [Bucket.decode(b, kv) for b in wl.batch_sizes]
-        if budget_ms is not None:
-            budget_ns = math.ceil(budget_ms * 1e6)
-        else:
-            budget_ns = math.ceil(2 * max(_estimate_ns(b, model_dir, target) for b in buckets))
         pre_batches, chunk = prefill_rungs(wl, study_ctx, kv)
-        # prefill: twice the cost model's sequential estimate per token of its widest rung
-        # (no workload sets a prefill latency target)
-        widest = Bucket.prefill(max(pre_batches), chunk, kv)
-        per_token = _estimate_ns(widest, model_dir, target) / (widest.batch * chunk)
-        profile = CompileProfile(
+        shape = CompileProfile(
             name=f"{wl.study}-kv{kv}",
             decode_batches=tuple(wl.batch_sizes),
             prefill_seqs=(chunk,),
             prefill_batches=pre_batches,
             context=kv,
-            decode_budget_ns=budget_ns,
-            prefill_budget_ns_per_token=max(1, math.ceil(2 * per_token)),
+        )
+        # the budgets from the compiler's own cost model (the driver through its bounds
+        # stage, the graph it compiles: fused, sharded, weights at their stored bytes)
+        est = bucket_estimates_ns(model_dir, target, shape)
+        if budget_ms is not None:
+            budget_ns = math.ceil(budget_ms * 1e6)
+        else:
+            budget_ns = math.ceil(2 * max(v for b, v in est.items() if b.phase is Phase.decode))
+        # prefill: twice the cost model's sequential estimate per token of its widest rung
+        # (no workload sets a prefill latency target)
+        widest = max((b for b in est if b.phase is Phase.prefill), key=lambda b: (b.batch, b.seq))
+        per_token = est[widest] / (widest.batch * widest.seq)
+        profile = shape.model_copy(
+            update={
+                "decode_budget_ns": budget_ns,
+                "prefill_budget_ns_per_token": max(1, math.ceil(2 * per_token)),
+            }
         )
         out = root / f"kv{kv}"
         tb = time.perf_counter()

@@ -165,6 +165,28 @@ def compile_plan(
     return transf_program(source, target, profile, verify=verify, timer=Timer(on_stage))[0]
 
 
+# a budget no plan reaches: the bounds are computed, never refused (bucket_estimates_ns)
+NO_BUDGET_NS = 10**18
+
+
+def bucket_estimates_ns(
+    source: Path,
+    target: Target,
+    profile: CompileProfile,
+    *,
+    on_stage: StageCallback | None = None,
+) -> dict[Bucket, float]:
+    """The cost model's sequential estimate (`PlanBounds.estimated_ns`) of every bucket of
+    `profile`, from the pipeline through `bounds` (import, fuse, graph, shard, tile, bounds;
+    the profile's budgets not in effect): what a caller without a latency target sizes its
+    budgets from (harness/compile_step.py: twice the largest)."""
+    free = profile.model_copy(
+        update={"decode_budget_ns": NO_BUDGET_NS, "prefill_budget_ns_per_token": NO_BUDGET_NS}
+    )
+    result, _ = transf_program(source, target, free, until="bounds", timer=Timer(on_stage))
+    return {bp.bucket: float(bp.bounds.estimated_ns) for bp in result.buckets}
+
+
 def transf_program(
     source: Path,
     target: Target,
@@ -172,10 +194,14 @@ def transf_program(
     *,
     verify: bool = False,
     emit: bool = False,
+    until: str | None = None,
     timer: Timer,
 ) -> tuple[CompileResult, list[EmittedBucket]]:
     """The pipeline of `PIPELINE` through checkpoint D (with `verify`) and, with `emit`, its
-    memory and emit passes: the plan and the emitted buckets (empty without `emit`)."""
+    memory and emit passes: the plan and the emitted buckets (empty without `emit`).
+    `until="bounds"` stops every bucket after its bounds (no schedule; `bucket_estimates_ns`)."""
+    if until not in (None, "bounds") or (until and (emit or verify)):
+        raise ValueError(f'until={until!r}: only "bounds", without emit or verify')
     stage = timer
 
     def bounds_stage(tg: TileGraph, budget: int) -> PlanBounds:
@@ -215,6 +241,9 @@ def transf_program(
         opts = options if stored is None else replace(options, weight_bytes=stored)
         tg = stage("tile", name, tile_graph, graph, target, opts)
         bounds = stage("bounds", name, bounds_stage, tg, budget)
+        if until == "bounds":  # the cost model's numbers only
+            plans.append(BucketPlan(bucket, budget, graph, tg, bounds, rewrites=applied))
+            continue
         payload: TilePayload | None = None
         cert: Certificate | None = None
         if verify:
