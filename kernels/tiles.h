@@ -213,6 +213,95 @@ __attribute__((target("avx2,fma"))) static void dot4x3_avx2(const float* x, int6
     y[i] = _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
   }
 }
+
+// AVX-512 spellings of the same dots (fp32 or bf16 weights, n a multiple of 32), for hosts
+// that have it. A 32-lane accumulator is two registers: lanes 0-15 and 16-31. Each lane sums
+// its elements in order with one fma each, and the fold below is lanes_sum's tree level by
+// level (l + 16 into l, then l + 8, 4, 2, 1), so every y has exactly dot_f32's bits.
+// (GCC 12 warns, wrongly, that the intrinsics' own _mm512_undefined_* values are uninitialised
+// once they are inlined: the pragmas cover these helpers.)
+static const bool plow_has_avx512 = __builtin_cpu_supports("avx512f");
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+__attribute__((target("avx512f"))) static inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+__attribute__((target("avx512f"))) static inline __m512 load16(const uint16_t* p) {
+  const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));  // bf16_lane, sixteen at once
+}
+// lanes_sum of the 32 lanes (a0: lanes 0-15, a1: lanes 16-31)
+__attribute__((target("avx512f"))) static inline float fold32(__m512 a0, __m512 a1) {
+  const __m512 t = _mm512_add_ps(a0, a1);
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1)));
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+}
+
+// One row of x against R weight rows (batch 1: weight bandwidth). The R rows stream at once,
+// 2R accumulators in registers, each x load feeding R fmas; the R folds overlap, where one
+// row at a time serialised each row's tree behind its loads. Each step prefetches the same
+// lines of the next R rows, so the next call's loads find them in L1 (measured on this
+// machine's 2 cores: 20-25% less time per batch-1 pass over the weights, fp32 and bf16).
+template <int R, class W>
+__attribute__((target("avx512f"))) static void dot1xr_avx512(const float* x, const W* w,
+                                                             int64_t ldw, int64_t n, float* y) {
+  __m512 a[R][2];
+  for (int o = 0; o < R; ++o) a[o][0] = a[o][1] = _mm512_setzero_ps();
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(w) + R * ldw * sizeof(W);
+  for (int64_t k = 0; k < n; k += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+    for (int o = 0; o < R; ++o)  // the same lines of the next R rows (integer addresses: a
+      for (int64_t b = 0; b < 32 * static_cast<int64_t>(sizeof(W)); b += 64)  // hint may
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + ((o * ldw + k) * sizeof(W) + b)),
+                     _MM_HINT_T0);  // point past the tensor; it never faults)
+    for (int o = 0; o < R; ++o) {
+      a[o][0] = _mm512_fmadd_ps(x0, load16(w + o * ldw + k), a[o][0]);
+      a[o][1] = _mm512_fmadd_ps(x1, load16(w + o * ldw + k + 16), a[o][1]);
+    }
+  }
+  for (int o = 0; o < R; ++o) y[o] = fold32(a[o][0], a[o][1]);
+}
+
+// MR rows of x against NR weight rows (batch > 1: arithmetic): two passes of 16 lanes (lanes
+// 0-15 over the whole row, then 16-31), MR x NR accumulators of one register each, so a weight
+// load feeds MR fmas and an x load NR. y[r * NR + o]. Pass 0 prefetches the lines pass 1 reads
+// and, given `next`, the next NR rows.
+template <int MR, int NR, class W>
+__attribute__((target("avx512f"))) static void dotmxn_avx512(const float* x, int64_t ldx,
+                                                             const W* w, int64_t ldw, int64_t n,
+                                                             float* y, const W* next) {
+  __m512 lo[MR * NR];
+  for (int h = 0; h < 2; ++h) {
+    __m512 a[MR * NR];
+    for (int i = 0; i < MR * NR; ++i) a[i] = _mm512_setzero_ps();
+    for (int64_t k = h * 16; k < n; k += 32) {
+      if (h == 0)
+        for (int o = 0; o < NR; ++o) {
+          _mm_prefetch(reinterpret_cast<const char*>(w + o * ldw + k + 16), _MM_HINT_T0);
+          if (next != nullptr) {
+            _mm_prefetch(reinterpret_cast<const char*>(next + o * ldw + k), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(next + o * ldw + k + 16), _MM_HINT_T0);
+          }
+        }
+      __m512 v[NR];
+      for (int o = 0; o < NR; ++o) v[o] = load16(w + o * ldw + k);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 xr = _mm512_loadu_ps(x + r * ldx + k);
+        for (int o = 0; o < NR; ++o) a[r * NR + o] = _mm512_fmadd_ps(xr, v[o], a[r * NR + o]);
+      }
+    }
+    for (int i = 0; i < MR * NR; ++i) {
+      if (h == 0) lo[i] = a[i];
+      else y[i] = fold32(lo[i], a[i]);
+    }
+  }
+}
+#pragma GCC diagnostic pop
 #endif
 
 PLOW_HD static inline float dot_w(const float* x, const void* w, int32_t dt, int64_t off,
@@ -431,7 +520,45 @@ PLOW_HD static void linear_rows(const float* x, int64_t K, int64_t k0, int64_t k
 #endif
   int64_t n_done = ra;  // outputs below it are written
 #if defined(PLOW_X86_BLOCKS)
-  if (plow_has_avx2 && kn % 32 == 0 && mb - ma >= 4 && (dt == PLOW_F32 || dt == PLOW_BF16)) {
+  if (plow_has_avx512 && kn % 32 == 0 && (dt == PLOW_F32 || dt == PLOW_BF16)) {
+    const auto run = [&](auto* w) {  // w: the weights at row 0, column k0
+      if (mb - ma < 4) {  // a few x rows: four weight rows at a time, read once, kept in L1
+        for (; n_done + 4 <= rb; n_done += 4) {
+          const auto* wn = w + n_done * K;
+          for (int64_t m = ma; m < mb; ++m) {
+            float y4[4];
+            dot1xr_avx512<4>(x + m * K + k0, wn, K, kn, y4);
+            for (int o = 0; o < 4; ++o) store(m, n_done + o, y4[o]);
+          }
+        }
+        return;
+      }
+      for (; n_done + 3 <= rb; n_done += 3) {  // eight (then four, then one) x rows x three
+        const auto* wn = w + n_done * K;
+        decltype(wn) next = n_done + 6 <= rb ? wn + 3 * K : nullptr;
+        int64_t m = ma;
+        float y[24];
+        for (; m + 8 <= mb; m += 8, next = nullptr) {
+          dotmxn_avx512<8, 3>(x + m * K + k0, K, wn, K, kn, y, next);
+          for (int i = 0; i < 8; ++i)
+            for (int o = 0; o < 3; ++o) store(m + i, n_done + o, y[i * 3 + o]);
+        }
+        for (; m + 4 <= mb; m += 4, next = nullptr) {
+          dotmxn_avx512<4, 3>(x + m * K + k0, K, wn, K, kn, y, next);
+          for (int i = 0; i < 4; ++i)
+            for (int o = 0; o < 3; ++o) store(m + i, n_done + o, y[i * 3 + o]);
+        }
+        for (; m < mb; ++m) {
+          dot1xr_avx512<3>(x + m * K + k0, wn, K, kn, y);
+          for (int o = 0; o < 3; ++o) store(m, n_done + o, y[o]);
+        }
+      }
+    };
+    if (dt == PLOW_F32) run(static_cast<const float*>(w0) + k0);
+    else run(static_cast<const uint16_t*>(w0) + k0);
+  }
+  if (n_done == ra && plow_has_avx2 && kn % 32 == 0 && mb - ma >= 4 &&
+      (dt == PLOW_F32 || dt == PLOW_BF16)) {
     const int64_t mq = ma + (mb - ma) / 4 * 4;
     for (; n_done + 3 <= rb; n_done += 3) {
       const int64_t n = n_done, off = n * K + k0;
