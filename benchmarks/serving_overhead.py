@@ -712,10 +712,12 @@ def native_overhead(
 
 def side_by_side(model: Path, plow_source: Path, servers: list[str], rounds: int, rate: float,
                  n: int, in_len: int, out_len: int,
-                 baseline: Path | None = None) -> dict[str, Any]:  # fmt: skip
+                 baseline: Path | None = None,
+                 baseline_bundle: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Part 2: the same Poisson stream against each server, both up, driven one at a time in
     interleaved rounds (a server that cannot start is reported with its error). `plow-base`:
-    `plow serve` from the plow package of the `baseline` source tree (before/after)."""
+    `plow serve` from the plow package of the `baseline` source tree and/or of the
+    `baseline_bundle` (before/after: another tree, or another bundle of the same model)."""
     sl = _serve_load()
     context = max(256, 2 * (in_len * 5 // 4 + out_len * 5 // 4))
     procs: dict[str, Any] = {}
@@ -725,15 +727,17 @@ def side_by_side(model: Path, plow_source: Path, servers: list[str], rounds: int
             if s == "plow":
                 procs[s] = sl.start_plow(plow_source, NATIVE_SLOTS, context)
             elif s == "plow-base":  # the baseline tree's plow serve, same flags as "plow"
-                if baseline is None:
-                    raise RuntimeError("plow-base needs --baseline-tree")
+                if baseline is None and baseline_bundle is None:
+                    raise RuntimeError("plow-base needs --baseline-tree or --baseline-bundle")
                 port = sl.free_port()
-                cmd = [sys.executable, "-m", "plow.cli", "serve", str(plow_source), "--executor",
+                base_src = baseline_bundle or plow_source
+                cmd = [sys.executable, "-m", "plow.cli", "serve", str(base_src), "--executor",
                        "native", "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs",
                        str(NATIVE_SLOTS), "--max-model-len", str(context), "--served-model-name",
                        NATIVE_NAME, "--api-key", KEY, "--seed", "0", "--log-level", "warning"]  # fmt: skip
-                env = {**os.environ, "PYTHONPATH": str(baseline)}
-                procs[s] = sl.Proc(f"plow serve ({baseline})", cmd, port, up_s=1800, env=env)
+                env = {**os.environ, **({"PYTHONPATH": str(baseline)} if baseline else {})}
+                procs[s] = sl.Proc(f"plow serve ({baseline or base_src})", cmd, port, up_s=1800,
+                                   env=env)  # fmt: skip
             elif s.startswith("plow-t"):  # plow serve --threads N
                 port = sl.free_port()
                 cmd = [sys.executable, "-m", "plow.cli", "serve", str(plow_source), "--executor",
@@ -886,6 +890,11 @@ def main() -> None:
         help="overhead: also serve with the plow package of this checkout (before/after, same run); "
         "load: the plow-base server",
     )  # fmt: skip
+    ap.add_argument(
+        "--baseline-bundle", type=Path, default=None,
+        help="load: the plow-base server serves this bundle (with this tree unless "
+        "--baseline-tree): another bundle of --model, before/after in the same run",
+    )  # fmt: skip
     ap.add_argument("--parts", default="overhead,load", help="comma list of: overhead, load")
     ap.add_argument(
         "--servers",
@@ -898,6 +907,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=1.0, help="load: requests per second")
     ap.add_argument("--num-prompts", type=int, default=40)
     ap.add_argument("--load-rounds", type=int, default=2)
+    ap.add_argument("--input-len", type=int, default=None, help="load: prompt tokens (128)")
+    ap.add_argument("--output-len", type=int, default=None, help="load: output tokens (64)")
     ap.add_argument("--out", type=Path, default=None, help="directory for the JSON and md")
     args = ap.parse_args()
     if args.reference:
@@ -915,6 +926,7 @@ def main() -> None:
     d: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
                          "cpus": os.cpu_count(), "python": platform.python_version(),
                          "model": args.model.name, "plow_bundle": str(args.bundle),
+                         "baseline_bundle": str(args.baseline_bundle) if args.baseline_bundle else None,
                          "loadavg_before": os.getloadavg(),
                          "command": "python benchmarks/serving_overhead.py " + " ".join(sys.argv[1:])}  # fmt: skip
     t0 = time.time()
@@ -922,8 +934,10 @@ def main() -> None:
         d["overhead"] = native_overhead(plow_source, args.rounds, args.tokens, args.baseline_tree)
     if "load" in parts:
         d["load"] = side_by_side(args.model, plow_source, [s for s in args.servers.split(",") if s], args.load_rounds,
-                                 args.rate, args.num_prompts, 128 if not args.quick else 16,
-                                 64 if not args.quick else 8, args.baseline_tree)  # fmt: skip
+                                 args.rate, args.num_prompts,
+                                 args.input_len or (128 if not args.quick else 16),
+                                 args.output_len or (64 if not args.quick else 8), args.baseline_tree,
+                                 args.baseline_bundle)  # fmt: skip
     d["loadavg_after"] = os.getloadavg()
     d["wall_s"] = time.time() - t0
     out.mkdir(parents=True, exist_ok=True)

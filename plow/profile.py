@@ -18,6 +18,32 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from plow.errors import ConfigError
 from plow.graph import Bucket, Phase
 
+# Prefill chunk lengths of the bundle a checkpoint is compiled into for `plow serve` and
+# `plow generate` (`plow.runtime.cpu.bundle.cache_profile`): the large rungs run a long prompt
+# as one launch (one pass over the weights, one tick) instead of several 64-token launches.
+SERVE_PREFILL_SEQS: tuple[int, ...] = (16, 64, 128, 256, 512)
+# what one prefill rung's activations may add to the arena: a rung longer than 64 tokens is
+# kept while `seq * token_bytes` (its logits and widest activations) fits in this
+SERVE_PREFILL_ARENA_BYTES = 512 << 20
+
+
+def serve_prefill_seqs(
+    context: int, max_tokens: int = 512, token_bytes: int = 0
+) -> tuple[int, ...]:
+    """The prefill chunk lengths of a serving bundle: `SERVE_PREFILL_SEQS` up to the context
+    and `max_tokens` (the server's per-tick token budget: a longer rung never runs); past 64
+    tokens only those whose activations (`token_bytes` per token) fit
+    `SERVE_PREFILL_ARENA_BYTES`. A context under 16 tokens gets one rung of the context."""
+    if context < 1 or max_tokens < 1:
+        raise ValueError("context and max_tokens must be at least 1")
+    top = min(context, max_tokens)
+    out = tuple(
+        s
+        for s in SERVE_PREFILL_SEQS
+        if s <= top and (s <= 64 or s * token_bytes <= SERVE_PREFILL_ARENA_BYTES)
+    )
+    return out or (min(context, SERVE_PREFILL_SEQS[0]),)
+
 
 class CompileProfile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -388,7 +388,11 @@ def load_served_model(
         source = ckpt
         if kind.runs == "bundle":
             tgt = checkpoint_target(executor)  # cuda: the present GPU's target
-            source = Bundle.open(compile_cached(directory, target=tgt, max_batch=max_num_seqs))
+            # prefill rungs up to the tick's token budget: a long prompt is one launch
+            source = Bundle.open(compile_cached(
+                directory, target=tgt, max_batch=max_num_seqs,
+                max_prefill_tokens=max_num_batched_tokens,
+            ))  # fmt: skip
     if max_model_len is not None and not 1 <= max_model_len <= spec.max_position:
         raise PlowError(
             "--max-model-len", f"must be in 1..{spec.max_position}, got {max_model_len}"

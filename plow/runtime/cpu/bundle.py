@@ -658,9 +658,15 @@ def _fused_argmax(
 NO_BUDGET_NS = 3_600 * 10**9  # an hour per step (per prefill token): no budget in effect
 
 
-def cache_profile(max_position: int, max_batch: int = 8) -> CompileProfile:
+def cache_profile(
+    max_position: int, max_batch: int = 8, max_prefill_tokens: int = 512, token_bytes: int = 0
+) -> CompileProfile:
     """The ladder a checkpoint run on `--executor native|cpu` is compiled for: decode batches
-    1, 2, 4, ... up to `max_batch` (at least 8)."""
+    1, 2, 4, ... up to `max_batch` (at least 8); prefill rungs of 16 to 512 tokens
+    (`plow.profile.serve_prefill_seqs`: up to the context and `max_prefill_tokens`, the
+    longer ones while `token_bytes` per token fits the arena allowance)."""
+    from plow.profile import serve_prefill_seqs
+
     ctx = min(max_position, 2048)
     batches = [1]
     while batches[-1] < max(8, max_batch):
@@ -668,7 +674,7 @@ def cache_profile(max_position: int, max_batch: int = 8) -> CompileProfile:
     return CompileProfile(
         name="cpu-executor",
         decode_batches=tuple(batches),
-        prefill_seqs=tuple(s for s in (16, 64) if s <= ctx) or (ctx,),
+        prefill_seqs=serve_prefill_seqs(ctx, max_prefill_tokens, token_bytes),
         context=ctx,
         # no step budget: a budget is the user's choice (`plow compile` with a profile); the
         # plan's own bounds still hold against the target
@@ -733,6 +739,7 @@ def compile_cached(
     target: str = "cpu",
     profile: CompileProfile | None = None,
     max_batch: int = 8,
+    max_prefill_tokens: int = 512,
 ) -> Path:
     """The bundle of checkpoint `source` in the cache, compiled (verified, atomically) on
     first use; later calls with the same config, weights index, target and profile reuse it.
@@ -747,7 +754,9 @@ def compile_cached(
     spec = load_spec(src)
     # "cpu" is this machine: calibrated on first use, then cached (its workers = usable cores)
     tgt = cached_cpu_target(cache_dir(), _note) if target == "cpu" else load_target(target)
-    prof = profile or cache_profile(spec.max_position, max_batch)
+    # one prefill token's logits and widest activations, fp32 (the arena allowance's unit)
+    token_bytes = 4 * (spec.vocab_size + 2 * spec.intermediate_size + 4 * spec.hidden_size)
+    prof = profile or cache_profile(spec.max_position, max_batch, max_prefill_tokens, token_bytes)
     out = cache_dir() / "bundles" / cache_key(src, tgt, prof)
     if is_bundle(out) and all((out / "certificates" / f"{c}.json").is_file() for c in "AF"):
         return out  # (a cached bundle from before checkpoint A is compiled again)
