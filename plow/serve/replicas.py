@@ -420,9 +420,10 @@ def build_app(
 
     from plow.bundle.manifest import read_manifest
     from plow.bundle.open import check_bundle, is_bundle
+    from plow.runtime.cpu.bundle import diagnose
 
     if is_bundle(Path(model)):  # refused here in one line, not in every replica's log
-        check_bundle(Path(model), read_manifest(Path(model)))
+        check_bundle(Path(model), read_manifest(Path(model)), diagnose=diagnose)
     slots = int(load.get("max_num_seqs", 8))
     if router not in ("prefix", "pow2"):
         raise ValueError(f"router must be prefix or pow2, not {router!r}")

@@ -208,11 +208,12 @@ def test_unordered_shared_bytes_are_rejected_by_verify(llama_bundle: Path, tmp_p
     # way `plow verify` does (oracle + ordering side condition) rejects it
     from plow.bundle.manifest import read_manifest
     from plow.bundle.open import BundleRefused, check_bundle
+    from plow.runtime.cpu.bundle import diagnose
 
     # (D derives the same dependency from data flow and names it first, issue 14; the sweep
     # meets either reader of L0.attn_norm first, k_proj or v_proj)
     with pytest.raises(BundleRefused, match=r"L0\.[kv]_proj#0\) on worker \d+ must precede"):
-        check_bundle(b, read_manifest(b))
+        check_bundle(b, read_manifest(b), diagnose=diagnose)
     rep = verify_bundle(b)
     bad = [r for r in rep.rows if r.rejected]
     assert [(r.checkpoint, r.bucket) for r in bad] == [
