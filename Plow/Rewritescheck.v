@@ -10,7 +10,9 @@
     on a decoder ([IAddNorm] R1, [ILinearQKV] R4: the concatenated q/k/v
     projection, reading [cat3 Wq Wk Wv], [INormResidual] R12, [ILinearResidual] R10,
     [INormLinear] R11, [ILinearGluI] R2+R3 with R13: the interleaved gate/up
-    linear with the glu in its epilogue, reading [interleave Wg Wu]).
+    linear with the glu in its epilogue, reading [interleave Wg Wu], [IGenNorm] R18: a
+    generic op — the embedding gather — and the full-width norm of what it wrote, in one
+    instruction writing both).
 
     The producer (the Python compiler) supplies the blocks: each is a rule,
     the canonical instructions it covers, and the fused instruction.  The
@@ -42,7 +44,7 @@ From Plow Require Import Loc Rewrites.
 Import ListNotations.
 Local Open Scope N_scope.
 
-Inductive rule_id : Type := RNone | R1 | R4 | R10 | R11 | R12 | R23.
+Inductive rule_id : Type := RNone | R1 | R4 | R10 | R11 | R12 | R23 | R18.
 
 Inductive instr : Type :=
 | IAdd (d a b : N)
@@ -55,7 +57,10 @@ Inductive instr : Type :=
 | INormLinear (d x w n q W k m : N)
 | ILinearGluI (d x Wg Wu k m a : N)
 | ILinearQKV (dq dk dv x Wq Wk Wv k nq nk nv : N)
-| IGen (k a d : N) (xs : list N).
+| IGen (k a d : N) (xs : list N)
+(** R18: a generic op (the embedding gather) writing [t], and the full-width norm of [t]
+    written to [d], in one instruction writing both. *)
+| IGenNorm (k a t : N) (xs : list N) (d w n q : N).
 
 Fixpoint nlist_eqb (l m : list N) : bool :=
   match l, m with
@@ -88,6 +93,9 @@ Definition instr_eqb (i j : instr) : bool :=
       (dq =? dq') && (dk =? dk') && (dv =? dv') && (x =? x') && (Wq =? Wq') && (Wk =? Wk')
       && (Wv =? Wv') && (k =? k') && (nq =? nq') && (nk =? nk') && (nv =? nv')
   | IGen k a d xs, IGen k' a' d' xs' => (k =? k') && (a =? a') && (d =? d') && nlist_eqb xs xs'
+  | IGenNorm k a t xs d w n q, IGenNorm k' a' t' xs' d' w' n' q' =>
+      (k =? k') && (a =? a') && (t =? t') && nlist_eqb xs xs' && (d =? d') && (w =? w')
+      && (n =? n') && (q =? q')
   | _, _ => false
   end.
 
@@ -112,6 +120,7 @@ Definition reads (i : instr) : list N :=
   | ILinearGluI _ x _ _ _ _ _ => [x]
   | ILinearQKV _ _ _ x _ _ _ _ _ _ _ => [x]
   | IGen _ _ _ xs => xs
+  | IGenNorm _ _ _ xs _ _ _ _ => xs
   end.
 
 Definition canonical (i : instr) : bool :=
@@ -149,6 +158,9 @@ Definition match_block (r : rule_id) (cs : list instr) (f : instr) : option (lis
          && negb (g =? u) && negb (d =? g) && negb (d =? u)
          && instr_eqb f (ILinearGluI d x Wg Wu k m a)
       then Some [g; u] else None
+  | R18, [IGen k a t xs; INorm d t' w n q] =>
+      if (t' =? t) && negb (d =? t) && instr_eqb f (IGenNorm k a t xs d w n q) then Some []
+      else None
   | _, _ => None
   end.
 
@@ -236,6 +248,9 @@ Definition run_op (we : wenv) (e : env) (i : instr) : env :=
       upd (upd (upd e dq (mask nq y)) dk (mask nk (part1 q y)))
         dv (mask nv (part2 q (N.to_nat nk) y))
   | IGen k a d xs => upd e d (gen k a (map e xs) (map we xs))
+  | IGenNorm k a t xs d w n q =>
+      let v := gen k a (map e xs) (map we xs) in
+      upd (upd e t v) d (rmsnorm R (rms q) (N.to_nat n) (vec we w) v)
   end.
 
 Definition run_table (we : wenv) (e : env) (p : list instr) : env :=

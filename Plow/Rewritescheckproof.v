@@ -254,6 +254,23 @@ Proof.
   - apply Ha. exact Hy.
 Qed.
 
+Lemma r18_block_sound we e1 e2 D k a t xs d w n q :
+  d <> t -> agree D e1 e2 -> (forall x, In x xs -> ~ In x D) ->
+  agree D (ex we e1 [IGen k a t xs; INorm d t w n q]) (ex we e2 [IGenNorm k a t xs d w n q]).
+Proof.
+  intros Hdt Ha Hr y Hy i. unfold run_table. simpl.
+  assert (Hg : forall j, gen k a (map e1 xs) (map we xs) j = gen k a (map e2 xs) (map we xs) j).
+  { apply gen_ext. clear -Ha Hr. induction xs as [|x xs IH]; simpl; constructor.
+    + apply Ha, Hr. simpl. tauto.
+    + apply IH. intros z Hz. apply Hr. simpl. tauto. }
+  destruct (N.eqb_spec y d) as [->|Hd].
+  - upd_simpl. apply rmsnorm_ext. intros j. upd_simpl. apply Hg.
+  - upd_simpl.
+    destruct (N.eqb_spec y t) as [->|Ht].
+    + upd_simpl. apply Hg.
+    + upd_simpl. apply Ha. exact Hy.
+Qed.
+
 (** ** A block that [match_block] accepts keeps the invariant. *)
 Lemma block_sound r cs f inter we e1 e2 D :
   match_block r cs f = Some inter ->
@@ -284,6 +301,8 @@ Proof.
   - apply r11_block_sound; try assumption; apply Hr; tauto.
   - apply r12_block_sound; try assumption; apply Hr; tauto.
   - apply r23_block_sound; try assumption; apply Hr; tauto.
+  - apply r18_block_sound; try assumption.
+    intros x Hx. apply Hr. apply in_or_app. left. exact Hx.
 Qed.
 
 Lemma check_blocks_sound bs dead idx dead' we e1 e2 :
@@ -479,4 +498,27 @@ Example check_rejects_another_kind :
     [pass (IGen 50 60 5 [0; 1; 2; 70]);
      {| b_rule := RNone; b_canon := [IAdd 6 5 3]; b_fused := IGen 51 62 6 [5; 3] |}] [6]
   = Reject (1, 1).
+Proof. reflexivity. Qed.
+
+(** R18: the embedding (a generic op: kind 50, attributes 60, ids 0 and table 70) and the
+    first norm (weight 10, attributes 30) of its rows as one instruction writing both. *)
+Definition r18_block (f : instr) : block :=
+  {| b_rule := R18; b_canon := [IGen 50 60 2 [0; 70]; INorm 3 2 10 8 30]; b_fused := f |}.
+
+Example check_accepts_embedding_rmsnorm :
+  check_checkpoint_a [IGen 50 60 2 [0; 70]; INorm 3 2 10 8 30]
+    [IGenNorm 50 60 2 [0; 70] 3 10 8 30] [r18_block (IGenNorm 50 60 2 [0; 70] 3 10 8 30)]
+    [2; 3] = Accept.
+Proof. reflexivity. Qed.
+
+Example check_rejects_embedding_rmsnorm_edited_epsilon :
+  check_checkpoint_a [IGen 50 60 2 [0; 70]; INorm 3 2 10 8 30]
+    [IGenNorm 50 60 2 [0; 70] 3 10 8 31] [r18_block (IGenNorm 50 60 2 [0; 70] 3 10 8 31)]
+    [2; 3] = Reject (0, 1).
+Proof. reflexivity. Qed.
+
+Example check_rejects_embedding_rmsnorm_another_table :
+  check_checkpoint_a [IGen 50 60 2 [0; 70]; INorm 3 2 10 8 30]
+    [IGenNorm 50 60 2 [0; 71] 3 10 8 30] [r18_block (IGenNorm 50 60 2 [0; 71] 3 10 8 30)]
+    [2; 3] = Reject (0, 1).
 Proof. reflexivity. Qed.

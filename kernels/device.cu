@@ -812,6 +812,9 @@ __device__ int64_t run_record_cta(const Ctx& c, const plow::Record& rec, float* 
       case plow::PLOW_RMSNORM_LM_HEAD:  // R19 (kernels/fused_lm.h): one thread per tile
         if (threadIdx.x == 0) plow::tile_rmsnorm_lm_head(c, op, r, step);
         break;
+      case plow::PLOW_EMBEDDING_RMSNORM:  // R18 (kernels/fused_lm.h): one thread per tile
+        if (threadIdx.x == 0) plow::tile_embedding_rmsnorm(c, op, r);
+        break;
       case PLOW_RMSNORM: tile_rmsnorm_cta(c, op, r, step); break;
       case PLOW_EMBEDDING:
       case PLOW_ROPE:

@@ -1,5 +1,5 @@
 // plow native kernel — R19 (plow/egraph/apply.py, issue 15): the final rmsnorm in the
-// lm_head's prologue. The op table has no kind of its own for it: an `lm_head` whose third
+// lm_head's prologue; and R18, the first rmsnorm beside the embedding gather (at the end). The op table has no kind of its own for it: an `lm_head` whose third
 // input is the norm's weight (attributes the norm's: eps, offset); the loader
 // (plow/runtime/native/lower.py) gives it the kernel kind PLOW_RMSNORM_LM_HEAD.
 //
@@ -24,7 +24,7 @@
 
 namespace plow {
 
-enum PlowFusedLmKind { PLOW_RMSNORM_LM_HEAD = 33 };
+enum PlowFusedLmKind { PLOW_RMSNORM_LM_HEAD = 33, PLOW_EMBEDDING_RMSNORM = 34 };
 
 // tile_rmsnorm's den of one full-width row, and norm_apply's value of its column j
 PLOW_HD static inline float prologue_den(const PlowOp& op, const float* xi, int64_t K) {
@@ -93,6 +93,22 @@ PLOW_HD static void tile_rmsnorm_lm_head(const Ctx& c, const PlowOp& op, const R
     argmax_chunks(c, op, r[0].a, r[0].b, r[1].a, r[1].b);
 }
 #endif
+
+// R18: the first norm beside the embedding gather — an `embedding` whose third input is the
+// norm's weight (attributes the embedding's, the norm's under "norm"). t0 ids, t1 rows, t2 their
+// norm; d0 H; f0 scale, f1 eps, f2 offset; w0 the table; table the norm weight [H] in fp32.
+// A tile holds whole rows (the tiler does not split its columns): tiles.h's tile_embedding
+// writes them, then each row's norm as tiles.h's unsplit rmsnorm computes it.
+PLOW_HD static void tile_embedding_rmsnorm(const Ctx& c, const PlowOp& op, const Range* r) {
+  tile_embedding(c, op, r);
+  const float* rows = c.A + op.t[1];
+  float* out = c.A + op.t[2];
+  const int64_t H = op.d[0];
+  for (int64_t i = r[0].a; i < r[0].b; ++i) {
+    const float den = prologue_den(op, rows + i * H, H);
+    for (int64_t j = 0; j < H; ++j) out[i * H + j] = prologue_norm(op, rows[i * H + j], den, j);
+  }
+}
 
 }  // namespace plow
 #endif

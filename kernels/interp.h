@@ -81,6 +81,7 @@ PLOW_HD static int64_t run_tile(const Ctx& c, const PlowOp& op, const Range* r, 
     case PLOW_LINEAR_GLU: tile_linear_glu(c, op, r, step); break;  // kernels/fused.h (R2+R3+R13)
     case PLOW_LINEAR_QKV: tile_linear_qkv(c, op, r, step); break;  // kernels/fused.h (R4)
     case PLOW_RMSNORM_LM_HEAD: tile_rmsnorm_lm_head(c, op, r, step); break;  // fused_lm.h (R19)
+    case PLOW_EMBEDDING_RMSNORM: tile_embedding_rmsnorm(c, op, r); break;    // fused_lm.h (R18)
     case PLOW_ALLREDUCE: tile_allreduce(c, op, r); break;      // kernels/collective.h (tp)
     default: break;  // the loader refuses other kinds
   }

@@ -143,12 +143,14 @@ let rule_of (r : string) : rule_id option =
   (* R19, the final norm in the lm_head's prologue, is R11 over an lm_head read as a linear
      (an lm_head without a softcap is x . W^T: [lm_head_linear] below) *)
   | "R19" -> Some R11
+  | "R18" -> Some R18
   | _ -> None
 
 let fused_kind = function
   | "R1" -> "add_rmsnorm" | "R4" -> "qkv_concat" | "R10" -> "linear_residual"
   | "R11" -> "rmsnorm_linear" | "R12" -> "rmsnorm_residual" | "R2+R3+R13" | "R23" -> "linear_glu"
   | "R19" -> "lm_head"
+  | "R18" -> "embedding"
   | _ -> "?"
 
 (* The canonical lm_head of an R19 block as the linear it computes: x . W^T, W [m; k], when
@@ -182,6 +184,17 @@ let fused_instr (t : table) (layouts : layout list) (r : string) (o : rop) : ins
   | "rmsnorm_linear", "rmsnorm_linear", [x; nw; w], [d] -> (
       match shape t w with
       | [m; k] -> INormLinear (tw d, tn x, tn nw, num (width nw), attr_id o, tn w, num k, num m)
+      | _ -> instr_of t o)
+  (* R18's fused op: an embedding over the ids, the table and the norm's weight writing the
+     gathered rows and their norm; its attributes are the embedding's, the norm's under
+     "norm" (each compared as the canonical op's attribute id) *)
+  | "embedding", "embedding", [ids; table; nw], [e; d] -> (
+      match List.assoc_opt "norm" o.rest with
+      | Some (`Assoc nkv) ->
+          let base = { o with rest = List.remove_assoc "norm" o.rest } in
+          let q = nid ("a:" ^ Yojson.Safe.to_string (`Assoc nkv)) in
+          IGenNorm (kind_id "embedding", attr_id base, tw e, [tn ids; tn table], tw d, tn nw,
+                    num (width nw), q)
       | _ -> instr_of t o)
   (* R19's fused op: an lm_head over x, its weight W and the norm's weight (attributes the
      norm's), the norm-linear of R11 *)
@@ -322,7 +335,7 @@ let check (payload : Yojson.Safe.t) : Verdict.t =
                 Printf.sprintf "the op table has no op for the model graph's %s (the op table has %d ops, the graph %d)"
                   (canon_str { b with canon_ix = cs }) nb nc
             | r, Some f, _ when rule_of r = None ->
-                Printf.sprintf "%s: rule %S is not one the checker knows (R1, R4, R10, R11, R12, R2+R3+R13, R19)"
+                Printf.sprintf "%s: rule %S is not one the checker knows (R1, R4, R10, R11, R12, R2+R3+R13, R18, R19)"
                   (op_str bt f) r
             | r, Some f, _ ->
                 (* tensor parallel: the slice records the fused op's sources should have *)

@@ -12,7 +12,9 @@ in one op writing both) and R2+R3+R13 (`linear_glu`: the gate and up linears of 
 one linear over `interleave(Wg, Wu)` — row 2i gate row i, row 2i+1 up row i, re-laid-out in
 the bundle — whose epilogue is the gated MLP's act(g) * u) and R4 (`linear_qkv`: the q, k, v
 projections of one input as one linear over `cat3(Wq, Wk, Wv)`, writing the three outputs)
-and R19 (the final full-width rmsnorm in the prologue of the lm_head that alone reads it: an
+R18 (the first norm beside the embedding gather: an `embedding` with the norm's weight as a
+third input, writing the rows and their norm; attributes the embedding's, the norm's under
+"norm") and R19 (the final full-width rmsnorm in the prologue of the lm_head that alone reads it: an
 `lm_head` op with inputs x, W and the norm's weight, attributes the norm's; no softcap).
 docs/egraph.md, "Status".
 """
@@ -38,6 +40,9 @@ EMITTED_FUSED: dict[str, frozenset[str]] = {
     # R19: the final norm in the lm_head's prologue, emitted as an `lm_head` with the norm's
     # weight as its third input (the fused argmax stays the lm_head's)
     "R19": frozenset({"rmsnorm_lm_head"}),
+    # R18: the first norm beside the embedding gather, emitted as an `embedding` with the
+    # norm's weight as its third input, writing the rows and their norm
+    "R18": frozenset({"embedding_rmsnorm", "fst", "snd"}),
 }
 RULES = tuple(EMITTED_FUSED)
 REWRITES_FILE = "rewrites.json"
@@ -154,6 +159,21 @@ def fuse_graph(
             continue
         prologue[op.name] = n
     in_prologue = {n.name for n in prologue.values()}
+    # R18: a full-width rmsnorm with a weight over the embedding's rows, the op just after it
+    gathered = {name for outs in chosen.get("embedding_rmsnorm", ()) for name in outs}
+    beside: dict[str, Op] = {}  # embedding's name -> its norm
+    for op in graph.ops:
+        if op.kind is not OpKind.rmsnorm or op.outputs[0] not in gathered:
+            continue
+        e = prod.get(op.inputs[0])
+        if e is None or e.kind is not OpKind.embedding or len(e.inputs) != 2:
+            continue
+        if not _full_width(graph, op) or pos[e.name] + 1 != pos[op.name] or e.name in beside:
+            continue
+        if "device" in op.attrs or "device" in e.attrs:  # tensor parallel: not yet
+            continue
+        beside[e.name] = op
+    in_prologue |= {n.name for n in beside.values()}
     # R1: residual_add R (two operands) read by a full-width rmsnorm N that the extraction
     # fused; the fused op takes R's place and writes R's sum and N's output
     pair: dict[str, Op] = {}  # R's name -> N
@@ -253,6 +273,20 @@ def fuse_graph(
                     (op.inputs[0], wc),
                     tuple(x.outputs[0] for x in three),
                     {},
+                    op.layer,
+                )
+            )
+            continue
+        if op.name in beside:
+            n = beside[op.name]
+            blocks.append(Block("R18", (index[op.name], index[n.name]), len(ops)))
+            ops.append(
+                Op(
+                    f"{op.name}+{n.name}",
+                    OpKind.embedding,
+                    (op.inputs[0], op.inputs[1], n.inputs[1]),
+                    (op.outputs[0], n.outputs[0]),
+                    {**op.attrs, "norm": dict(n.attrs)},
                     op.layer,
                 )
             )

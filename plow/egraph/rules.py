@@ -195,7 +195,7 @@ RULES: tuple[RuleInfo, ...] = (
         "full-width norm (group 0) of the embedding",
         "embedding_rmsnorm_sound",
         ("embedding_rmsnorm",),
-        False,
+        True,  # an embedding with the norm's weight (plow/egraph/apply.py)
     ),
     RuleInfo(
         "R19",

@@ -43,6 +43,8 @@ class OpKind(str, Enum):
     # R4: one linear over cat3(Wq, Wk, Wv) writing q, k and v (its rows split by the widths of
     # its three outputs, so it has no attributes: `OpGraph.validate` checks the outputs)
     linear_qkv = "linear_qkv"
+    # R18 likewise: an `embedding` with a third input, the first norm's weight (attrs the
+    # embedding's, the norm's under "norm"), writes the rows and their full-width norm
     # R19 is no kind of its own: an `lm_head` with a third input, the final norm's weight
     # (inputs x, W, norm weight; attrs the norm's), normalises x in its prologue
     # tensor parallel (plow/graph/shard.py): the sum of every device's partial [.., N] in
@@ -94,12 +96,15 @@ def infer_shapes(
 ) -> list[Shape]:
     """Output shapes of an op from its input shapes; raises `GraphError` on a mismatch."""
     if kind is OpKind.embedding:
-        ids, table = ins
+        ids, table = ins[0], ins[1]
         _need(
             name,
             len(ids) == 2 and len(table) == 2,
             f"embedding wants ids[B,T], table[V,H]; got {ids}, {table}",
         )
+        if len(ins) == 3:  # R18 (plow/egraph): the first norm's weight; outputs rows, their norm
+            _need(name, ins[2] == (table[1],), f"embedding norm weight {ins[2]} is not [{table[1]}]")
+            return [(*ids, table[1]), (*ids, table[1])]
         return [(*ids, table[1])]
     if kind is OpKind.rmsnorm:
         # no weight input (Gemma 4's v_norm): the scale is `offset` alone

@@ -533,6 +533,8 @@ class _Tiler:
         if k is OpKind.embedding:
             rows, cols = _numel(self.shape(op.inputs[0])), self.shape(op.inputs[1])[1]
             fpp, per_point, per_row, gather = 1, a, 4, op.inputs[1]
+            if len(op.inputs) == 3:  # R18: the rows and their norm (whole rows per tile)
+                fpp, per_point, weight = 5, 2 * a, cols * w
         elif k is OpKind.rmsnorm:
             x = self.shape(op.inputs[0])
             cols = int(op.attrs.get("group", x[-1]))
@@ -565,6 +567,8 @@ class _Tiler:
             fpp, per_point, per_row = 1, a, 8
         one_wave = round_up(cdiv(cols, self.target.workers), self.cmin)
         col_sizes = axis_sizes(cols, self.cmin, self.opt.max_tile_elementwise, (one_wave,))
+        if k is OpKind.embedding and len(op.inputs) == 3:  # R18: a tile normalises whole rows
+            col_sizes = (round_up(max(cols, 1), self.cmin),)
         if k is OpKind.sample and any(
             o.kind is OpKind.lm_head and op.inputs[0] in o.outputs for o in self.graph.ops
         ):  # greedy fused into lm_head (plow/bundle/argmax.py): lm_head reduces the columns

@@ -442,3 +442,39 @@ def test_final_norm_in_the_lm_head_block_r19(
         return
     why = a_files_rejection(b)
     assert f"op {i} ({first}+1) (lm_head) is not an instance of rule R19" in why, why
+
+
+@pytest.mark.parametrize(
+    "edit", [None, "eps", "weight", "table", "attrs_flat"],
+    ids=["accepted", "edited_epsilon", "another_norm_weight", "another_table", "norm_attrs_not_nested"],
+)  # fmt: skip
+def test_first_norm_beside_the_embedding_block_r18(
+    bundles: dict[str, Path], tmp_path: Path, edit: str | None
+) -> None:
+    """R18 (plow/egraph/apply.py): embed + L0.attn_norm as one embedding over the ids, the
+    table and the norm's weight, writing the rows and their norm (attributes the embedding's,
+    the norm's under "norm"); each edit is rejected naming the op and the rule."""
+    b = copy_bundle(bundles["llama"], tmp_path / "b")
+    ops = json.loads((b / first_rung(b)["ops"]).read_text())["ops"]
+    emb, norm = ops[0], ops[1]
+    assert (emb["name"], norm["name"]) == ("embed", "L0.attn_norm")
+    nattrs = dict(norm["attrs"])
+    inputs = [*emb["inputs"], norm["inputs"][1]]
+    attrs: dict[str, Any] = {**emb["attrs"], "norm": nattrs}
+    if edit == "eps":
+        nattrs["eps"] = 1e-3
+    if edit == "weight":
+        inputs[2] = "model.layers.1.input_layernorm.weight"
+    if edit == "table":
+        inputs[1] = "lm_head.weight"
+    if edit == "attrs_flat":
+        attrs = {**emb["attrs"], **nattrs}
+    fused = {"kind": "embedding", "attrs": attrs, "inputs": inputs,
+             "outputs": [emb["outputs"][0], norm["outputs"][0]]}  # fmt: skip
+    i = _fused_rungs(b, lambda d: _fuse(d, "embed", 2, fused))
+    _with_rewrites(b, [{"rule": "R18", "canonical": [i, i + 1], "fused": i}])
+    if edit is None:
+        assert all(isinstance(c, Certificate) and c.accepted for c in a_on_files(b))
+        return
+    why = a_files_rejection(b)
+    assert f"op {i} (embed+1) (embedding) is not an instance of rule R18" in why, why

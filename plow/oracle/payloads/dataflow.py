@@ -34,7 +34,8 @@ ranges are row-major over the op's axes; views are `rows x cols` with `cols` the
   `b`, writes the box of the sum (output 0), then unsplit reads the sum's whole rows and
   writes the norm's (output 1), split writes the box's sums of squares (the partial
   `[step, rows]`);
-- embedding: reads `ids[a:b]`; writes `out[a:b, c0:c1]`;
+- embedding: reads `ids[a:b]`; writes `out[a:b, c0:c1]`; with a third input (R18: the first
+  norm's weight) it then reads those whole rows and writes them of its second output (the norm);
 - attention: reads `q` of its rows (row `r` = batch, kv head, token, head in the group), this
   step's `k`/`v` of every token of its (batch, kv head) blocks, and `positions`; writes `out`
   of its rows (split: the partial `[step, rows, head_dim]`);
@@ -334,6 +335,10 @@ def _compute_unit(sp: _Space, ot: OpTable, o: OpEntry, j: int, out: list[Access]
         if sp.tracked(o.inputs[0]):
             sp.elems(o.inputs[0], a, b, False, out)
         sp.box(dst, a, b, c0, c1, True, out)
+        if len(o.outputs) == 2:  # R18: then the norm of its rows (whole rows: cols unsplit)
+            ncols = _view(ot.tensors[o.outputs[0]].shape)[1]
+            sp.box(o.outputs[0], a, b, 0, ncols, False, out)
+            sp.box(o.outputs[1], a, b, 0, ncols, True, out)
         return
     if k == "sample":
         t = ot.tensors[o.inputs[0]].shape[1] if len(ot.tensors[o.inputs[0]].shape) > 2 else 1

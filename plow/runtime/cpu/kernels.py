@@ -12,6 +12,7 @@ sub-blocks; split reductions combine per-tile fp32 partials:
 | kind | tile | partial (split reduction) | merge |
 | --- | --- | --- | --- |
 | embedding | rows of ids x hidden cols | - | - |
+| embedding + norm (R18) | rows (whole): gathered, then their norm | - | - |
 | rmsnorm | whole groups of rows | sum of squares of its cols | normalise the rows |
 | rope | rows x cols (reads whole heads) | - | - |
 | linear, lm_head | x[m, k] @ w[n, k]^T (+ bias, cap) | its k-slice product | sum, bias, cap |
@@ -93,11 +94,16 @@ def _view2(shape: tuple[int, ...]) -> tuple[int, int]:
 
 def _embedding(plan: Plan, op: OpEntry, r: Ranges, acc: Access, step: int | None) -> None:
     (a, b), (c0, c1) = r
-    ids_name, table = op.inputs
+    ids_name, table = op.inputs[0], op.inputs[1]
     ids = acc.get(ids_name, (math.prod(_shape(plan, ids_name)),), np.s_[a:b])
     w = acc.weight(table)
     out = (w[ids, c0:c1] * F32(op.attrs["scale"])).astype(F32)
-    acc.put(op.outputs[0], _view2(_shape(plan, op.outputs[0])), np.s_[a:b, c0:c1], out)
+    v = _view2(_shape(plan, op.outputs[0]))
+    acc.put(op.outputs[0], v, np.s_[a:b, c0:c1], out)
+    if len(op.inputs) == 3:  # R18: the norm of the rows just written (a tile: whole rows)
+        assert (c0, c1) == (0, v[1]), f"op {op.name}: R18's tiles hold whole rows"
+        y = K.rmsnorm(out, acc.weight(op.inputs[2]), op.attrs["norm"])
+        acc.put(op.outputs[1], v, np.s_[a:b, c0:c1], y)
 
 
 def _norm_view(plan: Plan, op: OpEntry) -> tuple[int, int]:

@@ -53,6 +53,8 @@ GROUPED_ROUTER_KIND = 40
 FUSED_KINDS = {"add_rmsnorm": 30, "linear_glu": 31, "linear_qkv": 32}
 # R19 (kernels/fused_lm.h): an lm_head with its prologue norm's weight as a third input
 RMSNORM_LM_HEAD_KIND = 33
+# R18 (kernels/fused_lm.h): an embedding with the first norm's weight, writing rows and norm
+EMBEDDING_RMSNORM_KIND = 34
 # Tensor parallel (kernels/collective.h `PlowCollectiveKind`).
 COLLECTIVE_KINDS = {"allreduce": 50}
 # Every kind number the kernels know, to name one in an error.
@@ -274,6 +276,8 @@ def _lower_op(
     kind = KDA_KINDS.get(op.kind) if kind is None else kind
     if op.kind == "lm_head" and len(op.inputs) == 3:
         kind = RMSNORM_LM_HEAD_KIND
+    if op.kind == "embedding" and len(op.inputs) == 3:
+        kind = EMBEDDING_RMSNORM_KIND
     if kind is None:
         raise PlowError(op.name, f"op kind {op.kind!r} is not supported by the native executor")
     o.kind = kind
@@ -301,6 +305,14 @@ def _lower_op(
         o.d[0] = _view2(shape(op.outputs[0]).shape)[1]
         o.f[0] = float(op.attrs["scale"])
         o.w0, o.w0_dtype = weight(op.inputs[1])
+        if len(op.inputs) == 3:  # R18 (kernels/fused_lm.h): t2 the norm, its weight in fp32
+            nw = np.ascontiguousarray(
+                np.asarray(stored(weights[op.inputs[2]]), dtype=np.float32).reshape(-1)
+            )
+            low.keep.append(nw)
+            o.table, o.t[2] = nw.ctypes.data, word(op.outputs[1])
+            norm = op.attrs["norm"]
+            o.f[1], o.f[2] = float(norm["eps"]), float(norm.get("offset", 0.0))
     elif k == "rmsnorm":
         xs = shape(op.inputs[0]).shape
         g = int(op.attrs.get("group", xs[-1]))
