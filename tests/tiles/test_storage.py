@@ -24,13 +24,12 @@ from plow.testing.fixtures import make_tiny_checkpoint
 from plow.tiles import TilingOptions, tile_graph
 from plow.tiles.storage import header_weight_bytes, stored_weight_bytes
 
-pytest.importorskip("gguf")
-
 RUNG = "decode_b1_s64"
 
 
 @pytest.fixture(scope="module")
 def q41(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("gguf")  # the blocks are gguf-py's
     from plow.testing.quantized import quantize_checkpoint
 
     root = tmp_path_factory.mktemp("storage")
@@ -109,3 +108,26 @@ def test_b_derives_the_weight_traffic_from_the_bundles_bytes(q41: dict[str, Path
     )
     (problem,) = declared_number_problems(rung, low, sf, ex, target)
     assert "below the" in problem and str(ex.weight_bytes) in problem
+
+
+def test_fp8_weights_are_priced_at_one_byte_plus_their_scales(tmp_path: Path) -> None:
+    """An fp8 [N, K] weight with [ceil(N/32), ceil(K/32)] fp32 block scales is stored in
+    N * K + 4 * ceil(N/32) * ceil(K/32) bytes: what the compiler prices (from the checkpoint)
+    is what the bundle's weights file holds (what B reads back), and the op's charged bytes
+    contain exactly that (the op table's dtype says float32: 4 bytes a weight)."""
+    from tests.runtime.test_fp8_weights import _fp8_copy
+
+    src = make_tiny_checkpoint("qwen3", 0, tmp_path / "src")
+    path = _fp8_copy(src, tmp_path / "fp8")
+    out = tmp_path / "b"
+    prof = CompileProfile(name="f", decode_batches=(1,), prefill_seqs=(16,), context=64)
+    compile_bundle(path, out, load_target("cpu"), prof, verify=True)
+    ot = OpTable.model_validate_json((out / "plan" / f"{RUNG}.ops.json").read_bytes())
+    o = next(o for o in ot.ops if o.name == "L0.o_proj")
+    w = o.inputs[1]
+    n, k = ot.tensors[w].shape
+    want = n * k + 4 * -(-n // 32) * -(-k // 32)
+    assert stored_weight_bytes(path, [w]) == {w: want}
+    assert header_weight_bytes(read_header(out / WEIGHTS))[w] == want
+    m, nn, kk = (a.extent for a in o.axes)
+    assert o.cost.bytes == m * kk * 4 + want + m * nn * 4
