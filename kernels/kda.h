@@ -66,9 +66,13 @@ PLOW_HD static inline void kda_emit(const float* o, const float* gt, const float
 // Prefill on the host: a row of more than one token runs the chunked (WY) form of
 // plow.runtime.numpy_ops._kda_chunk (transformers' chunk_kimi_delta_attention), PLOW_KDA_CHUNK
 // tokens at a time; the device builds run the recurrence (one thread per tile, no scratch).
-constexpr int64_t PLOW_KDA_CHUNK = 64;
+constexpr int64_t PLOW_KDA_CHUNK = 16;
 
 // Head h of batch row b over its valid tokens idx[0 .. nv): state s [D, D] updated in place.
+// The decay products exp(G_i - G_j) (j <= i, G the running sum of the log decays over the
+// chunk) are the running products E[i][j] = E[i-1][j] exp(g_i), E[j][j] = 1, and exp(G_i) is
+// E's chain from the chunk's start: one expf per token and column, as the recurrence, and
+// every factor at most 1 (no overflow however strong the decay).
 static void kda_chunked_head(const Ctx& c, const PlowOp& op, int64_t b, int64_t h,
                              const int64_t* idx, int64_t nv, float* s) {
   const int64_t T = op.d[1], H = op.d[2], D = op.d[3], C = H * D, L = PLOW_KDA_CHUNK;
@@ -76,13 +80,14 @@ static void kda_chunked_head(const Ctx& c, const PlowOp& op, int64_t b, int64_t 
   const float decay = expf(op.table[C + h]);
   const float* nw = op.table + C + H;
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  std::vector<float> buf(static_cast<size_t>(5 * L * D + L * L + L + D));
+  std::vector<float> buf(static_cast<size_t>(5 * L * D + L * L * D + L * L + L + D));
   float* q = buf.data();
   float* k = q + L * D;
-  float* gc = k + L * D;
-  float* u = gc + L * D;  // beta v, then T beta v, then the new values v'
+  float* eg = k + L * D;  // exp(g_i), then exp(G_i)
+  float* u = eg + L * D;  // beta v, then T beta v, then the new values v'
   float* w = u + L * D;   // T (beta k exp(G))
-  float* A = w + L * D;   // [L, L] strictly lower, then T = (I + A)^-1's rows
+  float* E = w + L * D;   // [L, L, D]: exp(G_i - G_j), j <= i
+  float* A = E + L * L * D;  // [L, L] strictly lower, then T = (I + A)^-1's rows
   float* beta = A + L * L;
   float* o = beta + L;
   float* out = c.A + op.t[7] + b * T * C;
@@ -91,16 +96,24 @@ static void kda_chunked_head(const Ctx& c, const PlowOp& op, int64_t b, int64_t 
     for (int64_t i = 0; i < m; ++i) {
       const int64_t row = b * T + idx[c0 + i];
       const float* x = c.A + op.t[0] + row * 3 * C;
-      float* gi = gc + i * D;
+      float* ei = eg + i * D;
       kda_prep(x, c.A + op.t[1] + row * C, dt_bias, decay, C, h, D, scale, q + i * D, k + i * D,
-               gi);
+               ei);
+      for (int64_t d = 0; d < D; ++d) ei[d] = expf(ei[d]);
+      float* eii = E + (i * L + i) * D;
+      for (int64_t d = 0; d < D; ++d) eii[d] = 1.0f;
+      for (int64_t j = 0; j < i; ++j) {
+        const float* prev = E + ((i - 1) * L + j) * D;
+        float* cur = E + (i * L + j) * D;
+        for (int64_t d = 0; d < D; ++d) cur[d] = prev[d] * ei[d];
+      }
       if (i > 0)
-        for (int64_t d = 0; d < D; ++d) gi[d] += gc[(i - 1) * D + d];  // G: running sum
+        for (int64_t d = 0; d < D; ++d) ei[d] *= eg[(i - 1) * D + d];  // exp(G_i)
       beta[i] = kda_sigmoid(c.A[op.t[2] + row * H + h]);
       const float* vr = x + 2 * C + h * D;
       for (int64_t d = 0; d < D; ++d) {
         u[i * D + d] = vr[d] * beta[i];
-        w[i * D + d] = beta[i] * k[i * D + d] * expf(gi[d]);
+        w[i * D + d] = beta[i] * k[i * D + d] * ei[d];
       }
     }
     // A[i, j] = -beta_i k_i . (k_j exp(G_i - G_j)), j < i; rows solved in order (row i
@@ -108,9 +121,9 @@ static void kda_chunked_head(const Ctx& c, const PlowOp& op, int64_t b, int64_t 
     for (int64_t i = 0; i < m; ++i) {
       float* ai = A + i * L;
       for (int64_t j = 0; j < i; ++j) {
+        const float* eij = E + (i * L + j) * D;
         float acc = 0.0f;
-        for (int64_t d = 0; d < D; ++d)
-          acc += k[i * D + d] * k[j * D + d] * expf(gc[i * D + d] - gc[j * D + d]);
+        for (int64_t d = 0; d < D; ++d) acc += k[i * D + d] * k[j * D + d] * eij[d];
         ai[j] = -beta[i] * acc;
       }
       for (int64_t j = 0; j < i; ++j) {
@@ -140,27 +153,26 @@ static void kda_chunked_head(const Ctx& c, const PlowOp& op, int64_t b, int64_t 
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < D; ++j) o[j] = 0.0f;
       for (int64_t kk = 0; kk < D; ++kk) {
-        const float qe = q[i * D + kk] * expf(gc[i * D + kk]);
+        const float qe = q[i * D + kk] * eg[i * D + kk];
         const float* sk = s + kk * D;
         for (int64_t j = 0; j < D; ++j) o[j] += qe * sk[j];
       }
       for (int64_t j = 0; j <= i; ++j) {
+        const float* eij = E + (i * L + j) * D;
         float acc = 0.0f;
-        for (int64_t d = 0; d < D; ++d)
-          acc += q[i * D + d] * k[j * D + d] * expf(gc[i * D + d] - gc[j * D + d]);
+        for (int64_t d = 0; d < D; ++d) acc += q[i * D + d] * k[j * D + d] * eij[d];
         for (int64_t e = 0; e < D; ++e) o[e] += acc * u[j * D + e];
       }
       const int64_t row = b * T + idx[c0 + i];
       kda_emit(o, c.A + op.t[3] + row * C + h * D, nw, op.f[0], D, out + idx[c0 + i] * C + h * D);
     }
     // S' = exp(G_last) S + sum_j (k_j exp(G_last - G_j)) v'_j^T
-    const float* last = gc + (m - 1) * D;
+    const float* last = eg + (m - 1) * D;
     for (int64_t kk = 0; kk < D; ++kk) {
       float* sk = s + kk * D;
-      const float e = expf(last[kk]);
-      for (int64_t j = 0; j < D; ++j) sk[j] *= e;
+      for (int64_t j = 0; j < D; ++j) sk[j] *= last[kk];
       for (int64_t i = 0; i < m; ++i) {
-        const float kd = k[i * D + kk] * expf(last[kk] - gc[i * D + kk]);
+        const float kd = k[i * D + kk] * E[((m - 1) * L + i) * D + kk];
         for (int64_t j = 0; j < D; ++j) sk[j] += kd * u[i * D + j];
       }
     }

@@ -80,7 +80,7 @@ PLOW_HD static void tile_ssm_conv(const Ctx& c, const PlowOp& op, const Range* r
 // Prefill on the host: a row of more than one token runs the chunked (SSD) scan of
 // plow.runtime.numpy_ops._ssm_chunk (transformers' mamba2_chunk_scan), PLOW_SSM_CHUNK tokens
 // at a time; the device builds run the recurrence (one thread per tile, no scratch).
-constexpr int64_t PLOW_SSM_CHUNK = 64;
+constexpr int64_t PLOW_SSM_CHUNK = 16;
 
 // Head h of batch row b over its valid tokens idx[0 .. nv): state s [hd, N] updated in place;
 // y [T, H * hd] the row's output. G the running sum of dt * a over the chunk:

@@ -283,9 +283,11 @@ def experts_down(x: np.ndarray, route: np.ndarray, w: np.ndarray) -> np.ndarray:
 # a time), a decode step the recurrence; both fp32, equal up to rounding.
 
 
-# Tokens of a row per chunk of the chunked forms (Mamba-2's scan, KDA): fla's and
-# transformers' torch fallbacks' default.
-CHUNK = 64
+# Tokens of a row per chunk of the chunked forms (Mamba-2's scan, KDA). transformers' torch
+# fallbacks take 64; 16 keeps KDA's [H, L, L, D] decay products small (at head_dim 128, 4
+# heads, 256 tokens, on this loaded shared machine: chunk 16 ~45 ms, the recurrence 80-156 ms,
+# chunk 64 0.9-1.9 s; Mamba-2's scan ~60 ms at any of them).
+CHUNK = 16
 
 
 def softplus(x: np.ndarray) -> np.ndarray:

@@ -1,14 +1,15 @@
 """Chunked prefill of the recurrent layers (issue 18 items 2 and 3): Kimi Delta Attention and
 Mamba-2's scan run a prompt of more than one token in the chunked form (the WY form of
 transformers' `chunk_kimi_delta_attention`, the SSD form of `mamba2_chunk_scan`) on the `cpu`
-executor, the reference and the native host kernels (kernels/kda.h, kernels/ssm.h), 64 tokens
+executor, the reference and the native host kernels (kernels/kda.h, kernels/ssm.h), 16 tokens
 of a row at a time; decode steps keep the recurrence.
 
 - the numpy chunked forms equal the token-by-token recurrence (chunk 1) to fp32 rounding, for
   chunks that do and do not divide the row, a fresh and a carried state, a slice of heads;
-- a 100-token prompt (two kernel chunks, 64 + 36) prefilled in one call and in 16-token engine
-  chunks on `cpu` and `native`: the last logits within 1e-4 * max(1, |logit|) of
-  transformers' and the greedy continuation transformers' tokens and the recurrence's.
+- a 100-token prompt (kernel chunks of 16, the last of 4) prefilled in one call and in 24-token
+  engine chunks (kernel chunks 16 + 8 each) on `cpu` and `native`: the last logits within
+  1e-4 * max(1, |logit|) of transformers' and the greedy continuation transformers' tokens and
+  the recurrence's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from plow.testing import make_tiny_checkpoint  # noqa: E402
 from plow.testing.fixtures import make_tiny_kimi_linear  # noqa: E402
 from tests.runtime.helpers import assert_logits_close, prefill_logits  # noqa: E402
 
-LONG = 100  # > K.CHUNK: the prompt spans two chunks of the chunked form
+LONG = 100  # > K.CHUNK: the prompt spans 7 chunks of the chunked form
 NEW = 6
 PROFILE = CompileProfile(name="chunked", decode_batches=(1,), prefill_seqs=(16, 128), context=128)
 
@@ -120,7 +121,7 @@ def test_a_long_prompt_prefills_chunked_with_transformers_logits_and_tokens(
     fam: dict, open_model: object
 ) -> None:
     ids, bundle = fam["ids"], fam["bundle"]
-    for chunk in (LONG, 16):  # one call (kernel chunks 64 + 36), and 16-token engine chunks
+    for chunk in (LONG, 24):  # one call, and 24-token engine chunks (kernel chunks 16 + 8)
         got = prefill_logits(open_model(bundle), ids, chunk=chunk)  # type: ignore[operator]
         assert_logits_close(got, fam["logits"])
     got_tokens = generate(open_model(bundle), [Request(tuple(ids), NEW)])  # type: ignore[operator]
