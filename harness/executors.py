@@ -227,19 +227,16 @@ def _check_shape(ckpt: Checkpoint, max_batch: int, max_context: int) -> None:
 def cpu_model(
     ckpt: Checkpoint, *, max_batch: int, max_context: int, compiled: CompiledStudy | None
 ) -> CpuModel:
-    """The model of the cpu emulator. Without `compiled`: planned in memory for the `cpu`
-    target (no study). With `compiled`: the study's certified bundle of this context on the
-    emulator (`bundle_model`), decode and prefill rungs alike; nothing is planned in memory."""
-    if compiled is not None:
-        return bundle_model(
-            RUNTIME_EXECUTORS["cpu"],
-            ckpt,
-            max_batch=max_batch,
-            max_context=max_context,
-            compiled=compiled,
-        )
-    _check_shape(ckpt, max_batch, max_context)
-    return CpuModel(ckpt.spec, ckpt.weights, max_batch=max_batch, max_context=max_context)
+    """The model of the cpu emulator: the study's certified bundle of this context on the
+    emulator (`bundle_model`), decode and prefill rungs alike; nothing is planned in memory
+    (without `compiled`, refused as on every bundle executor)."""
+    return bundle_model(
+        RUNTIME_EXECUTORS["cpu"],
+        ckpt,
+        max_batch=max_batch,
+        max_context=max_context,
+        compiled=compiled,
+    )
 
 
 def bundle_model(
@@ -257,10 +254,8 @@ def bundle_model(
     executor's machine (`ExecutorKind.open_model`). Every launch runs one of the bundle's
     certified rungs: decode, and prefill on its prefill rungs (the smallest that covers the
     launch's rows and tokens; longer prompts in chunks at the longest), so the steps run
-    exactly what the oracle certified. Without `compiled`, an executor that plans in memory
-    (the cpu emulator) plans for the `cpu` target; the others refuse."""
-    if compiled is None and kind.plans_in_memory:
-        return cpu_model(ckpt, max_batch=max_batch, max_context=max_context, compiled=None)
+    exactly what the oracle certified. Without `compiled` every executor refuses: the harness
+    plans nothing in memory."""
     _check_shape(ckpt, max_batch, max_context)
     if compiled is None:
         raise PlowError(f"executor {kind.name}", "runs the study's certified bundles (step a)")

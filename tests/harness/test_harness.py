@@ -315,8 +315,14 @@ def test_cpu_runner_runs_the_certified_plans(
     with pytest.raises(PlowError, match=f"no certified plan for context {kv + 1}"):
         ex.open(c, max_batch=1, max_context=kv + 1, compiled=study)
     assert Bucket.decode(2, kv) in study.plans
-    # the same logits as a runner that plans the bucket itself (same target, same plan)
-    plain = ex.open(c, max_batch=2, max_context=kv)
+    # without the study the harness opens no runner: it plans nothing in memory
+    with pytest.raises(PlowError, match="certified bundles"):
+        ex.open(c, max_batch=2, max_context=kv)
+    # the same logits as the cpu executor planning the bucket itself (same target, plan)
+    from plow.runtime.cpu.engine import CpuEngine, CpuRunner
+    from plow.runtime.cpu.model import CpuModel
+
+    plain = CpuRunner(CpuEngine(CpuModel(c.spec, c.weights, max_batch=2, max_context=kv)))
     plain.prefill([[5, 9, 17], [5, 9, 17]])
     np.testing.assert_array_equal(plain.decode([1, 2]), certified)
 

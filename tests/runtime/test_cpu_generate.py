@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from plow.checkpoint import Checkpoint, load_checkpoint
 from plow.cli import app
 from plow.runtime.cpu import CpuModel, GenerationStats, Request, generate
-from plow.runtime.cpu.engine import CpuEngine
+from plow.runtime.cpu.engine import CpuEngine, CpuRunner
 from plow.runtime.sampler import SamplingParams
 from plow.serve.engine import Engine, PrefillChunk, ReferenceEngine
 
@@ -172,7 +172,9 @@ def test_harness_runner_and_cli(
     monkeypatch.setenv("PLOW_CACHE", str(tmp_path))  # --executor cpu compiles a cached bundle
 
     ckpt, prompts, refs = hf["llama"]
-    runner = get_executor("cpu").open(ckpt, max_batch=2, max_context=CONTEXT)
+    # the cpu runner the harness wraps (the harness itself opens only a study's bundles)
+    model = CpuModel(ckpt.spec, ckpt.weights, max_batch=2, max_context=CONTEXT)
+    runner = CpuRunner(CpuEngine(model))
     ref = get_executor("reference").open(ckpt, max_batch=2, max_context=CONTEXT)
     got, want = runner.prefill(prompts[:2]), ref.prefill(prompts[:2])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

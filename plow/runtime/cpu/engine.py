@@ -272,16 +272,6 @@ class CpuRunner:
     rows: int = 0
 
     @classmethod
-    def open(
-        cls, ckpt: Checkpoint, *, max_batch: int, max_context: int, kv_dtype: KVDtype = "float32"
-    ) -> CpuRunner:
-        return cls(
-            CpuEngine.from_checkpoint(
-                ckpt, max_batch=max_batch, max_context=max_context, kv_dtype=kv_dtype
-            )
-        )
-
-    @classmethod
     def from_bundle(
         cls, bundle: Bundle | Path | str, *, max_batch: int | None = None, **kw: Any
     ) -> CpuRunner:
@@ -316,39 +306,6 @@ class CpuRunner:
 
     def last_step_ns(self) -> int | None:
         return None
-
-
-def generate_one(
-    ckpt: Checkpoint,
-    prompt_ids: Sequence[int],
-    max_new_tokens: int,
-    *,
-    params: SamplingParams | None = None,
-    stop_ids: tuple[int, ...] = (),
-    multi_step: int = 1,
-    target: str = "cpu",
-    kv_dtype: KVDtype = "float32",
-) -> tuple[list[int], GenerationStats]:
-    """One request through the CPU executor, compiled in memory. `kv_dtype` other than
-    float32 is lossy (see `CpuModel`)."""
-    if not prompt_ids:
-        raise PlowError("prompt", "empty prompt")
-    context = min(ckpt.spec.max_position, len(prompt_ids) + max_new_tokens)
-    model = CpuModel(
-        ckpt.spec,
-        ckpt.weights,
-        target=target,
-        max_batch=1,
-        max_context=context,
-        ring=8,
-        kv_dtype=kv_dtype,
-    )
-    stats = GenerationStats()
-    req = Request(
-        tuple(int(t) for t in prompt_ids), max_new_tokens, params or SamplingParams(), stop_ids
-    )
-    out = generate(model, [req], multi_step=multi_step, stats=stats)
-    return out[0], stats
 
 
 def generate_bundle(
