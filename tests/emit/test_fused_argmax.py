@@ -31,9 +31,11 @@ from tests.emit.bundle_edit import copy_bundle, reforge, rungs
 @pytest.fixture(scope="module")
 def gpu_llama(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """h100: a k-split lm_head (its merges write the logits and the chunks); the sample op
-    unsplit (the tiler never splits a sample fed by an lm_head: no sample partials)."""
+    unsplit (the tiler never splits a sample fed by an lm_head: no sample partials). Unfused:
+    R19's lm_head (the final norm in its prologue) reads whole rows, and the tiler does not
+    split its k here."""
     out = tmp_path_factory.mktemp("fa") / "b"
-    prof = CompileProfile(decode_batches=(2,), prefill_seqs=())
+    prof = CompileProfile(decode_batches=(2,), prefill_seqs=(), fuse=False)
     return compile_bundle(
         tiny_checkpoints["llama"], out, load_target("h100"), prof, plan_only=True, verify=True
     ).out
@@ -127,7 +129,8 @@ def _record(b: Path, rung: dict[str, Any], kind: str) -> tuple[int, int, str]:
 @pytest.mark.parametrize(
     ("kind", "on", "says"),
     [
-        ("rmsnorm", True, "set FUSED_ARGMAX but the op table names no argmax buffer"),
+        # (every norm of the fused tiny llama is a fused op: R1's add_rmsnorm, R18, R19)
+        ("add_rmsnorm", True, "set FUSED_ARGMAX but the op table names no argmax buffer"),
         ("sample", False, "lack FUSED_ARGMAX but the op table fuses the op"),
         ("lm_head", False, "lack FUSED_ARGMAX but the op table fuses the op"),
     ],
@@ -179,9 +182,10 @@ def test_an_argmax_buffer_named_by_another_op_is_rejected_and_refused(
     b = copy_bundle(tiny_bundles["llama"], tmp_path / "m")
     rung = rungs(b)[0]
     ot, sf, _ = _files(b, rung)
-    i = next(o.index for o in ot.ops if o.kind == "rmsnorm")
+    i = next(o.index for o in ot.ops if o.kind == "add_rmsnorm")  # the fused norms: R1
+    lm = next(o for o in ot.ops if o.kind == "lm_head")
     ops = list(ot.ops)
-    ops[i] = ops[i].model_copy(update={"argmax": "lm_head#argmax"})
+    ops[i] = ops[i].model_copy(update={"argmax": f"{lm.name}#argmax"})
     ot = ot.model_copy(update={"ops": ops})
     (b / rung["ops"]).write_text(ot.model_dump_json())
     h, _ = read_plan(b / rung["plan"])
@@ -192,7 +196,7 @@ def test_an_argmax_buffer_named_by_another_op_is_rejected_and_refused(
     assert not rep.accepted
     why = rep.first_rejection()
     assert why is not None and why.checkpoint == "bundle", why
-    assert f"op {ot.ops[i].name!r} (rmsnorm) names the argmax buffer" in why.reason
+    assert f"op {ot.ops[i].name!r} (add_rmsnorm) names the argmax buffer" in why.reason
     assert rung["ops"] in why.reason
     m = CpuModel.from_bundle(b, verify=False)
     with pytest.raises(BundleRefused, match="names the argmax buffer"):
