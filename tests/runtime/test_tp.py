@@ -352,6 +352,15 @@ def test_uneven_kv_groups_split_2_plus_1_and_give_transformers_tokens(tmp_path: 
     from plow.emit.verify_source import verify_source
 
     assert verify_source(out, path).accepted
+    # a pool of 1 head per layer cannot hold device 0's 2: refused at load, naming the op
+    from dataclasses import replace
+
+    from plow.runtime.cpu.bundle import Bundle, BundleRefused
+
+    bundle = Bundle.open(out, verify=False)
+    assert bundle.default_kv().kv_heads == 2
+    with pytest.raises(BundleRefused, match=r"L0\.attn@d0.*2 key-value heads in pool layer 0"):
+        bundle.plan(RUNG, kv=replace(bundle.default_kv(), kv_heads=1))
     want = hf_greedy(path, PROMPTS, NEW)
     reqs = [Request(tuple(p), NEW) for p in PROMPTS]
     assert generate(open_native(out, max_batch=1), reqs) == want

@@ -479,6 +479,14 @@ def _load_plan(
         split = red is not None and red < len(axes) and axes[red].steps > 1
         if split != (o.partial is not None):
             raise BundleRefused(ops_path, f"op {o.name!r}: partial buffer disagrees with its axes")
+        if o.kind == "attention":  # its heads in its pool layer (--tp: `cache_layer`)
+            layer = int(o.attrs.get("cache_layer", o.layer or 0))
+            if int(o.attrs.get("kv_heads", 0)) > kv.kv_heads or not 0 <= layer < kv.layers:
+                raise BundleRefused(
+                    ops_path,
+                    f"op {o.name!r}: {o.attrs.get('kv_heads')} key-value heads in pool layer "
+                    f"{layer}, the pool has {kv.layers} layers of {kv.kv_heads} heads",
+                )
         op_tiles = _tiles(axes)
         tile_ranges.append(op_tiles)
         tops.append(_tiled_op(o, axes, op_tiles))
