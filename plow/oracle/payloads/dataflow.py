@@ -152,8 +152,29 @@ class _Space:
         if c0 == 0 and c1 == cols:
             self.elems(name, r0 * cols, r1 * cols, write, out)
             return
-        for r in range(r0, r1):
-            self.elems(name, r * cols + c0, r * cols + c1, write, out)
+        self.rows(name, r0 * cols + c0, cols, r1 - r0, c1 - c0, write, out)
+
+    def rows(
+        self, name: str, lo: int, stride: int, count: int, width: int, write: bool,
+        out: list[Access],
+    ) -> None:  # fmt: skip
+        """`elems(name, lo + i * stride, lo + i * stride + width)` for i in 0..count (the
+        same ranges, in that order; one call instead of `count` on a large plan)."""
+        info = self._info.get(name)
+        if info is None:
+            return
+        base, n, e = info
+        w = 1 if write else 0
+        append = out.append
+        for i in range(count):
+            a = lo + i * stride
+            b = a + width
+            if a < 0:
+                a = 0
+            if b > n:
+                b = n
+            if a < b:
+                append((base + a * e, base + b * e, w))
 
     def whole(self, name: str, write: bool, out: list[Access]) -> None:
         if self.tracked(name):
@@ -502,18 +523,14 @@ def _merge_unit(
         per, ncols = _partial_row(o, ot), _partial_cols(o, ot)
         p0, p1 = (2 * c0, 2 * c1) if o.kind == "linear_glu" else (c0, c1)  # gate/up pairs
         for ks in range(steps):
-            for m in range(r0, r1):
-                lo = ks * per + m * ncols
-                sp.elems(part, lo + p0, lo + p1, False, out)
+            sp.rows(part, ks * per + r0 * ncols + p0, ncols, r1 - r0, p1 - p0, False, out)
     elif part and o.kind == "add_rmsnorm":  # its rows of every step's partial [step, rows]
         per = _partial_row(o, ot)
-        for ks in range(steps):
-            sp.elems(part, ks * per + r0, ks * per + r1, False, out)
+        sp.rows(part, r0, per, steps, r1 - r0, False, out)
     elif part and o.kind == "attention":
         g = _Attn(ot, o)  # rows [r0, r1) of every step's partial ([step, rows, head_dim])
         per = _partial_row(o, ot)
-        for ks in range(steps):
-            sp.elems(part, ks * per + r0 * g.D, ks * per + r1 * g.D, False, out)
+        sp.rows(part, r0 * g.D, per, steps, (r1 - r0) * g.D, False, out)
     elif part:
         sp.whole(part, False, out)
     if o.kind == "attention":
@@ -558,10 +575,14 @@ def _merge_unit(
 def _coalesce(acc: list[Access]) -> list[Access]:
     """Sorted, adjacent ranges of one kind merged, each cut at BLOCK boundaries."""
     out: list[Access] = []
-    for w in (1, 0):
-        rs = sorted([(lo, hi) for lo, hi, x in acc if x == w])
+    writes: list[tuple[int, int]] = []
+    reads: list[tuple[int, int]] = []
+    for lo, hi, x in acc:
+        (writes if x == 1 else reads).append((lo, hi))
+    for w, rs in ((1, writes), (0, reads)):
         if not rs:
             continue
+        rs.sort()
         runs: list[tuple[int, int]] = []
         clo, chi = rs[0]
         for lo, hi in rs:
