@@ -272,7 +272,10 @@ def test_dropped_wait_and_edge_rejected_before_anything_runs(
     edit_rung(b, rung, schedule=drop)
     rep = verify_bundle(b)
     bad = [r for r in rep.rows if r.rejected]
-    assert [r.checkpoint for r in bad] == ["D"], [(r.checkpoint, r.reason) for r in bad]
+    # D rejects the race; F may too, where the two tasks' buffers share arena bytes
+    # (with R18 the embedding writes the first norm's rows, which reuse freed bytes)
+    got = [r.checkpoint for r in bad]
+    assert got[0] == "D" and set(got) <= {"D", "F"}, [(r.checkpoint, r.reason) for r in bad]
     reason = bad[0].reason
     assert f"({names[u]})" in reason and f"({names[v]})" in reason
     assert "arena bytes [" in reason and "must precede" in reason

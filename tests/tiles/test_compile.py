@@ -90,7 +90,7 @@ def test_tiny_budget_is_rejected_naming_op_resource_and_excess(tmp_path: Path) -
     msg = str(e.value)
     assert e.value.exit_code == 1
     assert msg.startswith("bucket decode_b1_s4096: memory bandwidth: lower bound")
-    assert "exceeds the budget 1 ms by" in msg and 'op "lm_head"' in msg
+    assert "exceeds the budget 1 ms by" in msg and 'op "final_norm+lm_head"' in msg
     # the oracle rejects the same plan for the same reason
     tg = tile_graph(build_graph(load_spec(spec_dir), Bucket.decode(1, 4096)), load_target("h100"))
     cert = run_checkpoint("B", tile_payload(tg, load_target("h100"), 1_000_000))
