@@ -592,7 +592,9 @@ def _tick_notes(data: dict[str, Any]) -> list[str]:
                       f"{len(v)} ticks)" for r, v in dec.items() if len(v))  # fmt: skip
         p = (f"prefill ticks p50 {np.median(pf):.0f} ms, mean {pf.mean():.0f}, max {pf.max():.0f} "
              f"({len(pf)} ticks)") if len(pf) else "no prefill ticks"  # fmt: skip
-        out.append(f"- Load {run['load']:.2f}: decode-only ticks at {d}; {p}; the linear fit's "
+        full = np.mean([t["decode_rows"] + t["prefill_chunks"] >= so.SLOTS for t in ticks]) * 100
+        out.append(f"- Load {run['load']:.2f}: decode-only ticks at {d}; {p}; every slot busy in "
+                   f"{full:.0f}% of the ticks (a queue waits for a slot there); the linear fit's "
                    f"mean absolute error {run.get('own_tick_fit', run['tick_fit'])['fit_mape_pct']:.0f}% per tick.")  # fmt: skip
     out.append(
         "- A prefill tick's launch follows the prompt tokens it carries (`tok_us`), not the padded "
@@ -668,7 +670,7 @@ def write_md(data: dict[str, Any], path: Path) -> None:
                      f"this run (largest |error| at p90/p99 {g[0]:.0f}%, at any percentile "
                      f"{g[1]:.0f}%).")  # fmt: skip
     L += ["", "Tick fits (µs; per load, from that load's ticks; a load's prediction uses the other's):", "",
-          "| load | ticks | chunk | tick_us | d0_us | d1_us | launch_us | tok_us | row_us | jitter bins (x fit) | c | rho | lag-1 / lag-20 autocorr | busy gap us | fit mean abs error % | `uptime` load before / after |",
+          "| load | ticks | chunk | tick_us | d0_us | d1_us | launch_us | tok_us | row_us | jitter bins (x fit) | c | rho | lag-1 / lag-20 autocorr | busy gap us | fit mean abs error % | `uptime` load before / during / after |",
           "| --- " * 16 + "|"]  # fmt: skip
     for run in data["runs"]:
         f = run.get("own_tick_fit", run["tick_fit"])
@@ -677,6 +679,7 @@ def write_md(data: dict[str, Any], path: Path) -> None:
                  f"{f['d1_us']:.0f} | {f['launch_us']:.0f} | {f.get('tok_us', 0):.0f} | {f['row_us']:.1f} | {jq} | "
                  f"{f.get('jc', 0):.2f} | {f.get('jrho', 0):.3f} | {f.get('acf1', 0):.2f} / {f.get('acf_last', 0):.2f} | "
                  f"{f['busy_gap_us']:.0f} | {f['fit_mape_pct']:.0f} | {run['loadavg_before']:.1f} / "
+                 f"{run['loadavg_during'] if run.get('loadavg_during') is not None else float('nan'):.1f} / "
                  f"{run['loadavg_after']:.1f} |")  # fmt: skip
     L += ["", "Startup calibration and probe (the previous method, the 'startup' column): "
           + ", ".join(f"{k} {v:.4g}" for k, v in c.items())]
