@@ -43,6 +43,18 @@ class PlanBounds:
     largest_flops_op: str
     largest_bytes: int
     largest_flops: int
+    # tensor parallel: the busiest device's bytes and the devices (each with 1/gpus of the
+    # bandwidth above, the group's); 0 / 1 for one device
+    device_bytes: int = 0
+    gpus: int = 1
+    busiest_device: int = 0
+
+    @property
+    def charged_bytes(self) -> int:
+        """The bytes the bandwidth bound charges at the group's bandwidth: the plan's, or the
+        busiest device's times the devices when that is more (each device moves its own
+        ops' bytes through its own memory, the replicated ops' included)."""
+        return max(self.bytes, self.device_bytes * self.gpus)
 
     @property
     def lower_bound_ns(self) -> float:
@@ -50,8 +62,9 @@ class PlanBounds:
 
     @property
     def bandwidth_exceeds(self) -> bool:
-        """Exact: `bytes * 1e9 > budget * bandwidth` (the oracle's test, negated)."""
-        return self.bytes * 10**9 > self.budget_ns * self.bandwidth_bytes_per_s
+        """Exact: `bytes * 1e9 > budget * bandwidth` (the oracle's test, negated; for a --tp
+        plan the compiler's is the busiest device's, at least as strict as B's group sum)."""
+        return self.charged_bytes * 10**9 > self.budget_ns * self.bandwidth_bytes_per_s
 
     @property
     def compute_exceeds(self) -> bool:
@@ -67,6 +80,9 @@ def plan_bounds(tg: TileGraph, budget_ns: int, launch_overhead_ns: int = 0) -> P
     by_bytes = max(tg.ops, key=lambda o: o.bytes, default=None)
     by_flops = max(tg.ops, key=lambda o: o.flops, default=None)
     nbytes, flops = tg.bytes, tg.flops
+    per = tg.device_bytes
+    busiest = max(range(len(per)), key=lambda d: per[d]) if per else 0
+    charged = max(nbytes, per[busiest] * len(per)) if per else nbytes
     return PlanBounds(
         bucket=tg.bucket,
         target=tg.target,
@@ -76,13 +92,16 @@ def plan_bounds(tg: TileGraph, budget_ns: int, launch_overhead_ns: int = 0) -> P
         weight_bytes=tg.weight_bytes,
         bandwidth_bytes_per_s=tg.bandwidth_bytes_per_s,
         peak_flops_per_s=tg.peak_flops_per_s,
-        bandwidth_bound_ns=nbytes * 1e9 / tg.bandwidth_bytes_per_s,
+        bandwidth_bound_ns=charged * 1e9 / tg.bandwidth_bytes_per_s,
         compute_bound_ns=flops * 1e9 / tg.peak_flops_per_s,
         estimated_ns=tg.estimated_ns + launch_overhead_ns,
         largest_bytes_op=by_bytes.name if by_bytes else "",
         largest_flops_op=by_flops.name if by_flops else "",
         largest_bytes=by_bytes.bytes if by_bytes else 0,
         largest_flops=by_flops.flops if by_flops else 0,
+        device_bytes=per[busiest] if per else 0,
+        gpus=max(1, len(per)),
+        busiest_device=busiest,
     )
 
 
@@ -96,7 +115,14 @@ def check_bounds(b: PlanBounds) -> None:
             f"bucket {b.bucket}",
             f"memory bandwidth: lower bound {fmt_ns(b.bandwidth_bound_ns)} exceeds the budget "
             f"{budget} by {fmt_ns(over)} ({b.bandwidth_bound_ns / max(b.budget_ns, 1):.3g}x): "
-            f"{b.bytes:.3g} bytes at {b.bandwidth_bytes_per_s:.3g} B/s on {b.target}; "
+            f"{b.bytes:.3g} bytes at {b.bandwidth_bytes_per_s:.3g} B/s on {b.target}"
+            + (
+                f" (device {b.busiest_device} of {b.gpus} moves {b.device_bytes:.3g} at "
+                f"{b.bandwidth_bytes_per_s // b.gpus:.3g} B/s)"
+                if b.gpus > 1
+                else ""
+            )
+            + "; "
             f'op "{b.largest_bytes_op}" moves the most ({b.largest_bytes:.3g} bytes, '
             f"{share:.0%} of the step)",
         )

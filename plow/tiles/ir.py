@@ -144,6 +144,7 @@ class TileGraph:
     cache_dtype: str
     peak_flops_per_s: int
     bandwidth_bytes_per_s: int
+    devices: tuple[int, ...] = ()  # tensor parallel: each op's device (empty: one device)
 
     def __iter__(self) -> Iterator[TiledOp]:
         return iter(self.ops)
@@ -161,6 +162,16 @@ class TileGraph:
     @property
     def flops(self) -> int:
         return sum(o.flops for o in self.ops)
+
+    @property
+    def device_bytes(self) -> tuple[int, ...]:
+        """Tensor parallel: the compulsory bytes of each device's ops (empty: one device)."""
+        if not self.devices:
+            return ()
+        out = [0] * (max(self.devices) + 1)
+        for o, d in zip(self.ops, self.devices, strict=True):
+            out[d] += o.bytes
+        return tuple(out)
 
     @property
     def weight_bytes(self) -> int:

@@ -738,6 +738,7 @@ def tile_graph(graph: OpGraph, target: Target, options: TilingOptions | None = N
     # tensor parallel: `gpus` devices, each with the target's bandwidth and peak, so a step
     # takes at least the plan's bytes over the group's bandwidth (flops: its peak)
     n = target.gpus
+    devices = tuple(int(op.attrs.get("device", 0)) for op in graph.ops) if n > 1 else ()
     return TileGraph(
         bucket=graph.bucket_name,
         target=target.name,
@@ -749,4 +750,5 @@ def tile_graph(graph: OpGraph, target: Target, options: TilingOptions | None = N
         cache_dtype=t.cache_dtype,
         peak_flops_per_s=n * max(target.peak_flops_per_s[r] for r in rates),  # type: ignore[index]
         bandwidth_bytes_per_s=n * target.bandwidth_bytes_per_s,
+        devices=devices,
     )

@@ -226,6 +226,31 @@ def test_b_bounds_a_tp_plan_by_the_groups_bandwidth(tp2: Path) -> None:
             assert ex.bandwidth_bytes_per_s == t.bandwidth_bytes_per_s
 
 
+def test_the_compilers_bound_is_the_busiest_devices(tiny_llama: Path) -> None:
+    """Each device moves its own ops' bytes through its own memory, replicated ops included,
+    so the compiler's bandwidth bound is the busiest device's bytes over one device's
+    bandwidth (device 0: it also runs the final norm and lm_head), above the group sum B
+    certifies; a budget between the two is rejected by the compiler, naming the device."""
+    from plow.compile import compile_plan
+    from plow.errors import PlanRejected
+
+    target = load_target("cpu").model_copy(update={"gpus": 2})
+    prof = CompileProfile(name="tp", decode_batches=(1,), prefill_seqs=(), context=48)
+    bp = compile_plan(tiny_llama, target, prof).buckets[0]
+    per = [0, 0]
+    for o in bp.graph.ops:
+        per[int(o.attrs["device"])] += bp.tiles.op(o.name).bytes
+    b = bp.bounds
+    assert (b.device_bytes, b.busiest_device, b.gpus) == (max(per), 0, 2) and per[0] > per[1]
+    one = target.bandwidth_bytes_per_s
+    assert b.bandwidth_bound_ns == pytest.approx(max(per) * 1e9 / one)
+    group = sum(per) * 1e9 / (2 * one)
+    assert b.bandwidth_bound_ns > group
+    budget = int((group + b.bandwidth_bound_ns) / 2)
+    with pytest.raises(PlanRejected, match=r"device 0 of 2 moves"):
+        compile_plan(tiny_llama, target, prof.model_copy(update={"decode_budget_ns": budget}))
+
+
 # Device 1's allreduce waits on an earlier counter of its own device instead of device 0's
 # o_proj partial (the system counter); the edges from the partial's tasks are gone.
 _drop_wait = rewire_wait("L0.o_proj.allreduce@d1", "L0.o_proj@d0.done", "L0.attn_norm@d1.done")
