@@ -1,4 +1,4 @@
-"""Native decode ms/token, fused (`plow compile`'s default: R1, R2+R3+R13, R4, R19 in the packets)
+"""Native decode ms/token, fused (`plow compile`'s default: R1, R2+R3+R13, R4, R18, R19)
 vs unfused (`--no-fuse`), on the same machine in the same run.
 
 `python benchmarks/fused_decode.py [--steps N] [--steps-1b N] [--rounds R] [--threads T]
@@ -201,8 +201,8 @@ def _markdown(env: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"alternate round by round ({env['rounds']} rounds of {env['steps_per_round']} steps "
         f"each, {env['steps_per_round_1b']} for the 1B model). Fused: R1 add_rmsnorm, "
         "R2+R3+R13 linear_glu (interleaved gate/up), R4 "
-        "linear_qkv (concatenated q/k/v), R19 (the final norm in the lm_head's prologue) "
-        "where the extraction chose them.",
+        "linear_qkv (concatenated q/k/v), R18 (the first norm beside the embedding), R19 (the "
+        "final norm in the lm_head's prologue) where the extraction chose them.",
         "",
         "| model | decode ops unfused / fused | unfused ms/token | fused ms/token | "
         "unfused − fused ms | fused / unfused | per-round unfused − fused ms | step MAD ms | "
