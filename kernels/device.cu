@@ -248,7 +248,7 @@ inline void mma_bf16(float* d, const uint32_t* a, const uint32_t* b) {
 // The device ABI beyond plow_abi.h: the loader checks plow_device_config against its own
 // constants when it loads the module (plow/runtime/cuda/model.py, through plow_config below),
 // and the host-side test reads it from the compiled PTX.
-#define PLOW_DEVICE_ABI 2
+#define PLOW_DEVICE_ABI 3
 #ifndef PLOW_BLOCK_THREADS
 #define PLOW_BLOCK_THREADS 256  // the emulation build may run fewer (-DPLOW_BLOCK_THREADS=64)
 #endif
@@ -475,15 +475,31 @@ __device__ inline void store_row_dot(const Ctx& c, const PlowOp& op, int64_t ste
   }
 }
 
+// Where a tile's weights are read: element (row, k0 + j) of weight row `row` is element
+// at(row) + j of `w` (dtype op.w0_dtype). In global memory: op.w0, ld K, row0 0, k0 the tile's
+// first k (at(row) = row * K + k0); in the task's weight pages (fill_weight_tile): the tile's
+// rows row0 .. copied back to back, ld = the tile's k extent, k0 0.
+struct WView {
+  const void* w;
+  int64_t ld, row0, k0;
+  __device__ int64_t at(int64_t row) const { return (row - row0) * ld + k0; }
+};
+
+__device__ inline WView weights_of(const PlowOp& op, const Range* r, const WView* ws) {
+  return ws != nullptr ? *ws : WView{op.w0, op.d[2], 0, r[2].a};
+}
+
 // `xs`: the tile's input rows r[0] x columns r[2], row stride `ldx` — in the arena (nullptr:
-// x + r[0].a * K + r[2].a, stride K) or staged in the task's shared-memory pages.
+// x + r[0].a * K + r[2].a, stride K) or staged in the task's shared-memory pages. `ws`: the
+// tile's weights in its weight pages, or nullptr (global memory).
 template <Fuse F>
 __device__ void warp_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
-                                const float* xs, int64_t ldx) {
+                                const float* xs, int64_t ldx, const WView* ws = nullptr) {
 #if PLOW_LANES == 32
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t K = op.d[2];
   const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
+  const WView wv = weights_of(op, r, ws);
   if (xs == nullptr) xs = c.A + op.t[0] + r[0].a * K + k0, ldx = K;
   // warp w takes columns [n0, n0 + 4) for n0 = a + 4w, a + 4w + 4 * warps, ...: four weight
   // rows streamed at once (more loads in flight); each element keeps warp_dot's order
@@ -494,11 +510,11 @@ __device__ void warp_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, 
     for (; m + 4 <= r[0].b; m += 4)
       for (int j = 0; j < nc; ++j) {
         const int64_t n = n0 + j;
-        warp_dot4(xs + (m - r[0].a) * ldx, ldx, op.w0, op.w0_dtype, n * K + k0, kn, lane, y4);
+        warp_dot4(xs + (m - r[0].a) * ldx, ldx, wv.w, op.w0_dtype, wv.at(n), kn, lane, y4);
         if (lane < 4) store_row_dot<F>(c, op, step, m + lane, n, y4[lane]);
       }
     for (; m < r[0].b; ++m) {
-      warp_dot_rows4(xs + (m - r[0].a) * ldx, op.w0, op.w0_dtype, n0 * K + k0, K, nc, kn, lane,
+      warp_dot_rows4(xs + (m - r[0].a) * ldx, wv.w, op.w0_dtype, wv.at(n0), wv.ld, nc, kn, lane,
                      y4);
       if (lane < nc) store_row_dot<F>(c, op, step, m, n0 + lane, y4[lane]);
     }
@@ -506,6 +522,7 @@ __device__ void warp_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, 
 #else
   (void)xs;
   (void)ldx;
+  (void)ws;
   if (threadIdx.x == 0) {
     if constexpr (F == Fuse::none) plow::tile_linear(c, op, r, step);
     else plow::tile_linear_qkv(c, op, r, step);
@@ -514,8 +531,9 @@ __device__ void warp_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, 
 }
 
 __device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
-                                const float* xs = nullptr, int64_t ldx = 0) {
-  warp_linear_cta<Fuse::none>(c, op, r, step, xs, ldx);
+                                const float* xs = nullptr, int64_t ldx = 0,
+                                const WView* ws = nullptr) {
+  warp_linear_cta<Fuse::none>(c, op, r, step, xs, ldx, ws);
 #if PLOW_LANES == 32
   if (step < 0 && is_fused_lm(c, op)) {
     __syncthreads();
@@ -529,11 +547,13 @@ __device__ void tile_linear_cta(const Ctx& c, const PlowOp& op, const Range* r, 
 // rows streamed at once — and each dot keeps warp_dot's order (fused.h's bits). Split k
 // (`step` >= 0): both dots into the step's partial [M, 2N] (gate at 2n, up at 2n + 1).
 __device__ void tile_linear_glu_cta(const Ctx& c, const PlowOp& op, const Range* r,
-                                    int64_t step, const float* xs = nullptr, int64_t ldx = 0) {
+                                    int64_t step, const float* xs = nullptr, int64_t ldx = 0,
+                                    const WView* ws = nullptr) {
 #if PLOW_LANES == 32
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t N = op.d[1], K = op.d[2];
   const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
+  const WView wv = weights_of(op, r, ws);
   if (xs == nullptr) xs = c.A + op.t[0] + r[0].a * K + k0, ldx = K;
   float* out = c.A + op.t[1];
   float* part = step >= 0 ? c.A + op.t[2] + step * op.d[0] * 2 * N : nullptr;
@@ -545,8 +565,8 @@ __device__ void tile_linear_glu_cta(const Ctx& c, const PlowOp& op, const Range*
       for (int j = 0; j < nc; ++j) {
         const int64_t n = n0 + j;
         const float* xm = xs + (m - r[0].a) * ldx;
-        warp_dot4(xm, ldx, op.w0, op.w0_dtype, 2 * n * K + k0, kn, lane, g4);
-        warp_dot4(xm, ldx, op.w0, op.w0_dtype, (2 * n + 1) * K + k0, kn, lane, u4);
+        warp_dot4(xm, ldx, wv.w, op.w0_dtype, wv.at(2 * n), kn, lane, g4);
+        warp_dot4(xm, ldx, wv.w, op.w0_dtype, wv.at(2 * n + 1), kn, lane, u4);
         if (lane < 4 && part != nullptr) {
           part[(m + lane) * 2 * N + 2 * n] = g4[lane];
           part[(m + lane) * 2 * N + 2 * n + 1] = u4[lane];
@@ -555,7 +575,7 @@ __device__ void tile_linear_glu_cta(const Ctx& c, const PlowOp& op, const Range*
         }
       }
     for (; m < r[0].b; ++m) {
-      warp_dot_rows4(xs + (m - r[0].a) * ldx, op.w0, op.w0_dtype, 2 * n0 * K + k0, K, 2 * nc,
+      warp_dot_rows4(xs + (m - r[0].a) * ldx, wv.w, op.w0_dtype, wv.at(2 * n0), wv.ld, 2 * nc,
                      kn, lane, g4);
       if (lane == 0 && part != nullptr) {
         for (int j = 0; j < 2 * nc; ++j) part[m * 2 * N + 2 * n0 + j] = g4[j];
@@ -568,6 +588,7 @@ __device__ void tile_linear_glu_cta(const Ctx& c, const PlowOp& op, const Range*
 #else
   (void)xs;
   (void)ldx;
+  (void)ws;
   if (threadIdx.x == 0) plow::tile_linear_glu(c, op, r, step);
 #endif
 }
@@ -925,37 +946,42 @@ __device__ inline void mma_block32(float* d, const PlowU4& P, const PlowU4& Q, c
 // writes act(gate) * up to output column n.
 template <Fuse F>
 __device__ bool tile_linear_tc(const Ctx& c, const PlowOp& op, const Range* r, int64_t step,
-                               const float* xs, int64_t ldx) {
+                               const float* xs, int64_t ldx, const WView* ws = nullptr) {
 #if defined(__HIPCC__) || PLOW_LANES != 32
-  (void)c, (void)op, (void)r, (void)step, (void)xs, (void)ldx;
+  (void)c, (void)op, (void)r, (void)step, (void)xs, (void)ldx, (void)ws;
   return false;  // the HIP loader marks no op for tensor cores
 #else
   const int64_t N = op.d[1], K = op.d[2];
   (void)N;  // linear_glu's output width (its partial's rows: 2N)
   const int64_t k0 = r[2].a, kn = r[2].b - r[2].a;
+  const WView wv = weights_of(op, r, ws);
   if (xs == nullptr) xs = c.A + op.t[0] + r[0].a * K + k0, ldx = K;
   if (op.w0_dtype != PLOW_BF16 || K % 8 != 0 || k0 % 8 != 0 || ldx % 4 != 0 ||
-      (reinterpret_cast<uintptr_t>(op.w0) & 15u) != 0 ||
+      wv.ld % 8 != 0 || wv.k0 % 8 != 0 || (reinterpret_cast<uintptr_t>(wv.w) & 15u) != 0 ||
       (reinterpret_cast<uintptr_t>(xs) & 15u) != 0)
     return false;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const uint16_t* W = static_cast<const uint16_t*>(op.w0);
+  const uint16_t* W = static_cast<const uint16_t*>(wv.w);
+  const bool paged = ws != nullptr;
   const int64_t kfull = kn - kn % 32;
   const PlowU4 zero{0u, 0u, 0u, 0u};
   const int64_t ra = F == Fuse::glu ? 2 * r[1].a : r[1].a, rb = F == Fuse::glu ? 2 * r[1].b : r[1].b;
   for (int64_t n0 = ra + 16 * warp; n0 < rb; n0 += 16 * PLOW_WARPS) {
     const int64_t na = n0 + g, nb = n0 + g + 8;
     const bool va = na < rb, vb = nb < rb;
-    const uint16_t* wa = va ? W + na * K + k0 + 8 * t : W;
-    const uint16_t* wb = vb ? W + nb * K + k0 + 8 * t : W;
+    const uint16_t* wa = va ? W + wv.at(na) + 8 * t : W;
+    const uint16_t* wb = vb ? W + wv.at(nb) + 8 * t : W;
     for (int64_t m0 = r[0].a; m0 < r[0].b; m0 += 8) {
       const bool vm = m0 + g < r[0].b;
       const float* xr = xs + (vm ? (m0 + g - r[0].a) * ldx : 0) + 8 * t;
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       PLOW_UNROLL(unroll 2)
       for (int64_t kb = 0; kb < kfull; kb += 32) {
-        const PlowU4 P = va ? plow_ld16(reinterpret_cast<const PlowU4*>(wa + kb)) : zero;
-        const PlowU4 Q = vb ? plow_ld16(reinterpret_cast<const PlowU4*>(wb + kb)) : zero;
+        // from the weight pages: plain shared loads (ld.global.nc is for global memory only)
+        const PlowU4* pa4 = reinterpret_cast<const PlowU4*>(wa + kb);
+        const PlowU4* qb4 = reinterpret_cast<const PlowU4*>(wb + kb);
+        const PlowU4 P = va ? (paged ? *pa4 : plow_ld16(pa4)) : zero;
+        const PlowU4 Q = vb ? (paged ? *qb4 : plow_ld16(qb4)) : zero;
         float xv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         if (vm) {
           const PlowF4 x0 = *reinterpret_cast<const PlowF4*>(xr + kb);
@@ -1015,8 +1041,8 @@ __device__ bool tile_linear_tc(const Ctx& c, const PlowOp& op, const Range* r, i
 // live at once on one worker get disjoint pages) and passes (byte offset, bytes) of the
 // activation window per record. A linear tile's input rows are staged there when they fit
 // (every warp then reads x from shared memory), attention's per-thread scratch lives there
-// when it fits; otherwise the arena path runs. The weight slab's pages are assigned but not
-// filled (LOAD records stay no-ops): weights stream from global memory.
+// when it fits; otherwise the arena path runs. The weight window (the slab) holds the tile's
+// weights when they fit it (fill_weight_tile below); LOAD records stay no-ops.
 struct StageKey { int64_t a = -1, b = -1, k0 = -1, kn = -1; };
 
 __device__ const float* stage_x(const Ctx& c, const PlowOp& op, const Range* r, float* act,
@@ -1031,6 +1057,129 @@ __device__ const float* stage_x(const Ctx& c, const PlowOp& op, const Range* r, 
   __syncthreads();
   *key = StageKey{r[0].a, r[0].b, k0, kn};
   return act;
+}
+
+// -- weight pages: each linear tile's weights copied into its task's weight window ---------
+// The page table's words per record (plow/runtime/cuda/image.py PageTable.device_table).
+#define PLOW_PAGE_WORDS 8
+// 0 activation window offset, 1 its bytes, 2 the record whose first weight tile this record
+// loads ahead (its hoisted load; -1: none), 3 nonzero: the record before this one loaded this
+// record's first weight tile, 4 weight window offset, 5 its bytes.
+
+// The weight tile of linear-kind tile `r`: weight rows row0 .. row0 + rows (linear_glu: both
+// interleaved rows of each output column), k r[2]; false where the window (`wbytes`) does not
+// hold it, or the op has no weights the fill copies (GGML blocks, other kinds).
+struct WTile { int64_t row0, rows, k0, kn, eb; };
+
+__device__ inline bool weight_tile(const PlowOp& op, const Range* r, int64_t wbytes, WTile* t) {
+  const bool glu = op.kind == plow::PLOW_LINEAR_GLU;
+  if ((op.kind != PLOW_LINEAR && op.kind != PLOW_LM_HEAD && op.kind != plow::PLOW_LINEAR_QKV &&
+       !glu) ||
+      op.w0 == nullptr)
+    return false;
+  const int64_t eb = op.w0_dtype == PLOW_BF16 ? 2 : op.w0_dtype == PLOW_F32 ? 4 : 0;
+  t->row0 = glu ? 2 * r[1].a : r[1].a;
+  t->rows = (glu ? 2 : 1) * (r[1].b - r[1].a);
+  t->k0 = r[2].a;
+  t->kn = r[2].b - r[2].a;
+  t->eb = eb;
+  return eb != 0 && t->rows > 0 && t->kn > 0 && t->rows * t->kn * eb <= wbytes;
+}
+
+#if !defined(PLOW_EMULATE) && !defined(__HIPCC__) && defined(__CUDA_ARCH__) && \
+    __CUDA_ARCH__ >= 800
+#define PLOW_CP_ASYNC 1
+#endif
+
+// Copies weight tile `t` to `dst` (its rows back to back, kn elements each), spread over the
+// CTA (every thread calls it). `async`: cp.async (sm_80+, 16-byte pieces, one commit group;
+// the reader runs weight_fill_wait before its barrier), else plain loads; 16-byte pieces where
+// the rows' bytes and the addresses allow, else element by element.
+__device__ void copy_weight_tile(const PlowOp& op, const WTile& t, unsigned char* dst,
+                                 bool async) {
+  const int64_t K = op.d[2], rb = t.kn * t.eb;
+  const unsigned char* src = static_cast<const unsigned char*>(op.w0);
+#if !defined(PLOW_CP_ASYNC)
+  (void)async;  // plain loads only (emulation, HIP, before sm_80)
+#endif
+  const bool v16 = (K * t.eb) % 16 == 0 && (t.k0 * t.eb) % 16 == 0 && rb % 16 == 0 &&
+                   (reinterpret_cast<uintptr_t>(src) & 15u) == 0 &&
+                   (reinterpret_cast<uintptr_t>(dst) & 15u) == 0;
+  if (v16) {
+    const int64_t per = rb / 16, n = t.rows * per;
+    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+      const int64_t row = e / per, piece = e % per;
+      const unsigned char* s = src + ((t.row0 + row) * K + t.k0) * t.eb + 16 * piece;
+      unsigned char* d = dst + row * rb + 16 * piece;
+#if defined(PLOW_CP_ASYNC)
+      if (async) {
+        const unsigned sd = static_cast<unsigned>(__cvta_generic_to_shared(d));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sd), "l"(s) : "memory");
+        continue;
+      }
+#endif
+      *reinterpret_cast<PlowU4*>(d) = plow_ld16(reinterpret_cast<const PlowU4*>(s));
+    }
+#if defined(PLOW_CP_ASYNC)
+    if (async) asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+    return;
+  }
+  const int64_t n = t.rows * t.kn;
+  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+    const int64_t row = e / t.kn, j = e % t.kn, from = (t.row0 + row) * K + t.k0 + j;
+    if (t.eb == 2)
+      reinterpret_cast<uint16_t*>(dst)[e] = static_cast<const uint16_t*>(op.w0)[from];
+    else
+      reinterpret_cast<float*>(dst)[e] = static_cast<const float*>(op.w0)[from];
+  }
+}
+
+// This thread's cp.async copies have landed (the barrier after it makes every thread's seen).
+__device__ inline void weight_fill_wait() {
+#if defined(PLOW_CP_ASYNC)
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// The hoisted load of record `idx` (the next task on this CTA's queue): its first tile's
+// weights into its weight window, issued as the record before it starts (cp.async on sm_80+,
+// so the copy overlaps this record's work; the window is disjoint from every window live
+// meanwhile, image.assign_pages). The record's run waits for it (page word 3) instead of
+// copying; the conditions here and there are the same, so a tile is filled exactly once.
+__device__ void fill_hoisted(const Ctx& c, int64_t idx, const int32_t* pages,
+                             unsigned char* smem) {
+  const int32_t* hp = pages + PLOW_PAGE_WORDS * idx;
+  if (hp[3] == 0 || hp[5] <= 0) return;
+  const plow::Record rec = plow::decode_record(c.plan->records + idx * PLOW_RECORD_SIZE);
+  if (rec.opcode == PLOW_OP_NOP || rec.opcode == PLOW_OP_LOAD ||
+      (rec.flags & PLOW_FLAG_ACCUMULATE) != 0 || rec.rows == 0)
+    return;
+  const PlowOp& op = c.plan->ops[rec.op_index];
+  Range r[3];
+  int64_t step;
+  plow::tile_ranges(op, rec.row_start, r, &step);
+  WTile t;
+  if (weight_tile(op, r, hp[5], &t)) copy_weight_tile(op, t, smem + hp[4], true);
+}
+
+// Tile k of a record with a weight window: its weights in the window (the hoisted copy for
+// tile 0 where page word 3 says so, else copied now), and the view the tile reads them by;
+// false (nothing done) where the window does not hold the tile.
+__device__ bool fill_weight_tile(const PlowOp& op, const Range* r, uint32_t k,
+                                 unsigned char* smem, const int32_t* page, WView* wv) {
+  WTile t;
+  if (page == nullptr || page[5] <= 0 || !weight_tile(op, r, page[5], &t)) return false;
+  unsigned char* dst = smem + page[4];
+  if (k == 0 && page[3] != 0) {  // loaded ahead by the record before (weight_fill_wait done)
+    __syncthreads();
+  } else {
+    __syncthreads();  // the previous tile's readers are done with the window
+    copy_weight_tile(op, t, dst, false);
+    __syncthreads();
+  }
+  *wv = WView{dst, t.kn, t.row0, 0};
+  return true;
 }
 
 // A hoisted weight load (the plan's page timeline opens a task's weight window at the start of
@@ -1089,20 +1238,23 @@ __device__ bool run_record_extras(const Ctx& c, const plow::Record& rec, int64_t
   int64_t step;
   const bool linear = op.kind == PLOW_LINEAR || op.kind == PLOW_LM_HEAD;
   const bool qkv = op.kind == plow::PLOW_LINEAR_QKV, glu = op.kind == plow::PLOW_LINEAR_GLU;
-  if ((linear || qkv || glu) && (act != nullptr || tc)) {
+  const bool wpages = page != nullptr && page[5] > 0;
+  if ((linear || qkv || glu) && (act != nullptr || tc || wpages)) {
     StageKey key;
     for (uint32_t k = 0; k < rec.rows; ++k) {
       plow::tile_ranges(op, rec.row_start + k, r, &step);
       const float* xs = act != nullptr ? stage_x(c, op, r, act, act_floats, &key) : nullptr;
       const int64_t ldx = xs != nullptr ? r[2].b - r[2].a : 0;
+      WView wv;
+      const WView* ws = wpages && fill_weight_tile(op, r, k, smem, page, &wv) ? &wv : nullptr;
       if (glu) {
-        if (!(tc && tile_linear_tc<Fuse::glu>(c, op, r, step, xs, ldx)))
-          tile_linear_glu_cta(c, op, r, step, xs, ldx);
+        if (!(tc && tile_linear_tc<Fuse::glu>(c, op, r, step, xs, ldx, ws)))
+          tile_linear_glu_cta(c, op, r, step, xs, ldx, ws);
       } else if (qkv) {
-        if (!(tc && tile_linear_tc<Fuse::qkv>(c, op, r, step, xs, ldx)))
-          warp_linear_cta<Fuse::qkv>(c, op, r, step, xs, ldx);
-      } else if (!(tc && tile_linear_tc<Fuse::none>(c, op, r, step, xs, ldx))) {
-        tile_linear_cta(c, op, r, step, xs, ldx);
+        if (!(tc && tile_linear_tc<Fuse::qkv>(c, op, r, step, xs, ldx, ws)))
+          warp_linear_cta<Fuse::qkv>(c, op, r, step, xs, ldx, ws);
+      } else if (!(tc && tile_linear_tc<Fuse::none>(c, op, r, step, xs, ldx, ws))) {
+        tile_linear_cta(c, op, r, step, xs, ldx, ws);
       }
     }
     *work = 0;
@@ -1252,10 +1404,12 @@ __device__ void quantum_epilogue(float* arena, const PlowDeviceQuantum* dq, int6
 //   jitter_ns       0, or: thread 0 sleeps a pseudo-random 0..jitter_ns before every task record
 //                   (tests: it widens the window a lowered threshold leaves open)
 //   op_mode         nullptr, or one byte per op: PLOW_MODE_TC (bf16 linear on tensor cores)
-//   pages           nullptr, or per record {byte offset, bytes} of its activation window in
-//                   the dynamic shared memory (bytes 0: none), the record whose weights it
-//                   prefetches (its hoisted load; -1: none), 0; the launch's dynamic shared
-//                   memory is the plan's page budget
+//   pages           nullptr, or per record PLOW_PAGE_WORDS int32: {byte offset, bytes} of its
+//                   activation window in the dynamic shared memory (bytes 0: none), the record
+//                   whose first weight tile it loads ahead (its hoisted load; -1: none),
+//                   whether the record before loaded this one's, {byte offset, bytes} of its
+//                   weight window, 0, 0; the launch's dynamic shared memory is the plan's
+//                   page budget
 //   quantum         nullptr (n_steps must be 1), or the quantum's epilogue and step barrier:
 //                   after each step every CTA arrives, CTA 0 runs the epilogue, the others
 //                   wait for it before the next step (its embedding reads the sampled ids)
@@ -1309,8 +1463,14 @@ plow_step(const PlowPlan* plan, float* arena, unsigned long long* counters,
       }
       const unsigned mode = op_mode != nullptr && rec.opcode != PLOW_OP_NOP
                                 ? op_mode[rec.op_index] : 0u;  // NOP records name no op
-      const int32_t* page = pages != nullptr ? pages + 4 * idx : nullptr;
-      if (page != nullptr && page[2] >= 0) plow_dev::prefetch_weights(ctx, page[2]);
+      const int32_t* page = pages != nullptr ? pages + PLOW_PAGE_WORDS * idx : nullptr;
+      // this record's first weight tile, loaded ahead by the record before, has landed (before
+      // the next record's copies are issued, so waiting for all of them waits for this one)
+      if (page != nullptr && page[3] != 0) plow_dev::weight_fill_wait();
+      if (page != nullptr && page[2] >= 0) {
+        plow_dev::prefetch_weights(ctx, page[2]);
+        plow_dev::fill_hoisted(ctx, page[2], pages, smem);
+      }
       const int64_t work =
           plow_dev::run_record_dev(ctx, rec, my_scratch, scratch_floats, mode, smem, page);
       if (work == PLOW_NO_TILE) {  // uniform: every thread saw the same kind

@@ -22,7 +22,7 @@ from plow.runtime.native.library import ABI_VERSION, PlowOp, PlowPlan, PlowQuant
 KERNEL = "plow_step"
 CONFIG_SYMBOL = "plow_device_config"
 CONFIG_KERNEL = "plow_config"  # writes CONFIG_SYMBOL's 8 words to its one pointer argument
-DEVICE_ABI = 2
+DEVICE_ABI = 3  # 3: the page table has 8 words per record (weight windows)
 BLOCK_THREADS = 256
 ATTN_THREADS = 32
 LANES = 32
@@ -50,7 +50,7 @@ PARAMS: tuple[tuple[str, Any], ...] = (
     ("timeout_ns", ctypes.c_uint64),
     ("jitter_ns", ctypes.c_uint32),
     ("op_mode", ctypes.c_uint64),  # u8 per op (MODE_TC), or 0
-    ("pages", ctypes.c_uint64),  # int32 {offset, bytes, hoisted record, 0} per record, or 0
+    ("pages", ctypes.c_uint64),  # int32 [8] per record (image.PageTable.device_table), or 0
     ("quantum", ctypes.c_uint64),  # DeviceQuantum, or 0 (one step)
     ("n_steps", ctypes.c_uint32),
 )

@@ -23,6 +23,7 @@ from plow.runtime.native.library import KINDS, PlowOp, PlowPlan
 from plow.runtime.native.lower import Lowered
 
 Upload = Callable[[np.ndarray, bool], int]
+PAGE_WORDS = 8  # int32 words per record of the kernel's page table (device.cu PLOW_PAGE_WORDS)
 OP_POINTERS = ("w0", "w1", "table", "merge")
 
 
@@ -156,8 +157,9 @@ def build_image(low: Lowered, upload: Upload) -> DeviceImage:
 class PageTable:
     """Each record's activation window in its CTA's dynamic shared memory, as the plan's page
     timeline assigns it: `table[record] = (byte offset, bytes)` (0 bytes: none), and
-    `weights[record]` likewise for the weight slab (assigned; the kernel does not fill it).
-    `smem_bytes`: the budget, what a launch asks for."""
+    `weights[record]` likewise for the weight slab (the kernel copies a linear tile's weights
+    there when they fit it, and the tile reads them from there). `smem_bytes`: the budget,
+    what a launch asks for."""
 
     table: np.ndarray  # int32 [n_records, 2]
     weights: np.ndarray  # int32 [n_records, 2]
@@ -168,11 +170,16 @@ class PageTable:
     prefetch: np.ndarray | None = None
 
     def device_table(self) -> np.ndarray:
-        """What the kernel reads: int32 [n_records, 4] = {activation window offset, bytes,
-        hoisted record (-1: none), 0}."""
-        out = np.zeros((len(self.table), 4), dtype=np.int32)
+        """What the kernel reads (PLOW_PAGE_WORDS = 8 int32 per record): {activation window
+        offset, bytes, the record whose first weight tile this one loads ahead (its hoisted
+        load; -1: none), 1 where the record before loads this one's (else 0), weight window
+        offset, bytes, 0, 0}."""
+        out = np.zeros((len(self.table), PAGE_WORDS), dtype=np.int32)
         out[:, :2] = self.table
         out[:, 2] = -1 if self.prefetch is None else self.prefetch
+        if self.prefetch is not None:
+            out[self.prefetch[self.prefetch >= 0], 3] = 1
+        out[:, 4:6] = self.weights
         return out
 
 
