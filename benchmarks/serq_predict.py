@@ -26,8 +26,8 @@ slots, 256-token budget, ``--debug-ticks``):
 
 Usage: ``python benchmarks/serq_predict.py [--quick] [--loads 0.3,0.6] [--seconds S] [--out DIR]``;
 ``--repredict`` recomputes the predictions from the JSON's raw records.
-Writes ``serq_predict.json`` and ``serq_predict.md`` (with a Limits section) into ``--out``
-(default ``results/benchmarks``).
+Writes ``NAME.json`` and ``NAME.md`` (with a Limits section; ``--name``, default
+``serq_predict``) into ``--out`` (default ``results/benchmarks``).
 """
 
 # ruff: noqa: E501  (report tables)
@@ -725,13 +725,14 @@ def main() -> None:
     ap.add_argument("--md-only", action="store_true", help="rewrite the .md from the .json")
     ap.add_argument("--repredict", action="store_true",
                     help="recompute the predictions from the .json's raw records, rewrite both")
+    ap.add_argument("--name", default="serq_predict", help="the files' stem (NAME.json, NAME.md)")
     args = ap.parse_args()
     if args.md_only or args.repredict:
-        data = json.loads((args.out / "serq_predict.json").read_text())
+        data = json.loads((args.out / f"{args.name}.json").read_text())
         if args.repredict:
             data["runs"] = evaluate_all(data["runs"], data["costs"])
-            (args.out / "serq_predict.json").write_text(json.dumps(data, indent=1) + "\n")
-        write_md(data, args.out / "serq_predict.md")
+            (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
+        write_md(data, args.out / f"{args.name}.md")
         return
     loads = [float(x) for x in args.loads.split(",")]
     n = 12 if args.quick else MAX_REQUESTS
@@ -754,9 +755,9 @@ def main() -> None:
             "machine": f"{platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
             "costs": costs, "runs": runs}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "serq_predict.json").write_text(json.dumps(data, indent=1) + "\n")
-    write_md(data, args.out / "serq_predict.md")
-    print(f"wrote {args.out / 'serq_predict.md'}")
+    (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    write_md(data, args.out / f"{args.name}.md")
+    print(f"wrote {args.out / f'{args.name}.md'}")
 
 
 if __name__ == "__main__":
