@@ -161,6 +161,12 @@ def main() -> None:
         "occupancy; docs/memory.md).",
         "- Verify runs the oracle jobs three at a time on threads; the Python side of verify "
         "(re-deriving the payloads, serialising them to JSON) holds the GIL, so it is serial.",
+        "- The longest chain is checkpoint D, started first: its data flow derived in Python "
+        "(~2.3 CPU s on the 12B plan), 55 MB of JSON, then its oracle (~7.5 CPU s: the sweep "
+        "~5.5 s, reading the payload and the protocol check ~2 s); so on this machine the "
+        "total cannot fall much below compile + the Python prelude + D's ~10 CPU s even when "
+        "the other checkpoints run beside it (docs/oracle.md, \"Checkpoint D: the oracle's "
+        'cost").',
         "- The tiny case includes copying the weights and tokenizer; the 12B case writes no "
         "weights (`--plan-only`).",
     ]
