@@ -602,8 +602,14 @@ class _ClosingStream(StreamingResponse):
             self._on_close()
 
 
+# Characters str.splitlines() breaks on that json.dumps(ensure_ascii=False) leaves raw:
+# a client reading the stream line by line (httpx's iter_lines) would split a data line.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS)
+    return f"data: {body}\n\n"
 
 
 def _stream_error(ev: GenerationEvent) -> str:
