@@ -103,7 +103,7 @@ def infer_shapes(
             f"embedding wants ids[B,T], table[V,H]; got {ids}, {table}",
         )
         if len(ins) == 3:  # R18 (plow/egraph): the first norm's weight; outputs rows, their norm
-            _need(name, ins[2] == (table[1],), f"embedding norm weight {ins[2]} is not [{table[1]}]")
+            _need(name, ins[2] == (table[1],), f"embedding norm weight {ins[2]} != [{table[1]}]")
             return [(*ids, table[1]), (*ids, table[1])]
         return [(*ids, table[1])]
     if kind is OpKind.rmsnorm:

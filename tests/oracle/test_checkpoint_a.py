@@ -446,7 +446,8 @@ def test_final_norm_in_the_lm_head_block_r19(
 
 @pytest.mark.parametrize(
     "edit", [None, "eps", "weight", "table", "attrs_flat"],
-    ids=["accepted", "edited_epsilon", "another_norm_weight", "another_table", "norm_attrs_not_nested"],
+    ids=["accepted", "edited_epsilon", "another_norm_weight", "another_table",
+         "norm_attrs_not_nested"],
 )  # fmt: skip
 def test_first_norm_beside_the_embedding_block_r18(
     bundles: dict[str, Path], tmp_path: Path, edit: str | None
