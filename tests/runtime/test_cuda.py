@@ -420,6 +420,39 @@ def h200_bf16(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize(("name", "tensor_cores"),
+                         [("llama", False), ("llama-bf16-split", False),
+                          ("llama-bf16-split", True)])  # fmt: skip
+def test_cuda_weight_pages_give_the_bits_of_weights_read_from_global_memory(
+    small_h200_bundles: dict, name: str, tensor_cores: bool
+) -> None:
+    """On the GPU: linear tiles reading their weights from the filled shared-memory weight
+    windows (in-line copies and cp.async hoisted loads) give the bits of the same kernel
+    reading them from global memory (`smem_pages=False`; a copy changes no value and the
+    order of the arithmetic is the same), and the native executor's tokens. (The emulated
+    test's mutations are not repeated here: a real SM's shared memory keeps what an earlier
+    launch left, so a skipped fill can read the right bytes by chance.) The plans of 8 and
+    16 workers: tasks share queues, so loads are hoisted (a 132-worker plan of a tiny model
+    has one task per queue and hoists none)."""
+    from plow.runtime.cuda import open_cuda
+
+    path = small_h200_bundles[name]
+    paged = open_cuda(path, max_batch=4, verify=VERIFY, tensor_cores=tensor_cores)
+    table = paged.cuda._rung(paged.plan(paged.decode_bucket(4))).page_table
+    assert table is not None, "the page budget did not fit this GPU: nothing to test"
+    dev = table.device_table()
+    assert np.count_nonzero(dev[:, 5]) > 0 and np.count_nonzero(dev[:, 3]) > 0
+    got, got_logits = _tokens_and_logits(paged)
+    arena = open_cuda(path, max_batch=4, verify=VERIFY, tensor_cores=tensor_cores,
+                      smem_pages=False)  # fmt: skip
+    want, want_logits = _tokens_and_logits(arena)
+    assert got == want and np.array_equal(got_logits, want_logits)
+    native = NativeModel.from_bundle(path, max_batch=4, verify=VERIFY)
+    assert got == _tokens_and_logits(native)[0]
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_cuda_tensor_core_tiles_agree_with_the_scalar_path_and_transformers(
     h200_bf16: tuple[Path, Path],
 ) -> None:
