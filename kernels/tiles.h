@@ -267,40 +267,6 @@ __attribute__((target("avx512f"))) static void dot1xr_avx512(const float* x, con
   for (int o = 0; o < R; ++o) y[o] = fold32(a[o][0], a[o][1]);
 }
 
-// MR rows of x against NR weight rows (batch > 1: arithmetic): two passes of 16 lanes (lanes
-// 0-15 over the whole row, then 16-31), MR x NR accumulators of one register each, so a weight
-// load feeds MR fmas and an x load NR. y[r * NR + o]. Pass 0 prefetches the lines pass 1 reads
-// and, given `next`, the next NR rows.
-template <int MR, int NR, class W>
-__attribute__((target("avx512f"))) static void dotmxn_avx512(const float* x, int64_t ldx,
-                                                             const W* w, int64_t ldw, int64_t n,
-                                                             float* y, const W* next) {
-  __m512 lo[MR * NR];
-  for (int h = 0; h < 2; ++h) {
-    __m512 a[MR * NR];
-    for (int i = 0; i < MR * NR; ++i) a[i] = _mm512_setzero_ps();
-    for (int64_t k = h * 16; k < n; k += 32) {
-      if (h == 0)
-        for (int o = 0; o < NR; ++o) {
-          _mm_prefetch(reinterpret_cast<const char*>(w + o * ldw + k + 16), _MM_HINT_T0);
-          if (next != nullptr) {
-            _mm_prefetch(reinterpret_cast<const char*>(next + o * ldw + k), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(next + o * ldw + k + 16), _MM_HINT_T0);
-          }
-        }
-      __m512 v[NR];
-      for (int o = 0; o < NR; ++o) v[o] = load16(w + o * ldw + k);
-      for (int r = 0; r < MR; ++r) {
-        const __m512 xr = _mm512_loadu_ps(x + r * ldx + k);
-        for (int o = 0; o < NR; ++o) a[r * NR + o] = _mm512_fmadd_ps(xr, v[o], a[r * NR + o]);
-      }
-    }
-    for (int i = 0; i < MR * NR; ++i) {
-      if (h == 0) lo[i] = a[i];
-      else y[i] = fold32(lo[i], a[i]);
-    }
-  }
-}
 #pragma GCC diagnostic pop
 #endif
 
@@ -520,45 +486,22 @@ PLOW_HD static void linear_rows(const float* x, int64_t K, int64_t k0, int64_t k
 #endif
   int64_t n_done = ra;  // outputs below it are written
 #if defined(PLOW_X86_BLOCKS)
-  if (plow_has_avx512 && kn % 32 == 0 && (dt == PLOW_F32 || dt == PLOW_BF16)) {
+  if (plow_has_avx512 && kn % 32 == 0 && mb - ma < 4 && (dt == PLOW_F32 || dt == PLOW_BF16)) {
+    // a few x rows (decode batches 1-3): four weight rows at a time, read once, kept in L1
     const auto run = [&](auto* w) {  // w: the weights at row 0, column k0
-      if (mb - ma < 4) {  // a few x rows: four weight rows at a time, read once, kept in L1
-        for (; n_done + 4 <= rb; n_done += 4) {
-          const auto* wn = w + n_done * K;
-          for (int64_t m = ma; m < mb; ++m) {
-            float y4[4];
-            dot1xr_avx512<4>(x + m * K + k0, wn, K, kn, y4);
-            for (int o = 0; o < 4; ++o) store(m, n_done + o, y4[o]);
-          }
-        }
-        return;
-      }
-      for (; n_done + 3 <= rb; n_done += 3) {  // eight (then four, then one) x rows x three
+      for (; n_done + 4 <= rb; n_done += 4) {
         const auto* wn = w + n_done * K;
-        decltype(wn) next = n_done + 6 <= rb ? wn + 3 * K : nullptr;
-        int64_t m = ma;
-        float y[24];
-        for (; m + 8 <= mb; m += 8, next = nullptr) {
-          dotmxn_avx512<8, 3>(x + m * K + k0, K, wn, K, kn, y, next);
-          for (int i = 0; i < 8; ++i)
-            for (int o = 0; o < 3; ++o) store(m + i, n_done + o, y[i * 3 + o]);
-        }
-        for (; m + 4 <= mb; m += 4, next = nullptr) {
-          dotmxn_avx512<4, 3>(x + m * K + k0, K, wn, K, kn, y, next);
-          for (int i = 0; i < 4; ++i)
-            for (int o = 0; o < 3; ++o) store(m + i, n_done + o, y[i * 3 + o]);
-        }
-        for (; m < mb; ++m) {
-          dot1xr_avx512<3>(x + m * K + k0, wn, K, kn, y);
-          for (int o = 0; o < 3; ++o) store(m, n_done + o, y[o]);
+        for (int64_t m = ma; m < mb; ++m) {
+          float y4[4];
+          dot1xr_avx512<4>(x + m * K + k0, wn, K, kn, y4);
+          for (int o = 0; o < 4; ++o) store(m, n_done + o, y4[o]);
         }
       }
     };
     if (dt == PLOW_F32) run(static_cast<const float*>(w0) + k0);
     else run(static_cast<const uint16_t*>(w0) + k0);
   }
-  if (n_done == ra && plow_has_avx2 && kn % 32 == 0 && mb - ma >= 4 &&
-      (dt == PLOW_F32 || dt == PLOW_BF16)) {
+  if (plow_has_avx2 && kn % 32 == 0 && mb - ma >= 4 && (dt == PLOW_F32 || dt == PLOW_BF16)) {
     const int64_t mq = ma + (mb - ma) / 4 * 4;
     for (; n_done + 3 <= rb; n_done += 3) {
       const int64_t n = n_done, off = n * K + k0;
