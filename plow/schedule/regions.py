@@ -395,7 +395,8 @@ class Regions:
         if k in _MATMUL and na == 3:
             m0, m1, n0, n1, k0, k1 = (r[:, i // 2, i % 2] for i in range(6))
             if k == "lm_head" and len(op.inputs) == 3:  # R19: its norm reads whole rows
-                k0, k1 = 0, self.shape(op.inputs[0])[-1]
+                row = box(m0, m1, 0, self.shape(op.inputs[0])[-1])
+                return [(op.inputs[0], row)], box(m0, m1, n0, n1)
             return [(op.inputs[0], box(m0, m1, k0, k1))], box(m0, m1, n0, n1)
         if k == "expert_linear" and na == 3:
             m0, m1, n0, n1, k0, k1 = (r[:, i // 2, i % 2] for i in range(6))
