@@ -148,10 +148,19 @@ def rocq_traces(cases: list[tuple[interp.Spec, list[list[tuple[int, int, int]]]]
         for j, reqs in enumerate(traces):
             fuel = 4 * sum(p + d + 2 for _, p, d in reqs) + 10
             parts.append(f"Definition t{j} := trace E {fuel} (init {rocq_arrivals(reqs)}).")
-        parts.append(f"Definition all := [{'; '.join(f't{j}' for j in range(len(traces)))}].")
-        parts.append(f"End P{i}.")
-        parts.append(f"Eval vm_compute in P{i}.all.")  # one evaluation per program
-    rc, out, err = coqc("\n".join(parts) + "\n", library(), "SerqStepTrace")
+        _end_module(parts, i, len(traces))
+    return _evaluate(parts, "SerqStepTrace")
+
+
+def _end_module(parts: list[str], i: int, n_traces: int) -> None:
+    parts.append(f"Definition all := [{'; '.join(f't{j}' for j in range(n_traces))}].")
+    parts.append(f"End P{i}.")
+    parts.append(f"Eval vm_compute in P{i}.all.")  # one evaluation per program
+
+
+def _evaluate(parts: list[str], name: str) -> list[Any]:
+    """Run the Rocq text in one coqc call and read back every evaluated list of traces."""
+    rc, out, err = coqc("\n".join(parts) + "\n", library(), name)
     assert rc == 0, (out + err)[-3000:]
     results = []
     for m in re.finditer(r"=\s*(\[.*?\])\s*:\s*list", out, re.S):
@@ -248,16 +257,8 @@ def rocq_traces_d(cases: list[tuple[interp.Spec, list[tuple[list[Any], list[int]
             stream = "[" + "; ".join(map(str, draws)) + "]"
             parts.append(f"Definition t{j} := traced D (fun i => nth (i + {shift}) {stream} 0) "
                          f"{fuel} (init {rocq_arrivals(reqs)}).")  # fmt: skip
-        parts.append(f"Definition all := [{'; '.join(f't{j}' for j in range(len(traces)))}].")
-        parts.append(f"End P{i}.")
-        parts.append(f"Eval vm_compute in P{i}.all.")
-    rc, out, err = coqc("\n".join(parts) + "\n", library(), "SerqStepdTrace")
-    assert rc == 0, (out + err)[-3000:]
-    results = []
-    for m in re.finditer(r"=\s*(\[.*?\])\s*:\s*list", out, re.S):
-        text = " ".join(m.group(1).split()).replace(";", ",").replace("%N", "")
-        results += ast.literal_eval(text)
-    return results
+        _end_module(parts, i, len(traces))
+    return _evaluate(parts, "SerqStepdTrace")
 
 
 def _compare_d(n_programs: int, n_traces: int, seed: int, shift: int = 0) -> tuple[int, int]:
