@@ -146,27 +146,38 @@ def test_experts_are_stacked_q4_0_blocks_in_the_bundle(int4: dict) -> None:
     assert attn and all(header[n].quant is None for n in attn)
 
 
-def test_cpu_and_native_bundles_give_transformers_tokens(int4: dict) -> None:
-    reqs = [Request(tuple(p), NEW) for p in int4["ids"]]
-    assert generate(CpuModel.from_bundle(int4["bundle"], max_batch=4), reqs) == int4["refs"]
-    native = open_native(int4["bundle"], max_batch=4)
-    assert generate(native, reqs) == int4["refs"]
-    # the native kernel read the experts as q4_0 blocks (kernels/blocks.h dot_w), not floats
-    w = native.weights["model.layers.2.mlp.experts.gate_up_proj"]
+def _assert_transformers_tokens(fx: dict, experts: str) -> None:
+    """cpu and native bundles give transformers' greedy tokens, the native kernel reading
+    the experts as q4_0 blocks (kernels/blocks.h dot_w), not floats."""
+    reqs = [Request(tuple(p), NEW) for p in fx["ids"]]
+    assert generate(CpuModel.from_bundle(fx["bundle"], max_batch=4), reqs) == fx["refs"]
+    native = open_native(fx["bundle"], max_batch=4)
+    assert generate(native, reqs) == fx["refs"]
+    w = native.weights[experts]
     assert isinstance(w, QuantTensor) and w.format == "q4_0"
 
 
-def test_logits_within_1e_4_of_transformers(int4: dict) -> None:
+def _assert_transformers_logits(fx: dict) -> None:
+    """Logits within 1e-4 of transformers' on the de-quantized weights, and far from the
+    float source's (the experts really are 4-bit)."""
     from plow.runtime.reference import forward_logits
 
-    ids = int4["ids"][0]
+    ids = fx["ids"][0]
     with torch.no_grad():
-        want = int4["hf"](torch.tensor([ids])).logits[0].numpy()
-    got = forward_logits(int4["ckpt"], ids)
+        want = fx["hf"](torch.tensor([ids])).logits[0].numpy()
+    got = forward_logits(fx["ckpt"], ids)
     tol = 1e-4 * max(1.0, float(np.abs(want).max()))
     assert float(np.abs(got - want).max()) <= tol
-    src = forward_logits(load_checkpoint(int4["src"]), ids)
-    assert float(np.abs(src - want).max()) > 10 * tol  # the experts really are 4-bit
+    src = forward_logits(load_checkpoint(fx["src"]), ids)
+    assert float(np.abs(src - want).max()) > 10 * tol
+
+
+def test_cpu_and_native_bundles_give_transformers_tokens(int4: dict) -> None:
+    _assert_transformers_tokens(int4, "model.layers.2.mlp.experts.gate_up_proj")
+
+
+def test_logits_within_1e_4_of_transformers(int4: dict) -> None:
+    _assert_transformers_logits(int4)
 
 
 @pytest.mark.parametrize(
@@ -275,22 +286,8 @@ def test_kimi_linear_experts_stay_q4_0_blocks_in_the_bundle(kimi: dict) -> None:
 
 
 def test_kimi_linear_cpu_and_native_give_transformers_tokens_and_logits(kimi: dict) -> None:
-    from plow.runtime.reference import forward_logits
-
-    reqs = [Request(tuple(p), NEW) for p in kimi["ids"]]
-    assert generate(CpuModel.from_bundle(kimi["bundle"], max_batch=4), reqs) == kimi["refs"]
-    native = open_native(kimi["bundle"], max_batch=4)
-    assert generate(native, reqs) == kimi["refs"]
-    w = native.weights["model.layers.2.block_sparse_moe.experts.down_proj"]
-    assert isinstance(w, QuantTensor) and w.format == "q4_0"
-    ids = kimi["ids"][0]
-    with torch.no_grad():
-        want = kimi["hf"](torch.tensor([ids])).logits[0].numpy()
-    got = forward_logits(kimi["ckpt"], ids)
-    tol = 1e-4 * max(1.0, float(np.abs(want).max()))
-    assert float(np.abs(got - want).max()) <= tol
-    src = forward_logits(load_checkpoint(kimi["src"]), ids)
-    assert float(np.abs(src - want).max()) > 10 * tol  # the experts really are 4-bit
+    _assert_transformers_tokens(kimi, "model.layers.2.block_sparse_moe.experts.down_proj")
+    _assert_transformers_logits(kimi)
 
 
 @pytest.mark.parametrize(
