@@ -26,7 +26,8 @@ Peers live in their own virtualenvs under `$PLOW_CACHE/peers*`, made on first us
 (llama-cpp-python compiles llama.cpp: about 11 minutes on 2 cores). A peer that cannot be
 installed is reported as missing, not silently dropped.
 
-Usage: ``python benchmarks/decode_peers.py [--rounds 3] [--steps 16] [--peers all]``.
+Usage: ``python benchmarks/decode_peers.py [--rounds 3] [--steps 16] [--peers all]
+[--native-lib old=/path/to/libplow_native.so]``.
 Writes ``results/benchmarks/decode_peers.{json,md}``.
 """
 
@@ -190,10 +191,25 @@ PLOW_ENGINE = {"float32": "plow native", "bfloat16": "plow native (bf16 cache)"}
 
 
 class PlowNative:
-    def __init__(self, bundle: Path, kv_dtype: str = "float32") -> None:
-        from plow.runtime.native import open_native
+    def __init__(self, bundle: Path, kv_dtype: str = "float32", lib: str | None = None) -> None:
+        from plow.runtime.native import library, open_native
 
-        self.m = open_native(bundle, max_batch=max(BATCHES), kv_dtype=kv_dtype)
+        if lib is None:
+            self.m = open_native(bundle, max_batch=max(BATCHES), kv_dtype=kv_dtype)
+            return
+        # another build of the library (--native-lib): the machine keeps the handle it loaded,
+        # so the default build is restored for everything opened after it
+        old = os.environ.get("PLOW_NATIVE_LIB")
+        os.environ["PLOW_NATIVE_LIB"] = lib
+        library.load.cache_clear()
+        try:
+            self.m = open_native(bundle, max_batch=max(BATCHES), kv_dtype=kv_dtype)
+        finally:
+            if old is None:
+                os.environ.pop("PLOW_NATIVE_LIB", None)
+            else:
+                os.environ["PLOW_NATIVE_LIB"] = old
+            library.load.cache_clear()
 
     def steps(self, batch: int, ctx: int, warmup: int, steps: int) -> list[float]:
         from plow.runtime.cpu import RowDevice, RowInput
@@ -283,6 +299,9 @@ def main() -> None:
     ap.add_argument("--transformers-precisions", default="fp32", help="transformers' precisions (its bf16 CPU path has no fast kernels without AVX-512 BF16)")
     ap.add_argument("--plow-kv", default="float32", help="plow's key-value cache storage, comma list of float32, bfloat16 (llama.cpp keeps f16, vLLM bf16)")
     ap.add_argument("--name", default="decode_peers", help="results/benchmarks/NAME.{json,md}")
+    ap.add_argument("--native-lib", action="append", default=[], metavar="LABEL=PATH",
+                    help="also time plow native with another build of the library (e.g. the previous kernel: old=/tmp/old.so), "
+                         "interleaved with the default build; repeatable")  # fmt: skip
     args = ap.parse_args()
     global CONTEXTS, BATCHES
     CONTEXTS = tuple(int(x) for x in args.contexts.split(","))
@@ -327,9 +346,17 @@ def main() -> None:
     wbytes["q4_1"] = wbytes["Q4_1"]  # plow's q4_1 checkpoint holds the GGUF's tensors byte for byte
     engines: dict[tuple[str, str], Any] = {}
     plow_kvs = [k for k in args.plow_kv.split(",") if k]
+    libs = []
+    for spec in args.native_lib:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not Path(path).is_file():
+            sys.exit(f"--native-lib {spec}: want LABEL=PATH of a built library")
+        libs.append((label, path))
     for p in precs:
         for kv in plow_kvs:
             engines[PLOW_ENGINE[kv], p] = PlowNative(bundles[p], kv)
+            for label, path in libs:
+                engines[f"{PLOW_ENGINE[kv]} [{label}]", p] = PlowNative(bundles[p], kv, path)
         if "transformers" in peers and p in args.transformers_precisions.split(","):
             engines["transformers", p] = Transformers(ckpts[p], "float32" if p == "fp32" else "bfloat16")
     samples: dict[tuple[str, str, int, int], list[float]] = {}
@@ -389,13 +416,18 @@ def main() -> None:
     doc = dict(
         machine=dict(platform=platform.platform(), cores=THREADS, copy_bandwidth_bytes_per_s=bw,
                      load_average_start=load_start, load_average_end=load_end,
-                     native_build=build_info()),
+                     native_build=build_info(), native_libs=dict(libs)),
         args=vars(args), rows=rows, notes=notes,
     )  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{args.name}.json").write_text(json.dumps(doc, indent=2))
     (OUT / f"{args.name}.md").write_text(render(doc))
     print(render(doc))
+
+
+def other_libs(m: dict[str, Any]) -> str:
+    libs = m.get("native_libs") or {}
+    return "".join(f"; `[{k}]`: the library at {v}" for k, v in libs.items())
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -408,7 +440,7 @@ def render(doc: dict[str, Any]) -> str:
         f"`python benchmarks/decode_peers.py {flags}` — {m['cores']} cores, copy bandwidth "
         f"{m['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (read + written), load average "
         f"{m['load_average_start'][0]:.2f} at start, {m['load_average_end'][0]:.2f} at the end; "
-        f"native library: {m['native_build']}. Median over {doc['args']['rounds']} interleaved rounds "
+        f"native library: {m['native_build']}{other_libs(m)}. Median over {doc['args']['rounds']} interleaved rounds "
         f"of each round's median of {doc['args']['steps']} steps.",
         "",
         "| engine | precision | batch | context | ms/token | tokens/s | % of weight-bytes roofline |",
@@ -449,8 +481,11 @@ LIMITS = [
     "vLLM's per-token time is (t(1 + n tokens) - t(1 token)) / n over whole `generate` calls: it "
     "includes its scheduler and detokenizer per step, and with one repeat it can be noisy "
     "(a negative value means the two generations' prefill times differed by more than n steps).",
-    "transformers runs eager attention with a DynamicCache in fp32 (its bf16 CPU path has no fast "
-    "kernels on this AVX2 machine, so bf16 is not measured for it).",
+    "transformers runs eager attention with a DynamicCache in fp32 (bf16 only with "
+    "`--transformers-precisions fp32,bf16`).",
+    "A `plow native [LABEL]` row (`--native-lib LABEL=PATH`) is the same bundle run by another "
+    "build of kernels/ (e.g. the previous kernel), in the same process and rounds as the default "
+    "build: the comparison to use when the machine is loaded or a peer is missing.",
     "The roofline counts every weight byte once per step (tied embeddings once) against the copy "
     "bandwidth (read + written bytes per second of a numpy copy); key-value reads are not in it, "
     "so long-context points sit further below it by construction.",
