@@ -111,6 +111,9 @@ class CheckpointCertificates(BaseModel):
     # the first rejection among this checkpoint's rows and the bundle-level checks
     # (`plow verify`); an executor refuses a certificate file that is not accepted
     reason: str | None = None
+    # written by `plow verify`, which also ran the bundle-level checks; the compiler's own
+    # B/D files and files of an older verify did not, so an executor refuses them
+    bundle_checked: bool = False
 
 
 class MalformedBundle(PlowError):

@@ -8,8 +8,9 @@ checkpoint) a bundle that is not what was verified:
 2. `certificates/<ckpt>.json` exists for A..F (a bundle verified before checkpoint A existed
    is refused in one line that says to recompile it), is accepted (a certificate file
    records the first rejection of its checkpoint and of `plow verify`'s bundle-level
-   checks), and holds an accepted certificate for every rung; a rejected one names the
-   checkpoint, the bucket and the oracle's reason;
+   checks, and says it was written by that check: the compiler's own B/D files and an
+   older verify's are refused), and holds an accepted certificate for every rung; a
+   rejected one names the checkpoint, the bucket and the oracle's reason;
 3. every certificate is bound to what runs: it carries the bundle digest (`bundle_digest`:
    the manifest, with every file's sha256, less its volatile fields) and a certificate of
    another digest is refused. A stale certificate (files edited, manifest hashes re-forged)
@@ -85,6 +86,13 @@ def check_bundle(bundle: Path, m: Manifest, *, diagnose: Diagnose | None = None)
             doc = CheckpointCertificates.model_validate_json(p.read_bytes())
         except ValueError as e:
             raise BundleRefused(p, f"unreadable certificate file: {e}") from e
+        if not doc.bundle_checked:
+            raise BundleRefused(
+                p,
+                "not written by `plow verify` (compiled without --verify, or verified by an "
+                f"older plow that did not record the bundle-level checks); run `plow verify "
+                f"{bundle}` {NO_VERIFY_HINT}",
+            )
         for rung in m.ladder:
             cert = doc.buckets.get(rung.name)
             if cert is None:

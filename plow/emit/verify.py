@@ -1444,6 +1444,7 @@ def write_certificates(report: VerifyReport) -> list[str]:
             and not any(r.rejected for r in rows),
             reason=next((r.reason for r in rows if r.rejected), None),
             buckets={b: x for b, x in certs.items() if x is not None},
+            bundle_checked=True,
         )
         p.write_text(doc.model_dump_json(indent=2))
     _list_certificates(report.bundle)

@@ -61,3 +61,22 @@ def test_a_cross_reference_verify_rejects_is_refused_from_the_certificates(
     assert not cert.accepted and cert.reason and "packet" in cert.reason
     with pytest.raises(BundleRefused, match="not accepted: .*packet"):
         check_bundle(b, read_manifest(b))
+
+
+def test_a_certificate_file_not_written_by_verify_is_refused(bundle: Path, tmp_path: Path) -> None:
+    """A certificate file without the bundle-level check's mark (the compiler's own, or an
+    older verify's), its sha256 re-forged in the manifest, is refused: accepted rows alone
+    do not say the bundle's cross-references were checked."""
+    from plow.bundle.manifest import sha256_file
+
+    b = _copy(bundle, tmp_path / "b")
+    p = b / "certificates" / "E.json"
+    doc = json.loads(p.read_text())
+    assert doc["bundle_checked"] is True and doc["accepted"] is True
+    doc["bundle_checked"] = False
+    p.write_text(json.dumps(doc))
+    m = json.loads((b / MANIFEST).read_text())
+    m["files"]["certificates/E.json"] = sha256_file(p)
+    (b / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(BundleRefused, match=r"E\.json: not written by `plow verify`"):
+        check_bundle(b, read_manifest(b))

@@ -731,7 +731,7 @@ def _verifier_fingerprint() -> bytes:
     except PlowError:
         h.update(b"no oracle")
     pkg = Path(__file__).resolve().parents[2]
-    for sub in ("emit", "oracle", "memory", "schedule", "tiles"):
+    for sub in ("bundle", "emit", "oracle", "memory", "schedule", "tiles"):
         for f in sorted((pkg / sub).rglob("*.py")):
             h.update(f.read_bytes())
     return h.digest()
