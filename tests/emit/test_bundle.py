@@ -71,7 +71,10 @@ def test_hash_mismatch_names_the_file(tiny_bundles: dict[str, Path], tmp_path: P
     b = copy_bundle(tiny_bundles["llama"], tmp_path / "b")
     rung = first_rung(b)
     p = b / rung["ops"]
-    p.write_text(p.read_text().replace('"kind":"rmsnorm"', '"kind":"rmsnorm" ', 1))
+    text = p.read_text()
+    edited = text.replace('"kind":', '"kind": ', 1)  # the same JSON, other bytes
+    assert edited != text
+    p.write_text(edited)
     code, doc, _ = run_verify(b)
     assert code == 1
     assert any(rung["ops"] in r and "sha256" in r for r in reasons(doc, "bundle"))
