@@ -171,14 +171,20 @@ def prompt_ids(ctx: int, row: int) -> list[int]:
 
 
 def plow_bundle(ckpt: Path, out: Path, context: int) -> Path:
-    from plow.bundle.open import is_bundle
+    from plow.bundle.manifest import read_manifest
+    from plow.bundle.open import check_bundle, is_bundle
     from plow.emit.bundle import compile_bundle
+    from plow.errors import PlowError
     from plow.profile import CompileProfile
     from plow.runtime.cpu.bundle import NO_BUDGET_NS
     from plow.target import load_target
 
-    if is_bundle(out) and (out / "certificates" / "F.json").is_file():
-        return out
+    if is_bundle(out):
+        try:  # reused only while the loader would run it (an older plow's is compiled again)
+            check_bundle(out, read_manifest(out))
+            return out
+        except PlowError as e:
+            log(f"{out.name}: compiled again ({e})")
     prof = CompileProfile(
         name="decode-peers", decode_batches=BATCHES, prefill_seqs=(64,), context=context,
         decode_budget_ns=NO_BUDGET_NS, prefill_budget_ns_per_token=NO_BUDGET_NS,
